@@ -1,0 +1,63 @@
+"""composespawner: JupyterHub spawner that composes GPU machines over a Redfish fabric."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="composespawner",
+    version="0.1.0",
+    description="JupyterHub spawner that composes GPU machines from a pooled PCIe/CXL fabric",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.11",
+    packages=find_packages(include=["composespawner", "composespawner.*"]),
+    package_data={
+        "composespawner": ["py.typed", "templates/*.html"],
+        "composespawner.ledger": ["alembic.ini", "migrations/*.py", "migrations/versions/*.py"],
+    },
+    install_requires=[
+        "jupyterhub>=6.1,<7",
+        "jupyterhub-idle-culler>=2.0,<3",
+        "jupyterhub-kubespawner>=7.1,<8",
+        "oauthenticator>=17,<18",
+        "traitlets>=5.14",
+        "tornado>=6.4",
+        "SQLAlchemy>=2.0,<3",
+        "alembic>=1.13",
+    ],
+    extras_require={
+        "postgres": ["psycopg[binary]>=3.2"],
+        "notebook": ["jupyterlab>=4.2", "rfc3987"],
+        "test": [
+            "psycopg[binary]>=3.2",
+            "jupyterlab>=4.2",
+            "rfc3987",
+            "pytest>=8",
+            "pytest-asyncio>=1.0",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "playwright>=1.45",
+            "redfish-service-validator>=3.1",
+            "ruff>=0.6",
+            "mypy>=1.11",
+        ],
+    },
+    entry_points={
+        "jupyterhub.spawners": [
+            "compose = composespawner.spawner:ComposeSpawner",
+        ],
+        "jupyterhub.authenticators": [
+            "compose-demo = composespawner.demo:DemoAuthenticator",
+        ],
+        "console_scripts": [
+            "composespawner = composespawner.cli:main",
+        ],
+    },
+    classifiers=[
+        "Framework :: Jupyter",
+        "Framework :: Jupyter :: JupyterHub",
+        "Programming Language :: Python :: 3",
+    ],
+)
