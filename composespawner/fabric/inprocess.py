@@ -1,0 +1,165 @@
+"""``InProcessFabric``: the Fabric protocol straight over the simulator's state model.
+
+A strict fake for unit tests: no HTTP and no subprocess, but the very same
+:class:`~composespawner.fabric.simulator.state.FabricState` that the Redfish
+simulator serves, so it accepts and refuses exactly what the simulator does
+(a block attached elsewhere, an unknown block or host, a block outside the
+host's zones, a host block, a disabled block), raising the error types of
+:mod:`composespawner.fabric.base`.
+
+Tests reach behind it through :attr:`InProcessFabric.state`, e.g. to attach
+a device "by someone else" or to disable a block.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from composespawner.fabric.base import (
+    CompositionTag,
+    Device,
+    DeviceInUse,
+    DeviceNotFound,
+    DeviceState,
+    FabricRefused,
+    FabricUnreachable,
+    Host,
+    IncompatibleZone,
+    Inventory,
+    StaleETag,
+    host_taken_by,
+)
+from composespawner.fabric.simulator.errors import (
+    BlockInUse,
+    BlockNotFound,
+    ETagMismatch,
+    ETagRequired,
+    ResourceMissing,
+    SimulatorError,
+    ZoneMismatch,
+)
+from composespawner.fabric.simulator.inventory import (
+    DeviceSpec,
+    HostSpec,
+    InventorySpec,
+    load_inventory,
+)
+from composespawner.fabric.simulator.state import FabricState
+
+# Simulator refusals that have a more specific fabric error than FabricRefused.
+_REFUSALS: dict[type[SimulatorError], type[FabricRefused]] = {
+    BlockInUse: DeviceInUse,
+    BlockNotFound: DeviceNotFound,
+    ResourceMissing: DeviceNotFound,
+    ZoneMismatch: IncompatibleZone,
+    ETagMismatch: StaleETag,
+    ETagRequired: StaleETag,
+}
+
+
+class InProcessFabric:
+    """A :class:`~composespawner.fabric.base.Fabric` over an in-memory simulated fabric."""
+
+    def __init__(self, state: FabricState) -> None:
+        self.state = state
+        self._closed = False
+
+    @classmethod
+    def from_inventory(cls, inventory: InventorySpec | str | Path) -> InProcessFabric:
+        """A fresh fabric (nothing attached) from an inventory spec or TOML file."""
+        spec = inventory if isinstance(inventory, InventorySpec) else load_inventory(inventory)
+        return cls(FabricState(spec, epoch=secrets.token_hex(4)))
+
+    async def inventory(self) -> Inventory:
+        self._check_open()
+        spec = self.state.inventory
+        return Inventory(
+            hosts=tuple(self._host(h) for h in spec.hosts),
+            devices=tuple(self._device(d) for d in spec.devices),
+            zones=tuple(z.id for z in spec.zones),
+        )
+
+    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+        self._check_open()
+        with _refusals():
+            host = self.state.host(system_id)
+            return self.state.tag(system_id), (host.block_id, *self.state.attached(system_id))
+
+    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
+        self._check_open()
+        with _refusals():
+            # As a Redfish client does: read the system's ETag, PATCH with If-Match.
+            etag = self.state.system_etag(self.state.host(system_id).id)
+            if tag is not None:
+                holder = host_taken_by(
+                    self.state.tag(system_id),
+                    marked=self.state.tag(system_id) is not None,
+                    attached=self.state.attached(system_id),
+                    wanted=tag,
+                )
+                if holder:
+                    raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+            self.state.set_tag(system_id, tag, if_match=etag)
+
+    async def attach(self, system_id: str, block_id: str) -> None:
+        self._check_open()
+        with _refusals():
+            self.state.add_resource_block(system_id, block_id)
+
+    async def detach(self, system_id: str, block_id: str) -> None:
+        self._check_open()
+        with _refusals():
+            self.state.remove_resource_block(system_id, block_id)
+
+    async def close(self) -> None:
+        """Further calls raise :class:`FabricUnreachable`, to catch use after close."""
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FabricUnreachable("InProcessFabric used after close()")
+
+    def _host(self, spec: HostSpec) -> Host:
+        return Host(
+            system_id=spec.id,
+            block_id=spec.block_id,
+            zones=frozenset(spec.zones),
+            cpus=spec.cpus,
+            memory_gib=spec.memory_gib,
+            state="enabled" if self.state.is_enabled(spec.block_id) else "unavailable",
+            attached=self.state.attached(spec.id),
+            tag=self.state.tag(spec.id),
+        )
+
+    def _device(self, spec: DeviceSpec) -> Device:
+        holder = self.state.holder(spec.id)
+        state: DeviceState = "free"
+        if holder is not None:
+            state = "attached"
+        elif not self.state.is_enabled(spec.id):
+            state = "unavailable"
+        return Device(
+            block_id=spec.id,
+            kind=spec.kind,
+            model=spec.model,
+            zones=frozenset(spec.zones),
+            chassis=spec.chassis,
+            state=state,
+            attached_to=holder,
+            memory_gib=spec.memory_gib,
+            speed_gbps=spec.speed_gbps,
+            capacity_gb=spec.capacity_gb,
+        )
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Re-raise simulator refusals as the fabric protocol's errors."""
+    try:
+        yield
+    except SimulatorError as err:
+        kind = _REFUSALS.get(type(err), FabricRefused)
+        raise kind(str(err), status=err.status, message_ids=[err.message_id]) from err

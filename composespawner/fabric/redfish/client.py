@@ -1,0 +1,453 @@
+"""RedfishFabric: the Fabric protocol over a DMTF Redfish CompositionService."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from composespawner.fabric.base import (
+    OEM_KEY,
+    CompositionTag,
+    DeviceInUse,
+    DeviceNotFound,
+    FabricDeadlineExceeded,
+    FabricRefused,
+    FabricTaskFailed,
+    FabricUnreachable,
+    Inventory,
+    StaleETag,
+    host_taken_by,
+)
+from composespawner.fabric.redfish import mapping
+from composespawner.fabric.redfish.errors import (
+    NOT_ATTACHED_IDS,
+    error_messages,
+    has_message,
+    parse_body,
+)
+from composespawner.fabric.redfish.mapping import Document, dig
+from composespawner.fabric.redfish.transport import (
+    SERVICE_ROOT,
+    Deadline,
+    RedfishRetry,
+    RedfishTimeouts,
+    RedfishTransport,
+    Response,
+    retry_after_seconds,
+)
+
+T = TypeVar("T")
+
+DEFAULT_LOGGER = "composespawner.fabric.redfish"
+DEFAULT_TIMEOUTS = RedfishTimeouts()
+DEFAULT_RETRY = RedfishRetry()
+_TASK_FAILED = frozenset({"Exception", "Killed", "Cancelled", "Interrupted"})
+_TASK_RUNNING = frozenset(
+    {"New", "Starting", "Running", "Suspended", "Pending", "Stopping", "Cancelling", "Service"}
+)
+# Monitor answers that may come from the monitor itself rather than the operation.
+_MONITOR_LOST = frozenset({404, 410, 502, 503, 504})
+# Message ids that only an operation on blocks gives (never a missing monitor).
+_OPERATION_REFUSALS = frozenset(
+    {"ResourceBlockInUse", "ResourceBlockNotFound", "IncompatibleZone", "NoResourceMatch"}
+)
+# How long to wait between task polls when the monitor gives no Retry-After.
+_DEFAULT_TASK_POLL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceMap:
+    """Where a service keeps what we use, read once from its service root."""
+
+    systems: str
+    resource_blocks: str
+    resource_zones: str
+    expand: str | None  # query string that inlines collection members, if supported
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """One direction of ``attach``/``detach``."""
+
+    verb: str
+    action: str  # key under the system's Actions
+    attach: bool
+    tolerated: frozenset[str]  # message ids meaning "maybe done already: look"
+
+
+_ATTACH = _Change(
+    "attach", "#ComputerSystem.AddResourceBlock", True, frozenset({"ResourceBlockInUse"})
+)
+_DETACH = _Change("detach", "#ComputerSystem.RemoveResourceBlock", False, NOT_ATTACHED_IDS)
+
+
+class _OutcomeUnknown(Exception):
+    """A write was accepted but we cannot tell from its answer whether it happened."""
+
+
+class RedfishFabric:
+    """The :class:`~composespawner.fabric.base.Fabric` protocol over DMTF Redfish.
+
+    Devices are attached to expandable hosts with the ``AddResourceBlock`` /
+    ``RemoveResourceBlock`` actions the host's ComputerSystem advertises;
+    hosts are tagged through ``Oem.ComposeSpawner``. Every method is bounded by
+    ``timeouts.operation`` and raises only errors of the ``base.py`` tree.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        username: str,
+        password: str,
+        timeouts: RedfishTimeouts = DEFAULT_TIMEOUTS,
+        retry: RedfishRetry = DEFAULT_RETRY,
+        verify_tls: bool = True,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self._log = log or logging.getLogger(DEFAULT_LOGGER)
+        self._timeouts = timeouts
+        self._retry = retry
+        self._transport = RedfishTransport(
+            base_url,
+            username=username,
+            password=password,
+            timeouts=timeouts,
+            retry=retry,
+            verify_tls=verify_tls,
+            log=self._log,
+        )
+        self._service: ServiceMap | None = None
+        self._action_targets: dict[tuple[str, str], str] = {}
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    async def inventory(self) -> Inventory:
+        return await self._within_deadline("inventory", self._inventory)
+
+    async def attach(self, system_id: str, block_id: str) -> None:
+        await self._within_deadline(
+            f"attach {block_id} to {system_id}",
+            lambda deadline: self._change(system_id, block_id, _ATTACH, deadline),
+        )
+
+    async def detach(self, system_id: str, block_id: str) -> None:
+        await self._within_deadline(
+            f"detach {block_id} from {system_id}",
+            lambda deadline: self._change(system_id, block_id, _DETACH, deadline),
+        )
+
+    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+        async def read(deadline: Deadline) -> tuple[CompositionTag | None, tuple[str, ...]]:
+            _, system = await self._system(system_id, deadline)
+            document = system.document()
+            return mapping.composition_tag(document), tuple(mapping.system_block_ids(document))
+
+        return await self._within_deadline(f"read {system_id}", read)
+
+    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
+        await self._within_deadline(
+            f"tag {system_id}", lambda deadline: self._tag(system_id, tag, deadline)
+        )
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def _within_deadline(self, what: str, work: Callable[[Deadline], Awaitable[T]]) -> T:
+        seconds = self._timeouts.operation
+        try:
+            async with asyncio.timeout(seconds):
+                return await work(Deadline(seconds))
+        except TimeoutError as exc:
+            raise FabricDeadlineExceeded(f"{what}: not done within {seconds:g} s") from exc
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _document(self, path: str, deadline: Deadline) -> dict[str, Any]:
+        response = await self._transport.request("GET", path, deadline)
+        if not response.ok:
+            raise response.refusal()
+        return response.document()
+
+    async def _service_map(self, deadline: Deadline) -> ServiceMap:
+        if self._service is None:
+            root = await self._document(SERVICE_ROOT, deadline)
+            composition_uri = dig(root, "CompositionService", "@odata.id")
+            systems_uri = dig(root, "Systems", "@odata.id")
+            if not isinstance(composition_uri, str) or not isinstance(systems_uri, str):
+                raise FabricRefused("the Redfish service has no CompositionService or Systems")
+            composition = await self._document(composition_uri, deadline)
+            self._service = ServiceMap(
+                systems=systems_uri,
+                resource_blocks=_link(composition, "ResourceBlocks"),
+                resource_zones=_link(composition, "ResourceZones"),
+                expand=mapping.expand_query(root),
+            )
+        return self._service
+
+    async def _inventory(self, deadline: Deadline) -> Inventory:
+        service = await self._service_map(deadline)
+        blocks, zones, systems = await _all(
+            [
+                self._members(service.resource_blocks, service.expand, deadline),
+                self._members(service.resource_zones, service.expand, deadline),
+                self._members(service.systems, service.expand, deadline),
+            ]
+        )
+        parts = await self._fetch_existing(
+            (uri for block in blocks for uri in mapping.device_part_uris(block)), deadline
+        )
+        parts |= await self._fetch_existing(mapping.storage_drive_uris(parts), deadline)
+        return mapping.build_inventory(blocks=blocks, zones=zones, systems=systems, parts=parts)
+
+    async def _members(self, collection: str, expand: str | None, deadline: Deadline) -> list[Any]:
+        """All members of a collection, expanded where the service can, else fetched."""
+        members: list[Any] = []
+        page: str | None = f"{collection}?{expand}" if expand else collection
+        seen: set[str] = set()
+        while page and page not in seen:
+            seen.add(page)
+            document = await self._document(page, deadline)
+            listed = document.get("Members")
+            members += (
+                [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+            )
+            next_link = document.get("Members@odata.nextLink")
+            page = next_link if isinstance(next_link, str) else None
+        # A service may advertise $expand and still answer with references only.
+        missing = [m["@odata.id"] for m in members if mapping.is_reference(m)]
+        fetched = await self._fetch_existing(missing, deadline)
+        expanded = (
+            fetched.get(mapping.normalized(m["@odata.id"])) if mapping.is_reference(m) else m
+            for m in members
+        )
+        return [m for m in expanded if m is not None]
+
+    async def _fetch_existing(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
+        """Documents by normalized URI, fetched concurrently; vanished ones left out."""
+        wanted = list(dict.fromkeys(mapping.normalized(u) for u in uris))
+        found = await _all([self._document_if_present(u, deadline) for u in wanted])
+        return {uri: doc for uri, doc in zip(wanted, found, strict=True) if doc is not None}
+
+    async def _document_if_present(self, path: str, deadline: Deadline) -> Document | None:
+        try:
+            return await self._document(path, deadline)
+        except DeviceNotFound:
+            # Removed between listing and reading (hot-unplug): it is not there.
+            self._log.debug("%s vanished during discovery", path)
+            return None
+
+    async def _system(self, system_id: str, deadline: Deadline) -> tuple[str, Response]:
+        service = await self._service_map(deadline)
+        path = f"{service.systems}/{quote(system_id, safe='')}"
+        response = await self._transport.request("GET", path, deadline)
+        if not response.ok:
+            raise response.refusal()
+        return path, response
+
+    # -- attach / detach -------------------------------------------------------------------
+
+    async def _change(
+        self, system_id: str, block_id: str, change: _Change, deadline: Deadline
+    ) -> None:
+        service = await self._service_map(deadline)
+        block_uri = f"{service.resource_blocks}/{quote(block_id, safe='')}"
+        for attempt in range(1, self._retry.etag_attempts + 1):
+            _, system = await self._system(system_id, deadline)
+            if (block_id in mapping.system_block_ids(system.document())) == change.attach:
+                self._log.info("%s %s / %s: already done", change.verb, block_id, system_id)
+                return
+            try:
+                await self._request_change(system_id, system, block_uri, change, deadline)
+            except StaleETag:
+                if attempt == self._retry.etag_attempts:
+                    raise
+                self._log.warning("%s %s / %s: ETag went stale", change.verb, block_id, system_id)
+                continue
+            except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
+                await self._settle(system_id, block_id, change, exc, deadline)
+            self._log.info("%s %s / %s: done", change.verb, block_id, system_id)
+            return
+
+    async def _request_change(
+        self, system_id: str, system: Response, block_uri: str, change: _Change, deadline: Deadline
+    ) -> None:
+        target = self._action_target(system_id, system.document(), change.action)
+        payload: dict[str, Any] = {"ResourceBlock": {"@odata.id": block_uri}}
+        etag = system.etag()
+        if etag:
+            payload["ComputerSystemETag"] = etag
+        response = await self._transport.request("POST", target, deadline, payload=payload)
+        await self._outcome(response, deadline)
+
+    async def _settle(
+        self, system_id: str, block_id: str, change: _Change, error: Exception, deadline: Deadline
+    ) -> None:
+        """Look at the system after an unclear answer; re-raise unless it is done.
+
+        Answers like ResourceBlockInUse on attach arrive when an earlier try of
+        ours succeeded but its answer was lost: done, if the block is here.
+        """
+        ids = getattr(error, "message_ids", ())
+        if not isinstance(error, _OutcomeUnknown) and not has_message(ids, change.tolerated):
+            raise error
+        _, system = await self._system(system_id, deadline)
+        if (block_id in mapping.system_block_ids(system.document())) == change.attach:
+            return
+        if isinstance(error, _OutcomeUnknown):
+            raise FabricUnreachable(f"{change.verb} {block_id} / {system_id}: {error}") from error
+        raise error
+
+    def _action_target(self, system_id: str, system: Document, action: str) -> str:
+        key = (system_id, action)
+        if key not in self._action_targets:
+            target = dig(system, "Actions", action, "target")
+            if not isinstance(target, str):
+                raise FabricRefused(f"system {system_id} does not offer {action}")
+            self._action_targets[key] = target
+        return self._action_targets[key]
+
+    # -- tagging ---------------------------------------------------------------------------
+
+    async def _tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
+        wanted = _tag_object(tag)
+        for attempt in range(1, self._retry.etag_attempts + 1):
+            path, system = await self._system(system_id, deadline)
+            document = system.document()
+            if dig(document, "Oem", OEM_KEY) == wanted:
+                self._log.info("tag %s: already %s", system_id, _describe_tag(tag))
+                return
+            if tag is not None:
+                _refuse_if_taken(system_id, document, tag)
+            try:
+                await self._write_tag(path, system, wanted, deadline)
+            except StaleETag:
+                if attempt == self._retry.etag_attempts:
+                    raise
+                self._log.warning("tag %s: ETag went stale", system_id)
+                continue
+            self._log.info("tag %s: %s", system_id, _describe_tag(tag))
+            return
+
+    async def _write_tag(
+        self, path: str, system: Response, wanted: dict[str, str] | None, deadline: Deadline
+    ) -> None:
+        etag = system.etag()
+        headers = {"If-Match": etag} if etag else {}
+        payload = {"Oem": {OEM_KEY: wanted}}
+        response = await self._transport.request(
+            "PATCH", path, deadline, payload=payload, headers=headers
+        )
+        try:
+            await self._outcome(response, deadline)
+        except _OutcomeUnknown as unknown:
+            if dig(await self._document(path, deadline), "Oem", OEM_KEY) != wanted:
+                raise FabricUnreachable(f"PATCH {path}: {unknown}") from unknown
+
+    # -- answers and tasks -----------------------------------------------------------------
+
+    async def _outcome(self, response: Response, deadline: Deadline) -> None:
+        """Return when a write succeeded; follow a 202 task monitor to its end."""
+        if response.status == 202:
+            monitor = response.headers.get("Location")
+            if not monitor:
+                raise _OutcomeUnknown("accepted without a task monitor")
+            await self._follow_task(monitor, response, deadline)
+        elif not response.ok:
+            raise response.refusal()
+
+    async def _follow_task(self, monitor: str, accepted: Response, deadline: Deadline) -> None:
+        answer = accepted
+        while True:
+            await asyncio.sleep(self._poll_delay(answer, deadline))
+            answer = await self._transport.request("GET", monitor, deadline)
+            if answer.status != 202 and not _task_running(answer):
+                return _task_result(answer)
+
+    def _poll_delay(self, answer: Response, deadline: Deadline) -> float:
+        asked = retry_after_seconds(answer.headers.get("Retry-After"))
+        delay = min(_DEFAULT_TASK_POLL if asked is None else asked, self._timeouts.task_poll_max)
+        if delay >= deadline.remaining():
+            raise FabricDeadlineExceeded(f"task {answer.path} still running at the deadline")
+        return delay
+
+
+def _task_state(answer: Response) -> Any:
+    return dig(parse_body(answer.body), "TaskState")
+
+
+def _task_running(answer: Response) -> bool:
+    return answer.ok and _task_state(answer) in _TASK_RUNNING
+
+
+def _task_result(answer: Response) -> None:
+    """Raise unless a task monitor's final answer says the work was done.
+
+    By DSP0266 the monitor's final answer is the operation's own response, so
+    a refusal we know (ResourceBlockInUse, IncompatibleZone, a stale ETag...)
+    raises the same error as when the service answers at once: callers need
+    not care whether the service works asynchronously. Other failures, and a
+    Task that ended in Exception/Killed/Cancelled, raise FabricTaskFailed.
+    """
+    ids, texts = error_messages(parse_body(answer.body))
+    if answer.ok:
+        state = _task_state(answer)
+        if state in _TASK_FAILED:
+            detail = "; ".join(texts) or "no details"
+            raise FabricTaskFailed(f"task {answer.path} ended {state}: {detail}", message_ids=ids)
+        return
+    if answer.status in _MONITOR_LOST and not has_message(ids, _OPERATION_REFUSALS):
+        # The monitor is gone or its gateway failed: that says nothing about the work.
+        raise _OutcomeUnknown(f"task monitor {answer.path} answered {answer.status}")
+    refused = answer.refusal()
+    if type(refused) is FabricRefused:
+        raise FabricTaskFailed(f"task {answer.path} failed: {refused}", message_ids=ids)
+    raise refused
+
+
+def _link(document: Document, name: str) -> str:
+    uri = dig(document, name, "@odata.id")
+    if not isinstance(uri, str):
+        raise FabricRefused(f"the CompositionService has no {name}")
+    return uri
+
+
+def _tag_object(tag: CompositionTag | None) -> dict[str, str] | None:
+    """What ``Oem.ComposeSpawner`` holds for ``tag`` (null removes it: merge-patch)."""
+    if tag is None:
+        return None
+    return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
+
+
+def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> None:
+    # A system lists its own ComputerSystem block among Links.ResourceBlocks;
+    # anything beyond that one is an attached device.
+    blocks = mapping.system_block_ids(system)
+    holder = host_taken_by(
+        mapping.composition_tag(system),
+        marked=dig(system, "Oem", OEM_KEY) is not None,
+        attached=blocks[1:],
+        wanted=tag,
+    )
+    if holder:
+        raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+
+
+def _describe_tag(tag: CompositionTag | None) -> str:
+    return "untagged" if tag is None else f"hub={tag.hub} machine={tag.machine} owner={tag.owner}"
+
+
+async def _all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+    """Await all concurrently; on the first failure cancel the rest and re-raise it."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

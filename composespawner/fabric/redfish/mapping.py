@@ -1,0 +1,331 @@
+"""Redfish documents → the fabric's domain types (pure, no I/O).
+
+Input: the members of the ResourceBlocks, ResourceZones and Systems
+collections, plus the device sub-resources of each block (Processors,
+EthernetInterfaces, Drives, Storage) keyed by their ``@odata.id``. Output: an
+:class:`~composespawner.fabric.base.Inventory`.
+
+Which blocks are devices:
+
+- a block with a ``Processor`` whose ``ProcessorType`` is ``GPU`` → a GPU;
+- a ``Network`` block with EthernetInterfaces → a NIC;
+- a block with NVMe ``Drives`` (directly or through ``Storage``) → an NVMe drive.
+
+Blocks of type ``Compute`` or ``ComputerSystem`` (CPUs and memory, or a whole
+host) are never devices, even when they also carry an onboard NIC. Storage
+blocks that hold no NVMe drive (DMTF's mockup has a ``SimpleStorage`` tray of
+SAS disks) are not offered as NVMe scratch either: that would be a lie about
+the hardware. Services disagree on what is present, so every field is read
+defensively: a missing field means "unknown", never an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+from urllib.parse import unquote
+
+from composespawner.fabric.base import (
+    OEM_KEY,
+    CompositionTag,
+    Device,
+    DeviceState,
+    Host,
+    Inventory,
+)
+
+Document = Mapping[str, Any]
+
+# Block sub-resources we read to recognise devices, by ResourceBlock property.
+DEVICE_PART_LINKS = ("Processors", "EthernetInterfaces", "Drives", "Storage")
+_NOT_DEVICE_TYPES = frozenset({"Compute", "ComputerSystem"})
+_ATTACHED_STATES = frozenset({"Composed", "ComposedAndAvailable"})
+
+
+def dig(document: Any, *keys: str) -> Any:
+    """``document[k1][k2]...``, or None where any step is missing or not an object."""
+    for key in keys:
+        if not isinstance(document, Mapping):
+            return None
+        document = document.get(key)
+    return document
+
+
+def normalized(uri: str) -> str:
+    return uri.rstrip("/")
+
+
+def uri_of(document: Any) -> str | None:
+    uri = dig(document, "@odata.id")
+    return normalized(uri) if isinstance(uri, str) else None
+
+
+def id_from_uri(uri: str) -> str:
+    return unquote(normalized(uri).rsplit("/", 1)[-1])
+
+
+def resource_id(document: Document) -> str:
+    """A resource's Id (by the spec, the last segment of its URI)."""
+    found = document.get("Id")
+    if isinstance(found, str) and found:
+        return found
+    uri = uri_of(document)
+    return id_from_uri(uri) if uri else ""
+
+
+def link_uris(links: Any) -> list[str]:
+    """The URIs of a list of ``{"@odata.id": ...}`` references (junk skipped)."""
+    if not isinstance(links, list):
+        return []
+    return [uri for uri in (uri_of(link) for link in links) if uri]
+
+
+def link_ids(links: Any) -> list[str]:
+    return [id_from_uri(uri) for uri in link_uris(links)]
+
+
+def is_reference(member: Any) -> bool:
+    """A collection member the service did not expand: only an ``@odata.id``."""
+    return isinstance(member, Mapping) and set(member) == {"@odata.id"}
+
+
+def expand_query(service_root: Document) -> str | None:
+    """The ``$expand`` query that inlines a collection's members, if supported.
+
+    ``.`` (expand without following Links) needs ``NoLinks``; ``*`` needs
+    ``ExpandAll``; ``($levels=1)`` needs ``Levels`` (ServiceRoot ``Expand``).
+    """
+    expand = dig(service_root, "ProtocolFeaturesSupported", "ExpandQuery")
+    if not isinstance(expand, Mapping):
+        return None
+    levels = "($levels=1)" if expand.get("Levels") is True else ""
+    if expand.get("NoLinks") is True:
+        return f"$expand=.{levels}"
+    if expand.get("ExpandAll") is True:
+        return f"$expand=*{levels}"
+    return None
+
+
+def block_types(block: Document) -> frozenset[str]:
+    types = block.get("ResourceBlockType")
+    if not isinstance(types, list):
+        return frozenset()
+    return frozenset(t for t in types if isinstance(t, str))
+
+
+def device_part_uris(block: Document) -> list[str]:
+    """Sub-resources to read to tell what device ``block`` is (none for hosts)."""
+    if block_types(block) & _NOT_DEVICE_TYPES:
+        return []
+    return [uri for name in DEVICE_PART_LINKS for uri in link_uris(block.get(name))]
+
+
+def storage_drive_uris(parts: Mapping[str, Document]) -> list[str]:
+    """Drives of the Storage resources among ``parts`` (a second discovery round)."""
+    return [
+        uri
+        for part in parts.values()
+        if _is_type(part, "Storage")
+        for uri in link_uris(part.get("Drives"))
+        if uri not in parts
+    ]
+
+
+def _is_type(document: Document, type_name: str) -> bool:
+    odata_type = document.get("@odata.type")
+    return isinstance(odata_type, str) and odata_type.startswith(f"#{type_name}.")
+
+
+# -- devices -----------------------------------------------------------------------------------
+
+
+def device_state(block: Document) -> DeviceState:
+    """free / attached / unavailable; "attached" wins over an inconsistent "Unused"."""
+    composition = dig(block, "CompositionStatus", "CompositionState")
+    if composition in _ATTACHED_STATES or link_uris(dig(block, "Links", "ComputerSystems")):
+        return "attached"
+    reserved = dig(block, "CompositionStatus", "Reserved") is True
+    if dig(block, "Status", "State") == "Enabled" and composition == "Unused" and not reserved:
+        return "free"
+    return "unavailable"
+
+
+def device_from_block(
+    block: Document, parts: Mapping[str, Document], zones: frozenset[str]
+) -> Device | None:
+    """The device a block is, or None for blocks that are not attachable devices."""
+    if block_types(block) & _NOT_DEVICE_TYPES:
+        return None
+    common: dict[str, Any] = {
+        "block_id": resource_id(block),
+        "zones": zones,
+        "chassis": next(iter(link_ids(dig(block, "Links", "Chassis"))), ""),
+        "state": device_state(block),
+        "attached_to": next(iter(link_ids(dig(block, "Links", "ComputerSystems"))), None),
+    }
+    gpu = _gpu(block, parts)
+    if gpu is not None:
+        return Device(
+            kind="gpu", model=_text(gpu.get("Model")), memory_gib=gpu_memory_gib(gpu), **common
+        )
+    interfaces = _parts(block.get("EthernetInterfaces"), parts)
+    if "Network" in block_types(block) and interfaces:
+        return Device(
+            kind="nic",
+            model=nic_model(block, interfaces),
+            speed_gbps=nic_speed_gbps(interfaces),
+            **common,
+        )
+    drives = nvme_drives(block, parts)
+    if drives:
+        return Device(
+            kind="nvme",
+            model=drive_model(block, drives),
+            capacity_gb=drives_capacity_gb(drives),
+            **common,
+        )
+    return None
+
+
+def _parts(links: Any, parts: Mapping[str, Document]) -> list[Document]:
+    return [parts[uri] for uri in link_uris(links) if uri in parts]
+
+
+def _gpu(block: Document, parts: Mapping[str, Document]) -> Document | None:
+    processors = _parts(block.get("Processors"), parts)
+    return next((p for p in processors if p.get("ProcessorType") == "GPU"), None)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def gpu_memory_gib(processor: Document) -> int | None:
+    mib = dig(processor, "MemorySummary", "TotalMemorySizeMiB")
+    if not isinstance(mib, int | float):
+        sizes = [dig(m, "CapacityMiB") for m in processor.get("ProcessorMemory") or []]
+        numbers = [s for s in sizes if isinstance(s, int | float)]
+        mib = sum(numbers) if numbers else None
+    return round(mib / 1024) if mib else None
+
+
+def nic_model(block: Document, interfaces: Sequence[Document]) -> str:
+    described = next((i["Description"] for i in interfaces if _text(i.get("Description"))), None)
+    return described or _text(block.get("Name")) or resource_id(block)
+
+
+def nic_speed_gbps(interfaces: Sequence[Document]) -> int | None:
+    speeds = [i.get("SpeedMbps") for i in interfaces]
+    known = [s for s in speeds if isinstance(s, int | float)]
+    return int(max(known) // 1000) if known else None
+
+
+def nvme_drives(block: Document, parts: Mapping[str, Document]) -> list[Document]:
+    """The NVMe drives of a block, directly linked or through its Storage."""
+    drives = _parts(block.get("Drives"), parts)
+    for storage in _parts(block.get("Storage"), parts):
+        drives += _parts(storage.get("Drives"), parts)
+    # A drive that does not say its protocol is taken as NVMe: in a PCIe
+    # fabric it almost always is, and dropping it would hide hardware.
+    return [d for d in drives if d.get("Protocol") in (None, "NVMe")]
+
+
+def drive_model(block: Document, drives: Sequence[Document]) -> str:
+    first = drives[0]
+    return _text(first.get("Model")) or _text(first.get("Name")) or _text(block.get("Name"))
+
+
+def drives_capacity_gb(drives: Sequence[Document]) -> int | None:
+    sizes = [d.get("CapacityBytes") for d in drives]
+    known = [s for s in sizes if isinstance(s, int)]
+    return sum(known) // 10**9 if known else None
+
+
+# -- zones and hosts -----------------------------------------------------------------------
+
+
+def zone_membership(zones: Iterable[Document]) -> dict[str, set[str]]:
+    """Block URI → Ids of the zones whose ``Links.ResourceBlocks`` list it."""
+    members: dict[str, set[str]] = {}
+    for zone in zones:
+        for uri in link_uris(dig(zone, "Links", "ResourceBlocks")):
+            members.setdefault(uri, set()).add(resource_id(zone))
+    return members
+
+
+def block_zones(block: Document, membership: Mapping[str, set[str]]) -> frozenset[str]:
+    """A block's zones, from its own links and from the zones' member lists."""
+    listed = membership.get(uri_of(block) or "", set())
+    return frozenset(link_ids(dig(block, "Links", "Zones"))) | listed
+
+
+def composition_tag(system: Document) -> CompositionTag | None:
+    """Our ``Oem.ComposeSpawner`` mark on a system; None when absent or malformed."""
+    mark = dig(system, "Oem", OEM_KEY)
+    values = [dig(mark, key) for key in ("Hub", "Machine", "Owner")]
+    if not all(isinstance(v, str) and v for v in values):
+        return None  # not clearly ours: never treat it as ours
+    hub, machine, owner = values
+    return CompositionTag(hub=hub, machine=machine, owner=owner)
+
+
+def host_from_system(
+    system: Document, blocks_by_uri: Mapping[str, Document], membership: Mapping[str, set[str]]
+) -> Host | None:
+    """An expandable system with its own ComputerSystem block, or None."""
+    use_cases = dig(system, "Composition", "UseCases")
+    if not isinstance(use_cases, list) or "ExpandableSystem" not in use_cases:
+        return None
+    linked = link_uris(dig(system, "Links", "ResourceBlocks"))
+    own_uri = next((u for u in linked if "ComputerSystem" in _types_at(u, blocks_by_uri)), None)
+    if own_uri is None:
+        return None
+    own = blocks_by_uri[own_uri]
+    return Host(
+        system_id=resource_id(system),
+        block_id=resource_id(own),
+        zones=block_zones(own, membership),
+        cpus=_count(dig(system, "ProcessorSummary", "Count")),
+        memory_gib=_count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")),
+        state=_host_state(system, own),
+        attached=tuple(id_from_uri(u) for u in linked if u != own_uri),
+        tag=composition_tag(system),
+    )
+
+
+def _types_at(uri: str, blocks_by_uri: Mapping[str, Document]) -> frozenset[str]:
+    block = blocks_by_uri.get(uri)
+    return block_types(block) if block is not None else frozenset()
+
+
+def _count(value: Any) -> int:
+    return round(value) if isinstance(value, int | float) else 0
+
+
+def _host_state(system: Document, own_block: Document) -> Literal["enabled", "unavailable"]:
+    system_state = dig(system, "Status", "State")
+    usable = dig(own_block, "Status", "State") == "Enabled" and system_state in (None, "Enabled")
+    return "enabled" if usable else "unavailable"
+
+
+def system_block_ids(system: Document) -> list[str]:
+    """Ids of the blocks a system is composed of now (its own block included)."""
+    return link_ids(dig(system, "Links", "ResourceBlocks"))
+
+
+def build_inventory(
+    *,
+    blocks: Sequence[Document],
+    zones: Sequence[Document],
+    systems: Sequence[Document],
+    parts: Mapping[str, Document],
+) -> Inventory:
+    membership = zone_membership(zones)
+    blocks_by_uri = {uri: b for b in blocks if (uri := uri_of(b))}
+    devices = (device_from_block(b, parts, block_zones(b, membership)) for b in blocks)
+    hosts = (host_from_system(s, blocks_by_uri, membership) for s in systems)
+    return Inventory(
+        hosts=tuple(h for h in hosts if h is not None),
+        devices=tuple(d for d in devices if d is not None),
+        zones=tuple(resource_id(z) for z in zones),
+    )

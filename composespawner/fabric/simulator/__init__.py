@@ -1,0 +1,38 @@
+"""A simulated composable fabric that speaks Redfish.
+
+A real Redfish service on 127.0.0.1 (not a stub) for tests and the embedded
+demo: its hardware comes from an inventory TOML file, devices are attached to
+hosts with ``ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock``, a
+second claim of a used block is refused, ETags change on every write, sessions
+and asynchronous tasks work, and test-only fault switches make it slow, flaky
+or unreachable. DMTF's ``rf_service_validator`` finds no failures in it.
+
+Modules, from the inside out:
+
+``inventory``    the hardware list (TOML -> frozen specs)
+``uris``         every Redfish path the service answers
+``errors``       every refusal, with its HTTP status and registry message
+``state``        the fabric's state and its rules (pure; no tornado, no I/O)
+``commands``     request bodies parsed into commands on the state
+``resources``    Redfish representations (and ``$expand``)
+``metadata``     ``$metadata`` and our OEM schema
+``sessions``, ``tasks``, ``faults``   login sessions, task monitors, fault switches
+``persistence``  the ``--state-file``
+``app``          the tornado application
+``__main__``     the command line
+
+:class:`composespawner.fabric.inprocess.InProcessFabric` drives the same state
+model without HTTP, for unit tests.
+"""
+
+# Only the pure modules here: the in-process fake needs no tornado.
+from .inventory import InventoryError, InventorySpec, load_inventory, parse_inventory
+from .state import FabricState
+
+__all__ = [
+    "FabricState",
+    "InventoryError",
+    "InventorySpec",
+    "load_inventory",
+    "parse_inventory",
+]

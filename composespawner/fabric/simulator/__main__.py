@@ -1,0 +1,133 @@
+"""Command line: ``python -m composespawner.fabric.simulator --inventory FILE``.
+
+Also reached as ``composespawner fabric-simulator ...``. Serves the simulated
+fabric on 127.0.0.1 until SIGTERM or SIGINT. Run by JupyterHub as a managed
+service, it binds to ``JUPYTERHUB_SERVICE_URL`` unless ``--port`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+from urllib.parse import urlsplit
+
+from .app import Simulator, SimulatorConfig, make_app
+from .inventory import InventoryError, load_inventory
+from .persistence import StateFile
+from .state import FabricState, StateFileError
+
+log = logging.getLogger("composespawner.fabric.simulator")
+
+DEFAULT_IP = "127.0.0.1"
+DEFAULT_PORT = 8010
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the simulator; the process exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s",
+    )
+    ip, port = bind_address(args.ip, args.port, os.environ.get("JUPYTERHUB_SERVICE_URL"))
+    try:
+        simulator = build_simulator(args)
+    except (InventoryError, StateFileError) as err:
+        log.error("%s", err)
+        return 2
+    asyncio.run(serve(simulator, ip, port))
+    return 0
+
+
+def bind_address(ip: str | None, port: int | None, service_url: str | None) -> tuple[str, int]:
+    """Where to listen: options first, then JupyterHub's service URL, then defaults."""
+    url = urlsplit(service_url) if service_url else None
+    if port is None and url is not None and url.port is not None:
+        port = url.port
+        ip = ip or url.hostname
+    return ip or DEFAULT_IP, port if port is not None else DEFAULT_PORT
+
+
+def build_simulator(args: argparse.Namespace) -> Simulator:
+    state = FabricState(load_inventory(args.inventory), epoch=secrets.token_hex(4))
+    state_file = StateFile(args.state_file) if args.state_file else None
+    if state_file is not None:
+        for problem in state_file.load_into(state):
+            log.warning("state file %s: %s", state_file.path, problem)
+        # Written at once: an unwritable path shows now, not at the first attach.
+        state_file.save(state.to_json())
+    config = SimulatorConfig(
+        username=args.username,
+        password=args.password,
+        async_tasks=args.async_tasks,
+        task_duration_s=args.task_duration,
+        faults_api=args.faults_api,
+    )
+    return Simulator(state, config, state_file=state_file)
+
+
+async def serve(simulator: Simulator, ip: str, port: int) -> None:
+    """Listen until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    server = make_app(simulator).listen(port, address=ip)
+    inventory = simulator.state.inventory
+    log.info(
+        "Redfish fabric simulator on http://%s:%d/redfish/v1/ (%d hosts, %d devices%s%s)",
+        ip,
+        port,
+        len(inventory.hosts),
+        len(inventory.devices),
+        ", async tasks" if simulator.config.async_tasks else "",
+        ", faults API" if simulator.config.faults_api else "",
+    )
+    await stop.wait()
+    log.info("stopping")
+    server.stop()
+    # Clients (the hub) keep idle connections open; waiting for them to hang up
+    # would stall the hub's shutdown until it escalates to SIGKILL.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="composespawner fabric-simulator",
+        description="A Redfish composable-fabric simulator for composespawner's tests and demo.",
+    )
+    parser.add_argument("--inventory", required=True, help="inventory TOML file")
+    parser.add_argument("--ip", default=None, help=f"address to bind (default {DEFAULT_IP})")
+    parser.add_argument("--port", type=int, default=None, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--state-file", help="JSON file keeping attachments across restarts")
+    parser.add_argument("--username", default=os.environ.get("COMPOSE_FABRIC_USERNAME", "admin"))
+    parser.add_argument(
+        "--password", default=os.environ.get("COMPOSE_FABRIC_PASSWORD", "fabric-password")
+    )
+    parser.add_argument(
+        "--async-tasks",
+        action="store_true",
+        help="answer AddResourceBlock/RemoveResourceBlock with 202 and a task monitor",
+    )
+    parser.add_argument(
+        "--task-duration",
+        type=float,
+        default=0.2,
+        help="seconds an asynchronous task runs (default 0.2)",
+    )
+    parser.add_argument(
+        "--faults-api", action="store_true", help="serve the test-only /sim/faults and /sim/state"
+    )
+    parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""The simulator's HTTP face: a tornado application speaking Redfish.
+
+Handlers are thin: they authenticate, apply the fault switches, parse the body
+into a command (:mod:`.commands`), run it on the state model through
+:class:`Simulator`, and render answers with :mod:`.resources`. Every refusal
+is a :class:`~.errors.SimulatorError`, written as a Redfish error body by
+:meth:`RedfishHandler.write_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import tornado.web
+
+from . import resources, uris
+from .commands import BlockCommand, parse_block_command, parse_login, parse_tag_patch
+from .errors import (
+    AccessUnauthorized,
+    ETagMismatch,
+    InternalError,
+    NoValidSession,
+    OperationNotAllowed,
+    QueryParameterUnsupported,
+    QueryParameterValueFormatError,
+    ResourceMissing,
+    ServiceTemporarilyUnavailable,
+    SimulatorError,
+)
+from .faults import FaultSettings, FaultSettingsError, FaultSwitch
+from .metadata import OEM_SCHEMA_DOCUMENT, metadata_document
+from .persistence import StateFile
+from .sessions import SessionStore
+from .state import FabricState
+from .tasks import Outcome, Task, TaskStore
+
+log = logging.getLogger("composespawner.fabric.simulator")
+
+WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+EXPAND_VALUES = frozenset({".", ".($levels=1)"})
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatorConfig:
+    username: str = "admin"
+    password: str = "fabric-password"
+    async_tasks: bool = False  # answer attach/detach with 202 + task monitor
+    task_duration_s: float = 0.2
+    faults_api: bool = False  # serve /sim/faults and /sim/state
+    session_timeout_s: int = 1800
+
+
+class Simulator:
+    """The running service: fabric state, sessions, tasks, faults, state file."""
+
+    def __init__(
+        self,
+        state: FabricState,
+        config: SimulatorConfig,
+        *,
+        state_file: StateFile | None = None,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.state_file = state_file
+        self.sessions = SessionStore(timeout_s=config.session_timeout_s)
+        self.tasks = TaskStore()
+        self.faults = FaultSwitch()
+
+    @property
+    def view(self) -> resources.ServiceView:
+        return resources.ServiceView(
+            self.state, self.sessions, self.tasks, self.config.session_timeout_s
+        )
+
+    def check_credentials(self, username: str, password: str) -> bool:
+        user_ok = secrets.compare_digest(username.encode(), self.config.username.encode())
+        password_ok = secrets.compare_digest(password.encode(), self.config.password.encode())
+        return user_ok and password_ok
+
+    def run(self, command: BlockCommand) -> Outcome:
+        """Apply a block command now; the answer it gets."""
+        try:
+            changed = command.apply(self.state)
+        except SimulatorError as err:
+            return Outcome.refused(err)
+        if changed:
+            self.save()
+        return Outcome(204)
+
+    def start_task(self, command: BlockCommand) -> Task:
+        """Run ``command`` after the task duration, as a Redfish task."""
+        task = self.tasks.create(
+            f"{command.action} {command.block_id}", self.config.task_duration_s
+        )
+        asyncio.get_running_loop().call_later(
+            self.config.task_duration_s, self._finish_task, task, command
+        )
+        return task
+
+    def _finish_task(self, task: Task, command: BlockCommand) -> None:
+        if self.faults.settings.task_failure:
+            task.finish(Outcome.refused(InternalError()))
+        else:
+            task.finish(self.run(command))
+        log.info("task %s (%s) ended: %s", task.id, task.name, task.state)
+
+    def save(self) -> None:
+        if self.state_file is not None:
+            self.state_file.save(self.state.to_json())
+
+
+class RedfishHandler(tornado.web.RequestHandler):
+    """Common ground: faults, authentication, Redfish errors, JSON answers."""
+
+    ALLOW: ClassVar[str] = "GET, HEAD"
+    dropped = False  # closed unanswered by the drop_connections / unreachable faults
+
+    def initialize(self, simulator: Simulator) -> None:
+        self.sim = simulator
+
+    def set_default_headers(self) -> None:
+        self.set_header("OData-Version", "4.0")
+        self.set_header("Cache-Control", "no-cache")
+
+    async def prepare(self) -> None:
+        if self.sim.faults.drops_request():
+            self._drop_connection()
+        latency = self.sim.faults.settings.latency_s
+        if latency:
+            await asyncio.sleep(latency)
+        if self.request.method in WRITE_METHODS and self.sim.faults.write_fails():
+            raise ServiceTemporarilyUnavailable(1)
+        if not self.is_open():
+            self._authenticate()
+
+    def is_open(self) -> bool:
+        """Whether this request may be answered without credentials."""
+        return False
+
+    def head(self, *args: str) -> Any:
+        return self.get(*args)  # tornado sends the headers and drops the body
+
+    def _authenticate(self) -> None:
+        token = self.request.headers.get("X-Auth-Token")
+        if token is not None and self.sim.sessions.authenticate(token) is not None:
+            return
+        credentials = _basic_credentials(self.request.headers.get("Authorization", ""))
+        if credentials is not None and self.sim.check_credentials(*credentials):
+            return
+        raise NoValidSession()
+
+    def _drop_connection(self) -> None:
+        self.dropped = True
+        self.request.connection.close()  # type: ignore[union-attr]
+        raise tornado.web.Finish()
+
+    def send_json(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        etag = payload.get("@odata.etag") if isinstance(payload, dict) else None
+        if etag:
+            self.set_header("ETag", etag)
+        self.set_header("Allow", self.ALLOW)
+        self.finish(json.dumps(payload, indent=1))
+
+    def send_accepted(self, task: Task) -> None:
+        """202 for a running task: where to poll and when."""
+        self.set_header("Location", uris.task_monitor_uri(task.id))
+        self.set_header("Retry-After", str(task.retry_after_s(self.sim.tasks.now())))
+        self.send_json(resources.task_resource(task), status=202)
+
+    def send_outcome(self, outcome: Outcome) -> None:
+        if outcome.body is None:
+            self.set_status(outcome.status)
+            self.finish()
+        else:
+            self.send_json(outcome.body, status=outcome.status)
+
+    def send_xml(self, document: str) -> None:
+        self.set_header("Content-Type", "application/xml; charset=utf-8")
+        self.set_header("Allow", self.ALLOW)
+        self.finish(document)
+
+    def send_resource(self, payload: dict[str, Any] | None) -> None:
+        """Answer a GET with ``payload`` (None: 404), expanded if asked to."""
+        if payload is None:
+            raise ResourceMissing(self.request.path)
+        if self.expand_requested():
+            payload = resources.expand(self.sim.view, payload)
+        self.send_json(payload)
+
+    def expand_requested(self) -> bool:
+        """Check the query: ``$expand=.`` / ``.($levels=1)`` is all we support."""
+        for name in self.request.query_arguments:
+            if name != "$expand" and name.startswith("$"):
+                raise QueryParameterUnsupported(name)
+        value = self.get_query_argument("$expand", None)
+        if value is not None and value not in EXPAND_VALUES:
+            raise QueryParameterValueFormatError(value, "$expand")
+        return value is not None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = _as_simulator_error(kwargs.get("exc_info"), status_code, self.request.path)
+        self.set_status(error.status)
+        if error.status == 401 and not self.request.headers.get("X-Auth-Token"):
+            self.set_header("WWW-Authenticate", 'Basic realm="Redfish"')
+        if error.status == 405:
+            self.set_header("Allow", self.ALLOW)
+        if isinstance(error, ServiceTemporarilyUnavailable):
+            self.set_header("Retry-After", error.message_args[0])
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps(error.body(), indent=1))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        # A refusal is an answer, not a crash: the access log line says enough.
+        if isinstance(value, SimulatorError | tornado.web.HTTPError):
+            log.debug("%s %s refused: %s", self.request.method, self.request.uri, value)
+        else:
+            super().log_exception(typ, value, tb)
+
+
+class VersionsHandler(RedfishHandler):
+    def is_open(self) -> bool:
+        return True
+
+    def get(self) -> None:
+        self.send_json({"v1": uris.SERVICE_ROOT})
+
+
+class MetadataHandler(RedfishHandler):
+    """The open CSDL document ``$metadata``."""
+
+    def is_open(self) -> bool:
+        return True
+
+    def get(self) -> None:
+        self.send_xml(metadata_document())
+
+
+class OemSchemaHandler(MetadataHandler):
+    """Our OEM schema, referenced from ``$metadata``."""
+
+    def get(self) -> None:
+        self.send_xml(OEM_SCHEMA_DOCUMENT)
+
+
+class ResourceHandler(RedfishHandler):
+    """GET of any read-only resource; other methods are not allowed."""
+
+    def is_open(self) -> bool:
+        path = self.request.path.rstrip("/")
+        is_public = path in (uris.ROOT, uris.ODATA)
+        # An expanded service root would show protected resources.
+        return (
+            is_public
+            and self.request.method in ("GET", "HEAD")
+            and "$expand" not in (self.request.query_arguments)
+        )
+
+    def get(self, path: str) -> None:
+        self.send_resource(resources.render(self.sim.view, self.request.path))
+
+    def _not_allowed(self, path: str) -> None:
+        if resources.render(self.sim.view, self.request.path) is None:
+            raise ResourceMissing(self.request.path)
+        raise OperationNotAllowed()
+
+    post = put = patch = delete = _not_allowed
+
+
+class SystemHandler(RedfishHandler):
+    ALLOW = "GET, HEAD, PATCH"
+
+    def get(self, system_id: str) -> None:
+        self.send_resource(resources.system(self.sim.view, system_id))
+
+    def patch(self, system_id: str) -> None:
+        readable = resources.system(self.sim.view, system_id)
+        if readable is None:
+            raise ResourceMissing(self.request.path)
+        tag = parse_tag_patch(self.request.body, readable)
+        if_match = self.request.headers.get("If-Match")
+        if if_match is not None and self.sim.faults.settings.stale_etags:
+            raise ETagMismatch()
+        self.sim.state.set_tag(system_id, tag, if_match=if_match)
+        self.sim.save()
+        self.send_resource(resources.system(self.sim.view, system_id))
+
+
+class ActionHandler(RedfishHandler):
+    """``POST /Systems/{id}/Actions/ComputerSystem.{Add,Remove}ResourceBlock``."""
+
+    ALLOW = "POST"
+
+    def post(self, system_id: str, action: str) -> None:
+        command = parse_block_command(system_id, action, self.request.body)
+        command.check(self.sim.state)
+        if command.action == uris.ADD_RESOURCE_BLOCK and self.sim.faults.attachment_fails():
+            raise InternalError()
+        if command.gives_etags and self.sim.faults.settings.stale_etags:
+            raise ETagMismatch()
+        if self.sim.config.async_tasks:
+            self.send_accepted(self.sim.start_task(command))
+        else:
+            self.send_outcome(self.sim.run(command))
+
+
+class TaskMonitorHandler(RedfishHandler):
+    """A task monitor: 202 while the task runs, then the operation's final answer."""
+
+    ALLOW = "GET"
+
+    def get(self, task_id: str) -> None:
+        task = self.sim.tasks.get(task_id)
+        if task is None:
+            raise ResourceMissing(self.request.path)
+        if task.outcome is None:
+            self.send_accepted(task)
+        else:
+            self.send_outcome(task.outcome)
+
+
+class SessionsHandler(RedfishHandler):
+    ALLOW = "GET, HEAD, POST"
+
+    def is_open(self) -> bool:
+        return self.request.method == "POST"  # logging in
+
+    def get(self) -> None:
+        self.send_resource(resources.session_collection(self.sim.view))
+
+    def post(self) -> None:
+        username, password = parse_login(self.request.body)
+        if not self.sim.check_credentials(username, password):
+            raise AccessUnauthorized()
+        session = self.sim.sessions.create(username)
+        self.set_header("X-Auth-Token", session.token)
+        self.set_header("Location", uris.session_uri(session.id))
+        self.send_json(resources.session_resource(session), status=201)
+
+
+class SessionHandler(RedfishHandler):
+    ALLOW = "GET, HEAD, DELETE"
+
+    def get(self, session_id: str) -> None:
+        self.send_resource(resources.session(self.sim.view, session_id))
+
+    def delete(self, session_id: str) -> None:
+        if not self.sim.sessions.delete(session_id):
+            raise ResourceMissing(self.request.path)
+        self.set_status(204)
+        self.finish()
+
+
+class NotFoundHandler(RedfishHandler):
+    """Anything outside ``/redfish/v1``: 404."""
+
+    def is_open(self) -> bool:
+        return True
+
+    def _missing(self, *args: str) -> None:
+        raise ResourceMissing(self.request.path)
+
+    get = head = post = put = patch = delete = _missing
+
+
+# --- test switches (--faults-api) ---------------------------------------------------------
+
+
+class SimHandler(tornado.web.RequestHandler):
+    """Base of the test-only ``/sim`` endpoints: plain JSON, no auth, no faults."""
+
+    def initialize(self, simulator: Simulator) -> None:
+        self.sim = simulator
+
+    def send_json(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps(payload, indent=1))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        reason = str(exc_info[1]) if exc_info else self._reason
+        self.send_json({"error": reason}, status=status_code)
+
+
+class FaultsHandler(SimHandler):
+    def get(self) -> None:
+        self.send_json(self.sim.faults.settings.to_json())
+
+    def put(self) -> None:
+        try:
+            settings = FaultSettings.from_json(json.loads(self.request.body or b"null"))
+            self.sim.state.set_disabled(settings.disabled_blocks)
+        except (ValueError, FaultSettingsError, SimulatorError) as err:
+            raise tornado.web.HTTPError(400, reason=str(err)) from err
+        self.sim.faults.replace(settings)
+        log.info("faults: %s", settings)
+        self.get()
+
+    def delete(self) -> None:
+        self.sim.state.set_disabled(())
+        self.sim.faults.replace(FaultSettings())
+        log.info("faults reset")
+        self.get()
+
+
+class StateHandler(SimHandler):
+    def get(self) -> None:
+        state = self.sim.state
+        self.send_json({"hosts": state.to_json()["hosts"], "disabled_blocks": state.disabled()})
+
+    def delete(self) -> None:
+        """Detach everything and clear tags (tests share one simulator)."""
+        self.sim.state.reset()
+        self.sim.faults.replace(FaultSettings())
+        self.sim.save()
+        self.set_status(204)
+        self.finish()
+
+
+def make_app(simulator: Simulator) -> tornado.web.Application:
+    args = {"simulator": simulator}
+    routes: list[Any] = [
+        (r"/redfish/?", VersionsHandler, args),
+        (r"/redfish/v1/\$metadata/?", MetadataHandler, args),
+        (uris.OEM_SCHEMA, OemSchemaHandler, args),
+        (rf"{uris.SESSIONS}/?", SessionsHandler, args),
+        (rf"{uris.SESSIONS}/([^/]+)/?", SessionHandler, args),
+        (rf"{uris.SYSTEMS}/([^/]+)/Actions/ComputerSystem\.([A-Za-z]+)/?", ActionHandler, args),
+        (rf"{uris.SYSTEMS}/([^/]+)/?", SystemHandler, args),
+        (rf"{uris.TASK_MONITORS}/([^/]+)/?", TaskMonitorHandler, args),
+        (r"/redfish/v1(/.*)?", ResourceHandler, args),
+    ]
+    if simulator.config.faults_api:
+        routes += [(r"/sim/faults", FaultsHandler, args), (r"/sim/state", StateHandler, args)]
+    return tornado.web.Application(
+        routes,
+        default_handler_class=NotFoundHandler,
+        default_handler_args=args,
+        log_function=_log_request,
+    )
+
+
+def _log_request(handler: tornado.web.RequestHandler) -> None:
+    request = handler.request
+    log.info(
+        "%s %s %s (%s) %.1fms",
+        "dropped" if getattr(handler, "dropped", False) else handler.get_status(),
+        request.method,
+        request.uri,
+        request.remote_ip,
+        1000.0 * request.request_time(),
+    )
+
+
+def _basic_credentials(header: str) -> tuple[str, str] | None:
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        username, sep, password = base64.b64decode(encoded).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (username, password) if sep else None
+
+
+def _as_simulator_error(exc_info: Any, status: int, path: str) -> SimulatorError:
+    error = exc_info[1] if exc_info else None
+    if isinstance(error, SimulatorError):
+        return error
+    factories: dict[int, Callable[[], SimulatorError]] = {
+        404: lambda: ResourceMissing(path),
+        405: OperationNotAllowed,
+    }
+    return factories.get(status, InternalError)()

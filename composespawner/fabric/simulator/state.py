@@ -1,0 +1,307 @@
+"""The simulated fabric's state: who holds which block, tags, ETags (pure).
+
+No tornado and no I/O here: the HTTP layer (:mod:`.app`) and the in-process
+fake (:mod:`composespawner.fabric.inprocess`) are thin adapters over this
+model, so both accept and refuse exactly the same operations.
+
+Rules, as a composable PCIe fabric has them:
+
+* a device block is composed into at most one system (``MaxCompositions`` 1);
+* it may join a system only if they share a resource zone, and only while
+  it is Enabled;
+* a host's own ComputerSystem block is never added or removed;
+* add and remove are idempotent: repeating one that already took effect
+  changes nothing and succeeds, *before* any ETag is checked, so a client
+  retrying after a lost answer is not refused for the ETag its own first
+  attempt changed;
+* every write changes the ETags of the resources it touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from composespawner.fabric.base import CompositionTag
+
+from . import uris
+from .errors import (
+    BlockInUse,
+    BlockNotEnabled,
+    BlockNotFound,
+    ETagMismatch,
+    ETagRequired,
+    NotADeviceBlock,
+    ResourceMissing,
+    ZoneMismatch,
+)
+from .inventory import HostSpec, InventorySpec
+
+STATE_FORMAT = 1
+
+
+class StateFileError(ValueError):
+    """A saved state document that cannot be understood."""
+
+
+class FabricState:
+    """Attachments, tags, disabled blocks and write counters of one fabric."""
+
+    def __init__(self, inventory: InventorySpec, *, epoch: str) -> None:
+        self.inventory = inventory
+        # Part of every ETag, so ETags from a previous run without a state
+        # file never match by accident.
+        self.epoch = epoch
+        self._holder: dict[str, str] = {}  # device block id -> system id
+        self._attached: dict[str, list[str]] = {h.id: [] for h in inventory.hosts}
+        self._tags: dict[str, CompositionTag] = {}
+        self._disabled: frozenset[str] = frozenset()
+        self._versions: dict[str, int] = {}
+
+    # --- queries ------------------------------------------------------------
+
+    def host(self, system_id: str) -> HostSpec:
+        host = self.inventory.host(system_id)
+        if host is None:
+            raise ResourceMissing(uris.system_uri(system_id))
+        return host
+
+    def require_block(self, block_id: str) -> None:
+        if self.inventory.device(block_id) is None and not self.is_host_block(block_id):
+            raise BlockNotFound(uris.block_uri(block_id))
+
+    def is_host_block(self, block_id: str) -> bool:
+        return self.inventory.host_of_block(block_id) is not None
+
+    def holder(self, block_id: str) -> str | None:
+        """The system a block is composed into (a host block: its own host, once composed)."""
+        host = self.inventory.host_of_block(block_id)
+        if host is not None:
+            return host.id if self._attached[host.id] else None
+        return self._holder.get(block_id)
+
+    def attached(self, system_id: str) -> tuple[str, ...]:
+        """Device blocks attached to a host, in the order they were attached."""
+        return tuple(self._attached.get(system_id, ()))
+
+    def tag(self, system_id: str) -> CompositionTag | None:
+        return self._tags.get(system_id)
+
+    def is_enabled(self, block_id: str) -> bool:
+        return block_id not in self._disabled
+
+    def disabled(self) -> list[str]:
+        return sorted(self._disabled)
+
+    def block_etag(self, block_id: str) -> str:
+        return self._etag(f"block:{block_id}")
+
+    def system_etag(self, system_id: str) -> str:
+        return self._etag(f"system:{system_id}")
+
+    def check_target(self, system_id: str, block_id: str, action: str) -> HostSpec:
+        """The host, if ``block_id`` is a device block that ``action`` may name for it."""
+        host = self.host(system_id)
+        self.require_block(block_id)
+        if self.is_host_block(block_id):
+            raise NotADeviceBlock("ResourceBlock", f"ComputerSystem.{action}")
+        return host
+
+    # --- commands -----------------------------------------------------------
+
+    def add_resource_block(
+        self,
+        system_id: str,
+        block_id: str,
+        *,
+        block_etag: str | None = None,
+        system_etag: str | None = None,
+    ) -> bool:
+        """ComputerSystem.AddResourceBlock; False if it was already attached here."""
+        host = self.check_target(system_id, block_id, uris.ADD_RESOURCE_BLOCK)
+        if self._holder.get(block_id) == system_id:
+            return False
+        self._check_etags(system_id, block_id, block_etag, system_etag)
+        holder = self._holder.get(block_id)
+        if holder is not None:
+            raise BlockInUse(block_id)
+        if not set(self.inventory.block_zones(block_id)) & set(host.zones):
+            raise ZoneMismatch()
+        for needed in (block_id, host.block_id):
+            if not self.is_enabled(needed):
+                raise BlockNotEnabled(needed)
+        self._holder[block_id] = system_id
+        self._attached[system_id].append(block_id)
+        self._touch_attachment(system_id, block_id)
+        return True
+
+    def remove_resource_block(
+        self,
+        system_id: str,
+        block_id: str,
+        *,
+        block_etag: str | None = None,
+        system_etag: str | None = None,
+    ) -> bool:
+        """ComputerSystem.RemoveResourceBlock; False if it was not attached here."""
+        self.check_target(system_id, block_id, uris.REMOVE_RESOURCE_BLOCK)
+        if self._holder.get(block_id) != system_id:
+            return False
+        self._check_etags(system_id, block_id, block_etag, system_etag)
+        # A disabled (failed) device may still be detached: giving it back
+        # must always be possible.
+        del self._holder[block_id]
+        self._attached[system_id].remove(block_id)
+        self._touch_attachment(system_id, block_id)
+        return True
+
+    def set_tag(self, system_id: str, tag: CompositionTag | None, *, if_match: str | None) -> None:
+        """PATCH of ``Oem.ComposeSpawner``: ``If-Match`` is required."""
+        self.host(system_id)
+        if if_match is None:
+            raise ETagRequired()
+        if not if_match_allows(if_match, self.system_etag(system_id)):
+            raise ETagMismatch()
+        if tag is None:
+            self._tags.pop(system_id, None)
+        else:
+            self._tags[system_id] = tag
+        self._touch(f"system:{system_id}")
+
+    def set_disabled(self, block_ids: Iterable[str]) -> None:
+        """Mark exactly these blocks not Enabled (a fault switch; not persisted)."""
+        disabled = frozenset(block_ids)
+        for block_id in sorted(disabled):
+            self.require_block(block_id)
+        for block_id in disabled ^ self._disabled:
+            self._touch(f"block:{block_id}")
+        self._disabled = disabled
+
+    def reset(self) -> None:
+        """Detach everything and clear tags; ETags keep counting up."""
+        for system_id, blocks in self._attached.items():
+            for block_id in list(blocks):
+                self.remove_resource_block(system_id, block_id)
+        for system_id in list(self._tags):
+            self.set_tag(system_id, None, if_match="*")
+        self.set_disabled(())
+
+    # --- persistence ----------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready document of everything that survives a restart."""
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "versions": dict(sorted(self._versions.items())),
+            "hosts": {
+                host.id: {
+                    "attached": list(self.attached(host.id)),
+                    "tag": _tag_json(self.tag(host.id)),
+                }
+                for host in self.inventory.hosts
+            },
+        }
+
+    def restore(self, document: Any) -> list[str]:
+        """Load a :meth:`to_json` document; returns what was dropped and why.
+
+        Entries that no longer fit the inventory (a host or block removed
+        from the file) are dropped and reported rather than refused: the
+        inventory file is the truth about the hardware.
+        """
+        hosts, versions = _parse_document(document)
+        self.epoch = str(document["epoch"])
+        self._versions = dict(versions)
+        problems: list[str] = []
+        for system_id, entry in hosts.items():
+            problems += self._restore_host(system_id, entry)
+        return problems
+
+    # --- internals ------------------------------------------------------------
+
+    def _check_etags(
+        self, system_id: str, block_id: str, block_etag: str | None, system_etag: str | None
+    ) -> None:
+        if block_etag is not None and not etags_equal(block_etag, self.block_etag(block_id)):
+            raise ETagMismatch()
+        if system_etag is not None and not etags_equal(system_etag, self.system_etag(system_id)):
+            raise ETagMismatch()
+
+    def _touch_attachment(self, system_id: str, block_id: str) -> None:
+        host_block = self.host(system_id).block_id
+        self._touch(f"block:{block_id}", f"block:{host_block}", f"system:{system_id}")
+
+    def _touch(self, *keys: str) -> None:
+        for key in keys:
+            self._versions[key] = self._versions.get(key, 0) + 1
+
+    def _etag(self, key: str) -> str:
+        return f'"{self.epoch}-{self._versions.get(key, 0)}"'
+
+    def _restore_host(self, system_id: str, entry: Mapping[str, Any]) -> list[str]:
+        if self.inventory.host(system_id) is None:
+            return [f"dropped state of unknown host {system_id!r}"]
+        problems = []
+        for block_id in entry.get("attached", []):
+            problem = self._restore_attachment(system_id, block_id)
+            if problem:
+                problems.append(problem)
+        tag = entry.get("tag")
+        if tag is not None:
+            self._tags[system_id] = CompositionTag(
+                hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"]
+            )
+        return problems
+
+    def _restore_attachment(self, system_id: str, block_id: str) -> str | None:
+        if self.inventory.device(block_id) is None:
+            return f"dropped attachment of unknown block {block_id!r} to {system_id}"
+        if block_id in self._holder:
+            return f"dropped second attachment of {block_id!r} (to {system_id})"
+        self._holder[block_id] = system_id
+        self._attached[system_id].append(block_id)
+        return None
+
+
+def etags_equal(given: str, current: str) -> bool:
+    """ETag comparison that ignores the weak marker (``W/``)."""
+    return given.strip().removeprefix("W/") == current.removeprefix("W/")
+
+
+def if_match_allows(header: str, current: str) -> bool:
+    """Whether an ``If-Match`` header (``*`` or a list of ETags) matches ``current``."""
+    candidates = [part.strip() for part in header.split(",") if part.strip()]
+    return any(c == "*" or etags_equal(c, current) for c in candidates)
+
+
+def _tag_json(tag: CompositionTag | None) -> dict[str, str] | None:
+    if tag is None:
+        return None
+    return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
+
+
+def _parse_document(document: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """Check a saved state document's shape; :class:`StateFileError` if wrong."""
+    if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
+        raise StateFileError(f"not a format-{STATE_FORMAT} simulator state document")
+    hosts, versions = document.get("hosts"), document.get("versions")
+    if not isinstance(hosts, dict) or not isinstance(versions, dict) or "epoch" not in document:
+        raise StateFileError("state document lacks hosts, versions or epoch")
+    if not all(isinstance(v, int) for v in versions.values()):
+        raise StateFileError("state document versions must be integers")
+    for system_id, entry in hosts.items():
+        _check_host_entry(system_id, entry)
+    return hosts, versions
+
+
+def _check_host_entry(system_id: str, entry: Any) -> None:
+    attached = entry.get("attached") if isinstance(entry, dict) else None
+    if not isinstance(attached, list) or not all(isinstance(b, str) for b in attached):
+        raise StateFileError(f"host {system_id}: `attached` must be a list of block ids")
+    tag = entry.get("tag")
+    keys = ("Hub", "Machine", "Owner")
+    if tag is not None and not (
+        isinstance(tag, dict) and all(isinstance(tag.get(k), str) for k in keys)
+    ):
+        raise StateFileError(f"host {system_id}: `tag` must be null or have Hub, Machine, Owner")
