@@ -1,0 +1,72 @@
+"""The allocation ledger: who holds which device, machines' lifecycle, events and usage.
+
+Use :class:`Ledger`; everything it returns is a frozen record from
+:mod:`composespawner.ledger.records`, and everything it refuses is a
+:class:`LedgerError` from :mod:`composespawner.ledger.errors`.
+"""
+
+from composespawner.ledger.errors import (
+    DevicesTaken,
+    IllegalTransition,
+    LedgerError,
+    NotOwner,
+    QuotaExceeded,
+    ServerBusy,
+    UnknownDevices,
+    UnknownMachine,
+)
+from composespawner.ledger.lifecycle import (
+    HOLDING,
+    LIVE,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    MachineState,
+    can_transition,
+    check_transition,
+    is_terminal,
+)
+from composespawner.ledger.models import AppendOnlyViolation
+from composespawner.ledger.records import (
+    HOLDABLE_KINDS,
+    DeviceRecord,
+    HoldableKind,
+    Machine,
+    MachineEvent,
+    ServerUse,
+    UsageRecord,
+    server_label,
+    utcnow,
+)
+from composespawner.ledger.store import Ledger
+
+__all__ = [
+    "HOLDABLE_KINDS",
+    "HOLDING",
+    "LIVE",
+    "STATES",
+    "TERMINAL",
+    "TRANSITIONS",
+    "AppendOnlyViolation",
+    "DeviceRecord",
+    "DevicesTaken",
+    "HoldableKind",
+    "IllegalTransition",
+    "Ledger",
+    "LedgerError",
+    "Machine",
+    "MachineEvent",
+    "MachineState",
+    "NotOwner",
+    "QuotaExceeded",
+    "ServerBusy",
+    "ServerUse",
+    "UnknownDevices",
+    "UnknownMachine",
+    "UsageRecord",
+    "can_transition",
+    "check_transition",
+    "is_terminal",
+    "server_label",
+    "utcnow",
+]

@@ -1,0 +1,87 @@
+"""Engines for the ledger: SQLite (one file, the embedded default) or PostgreSQL.
+
+SQLite serialises writers with a file lock. Python's sqlite3 driver would start
+transactions lazily (and only before DML), so a claim could read, then fail to
+upgrade its lock, or read stale rows; we take transaction control from the
+driver (SQLAlchemy's documented pysqlite recipe) and start every writing
+transaction with ``BEGIN IMMEDIATE``: it waits (up to the busy timeout) for the
+write lock *before* reading, so read-then-write inside it is safe. WAL lets
+readers go on meanwhile.
+
+PostgreSQL runs at READ COMMITTED; the ledger's writes are conditional UPDATEs
+checked by rowcount plus explicit row locks, which is correct there.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+
+# Execution option on the engine that writing sessions use.
+WRITE_OPTION = "composespawner_ledger_write"
+
+
+def create_ledger_engine(url: str | URL, *, timeout: float, echo: bool = False) -> Engine:
+    """An engine for ``url``; ``timeout`` bounds connecting and every wait for a lock."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed, timeout=timeout, echo=echo)
+    if backend == "postgresql":
+        return _postgresql_engine(parsed, timeout=timeout, echo=echo)
+    raise ValueError(f"the ledger supports sqlite and postgresql URLs, not {backend!r}")
+
+
+def writing(engine: Engine) -> Engine:
+    """The same engine (same pool), marked so SQLite starts its transactions IMMEDIATE."""
+    return engine.execution_options(**{WRITE_OPTION: True})
+
+
+def _sqlite_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
+    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
+        # Each pooled connection would see its own empty database (or all
+        # threads would share one connection and one transaction).
+        raise ValueError("the ledger needs an SQLite file (sqlite:///path), not an in-memory db")
+    engine = create_engine(
+        url,
+        echo=echo,
+        pool_timeout=timeout,
+        connect_args={"timeout": timeout, "check_same_thread": False},
+    )
+    busy_ms = math.ceil(timeout * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+        # Stop the driver from issuing BEGIN itself; _on_begin does it.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        immediate = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def _postgresql_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
+    connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout))}
+    if "options" not in url.query:
+        # A claim waits on another claim's row locks; never forever.
+        connect_args["options"] = f"-c lock_timeout={math.ceil(timeout * 1000)}"
+    return create_engine(
+        url,
+        echo=echo,
+        pool_pre_ping=True,  # the hub runs for months; the database restarts meanwhile
+        pool_timeout=timeout,
+        connect_args=connect_args,
+    )

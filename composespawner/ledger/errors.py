@@ -1,0 +1,131 @@
+"""Why the ledger refused: the error tree, drawn here at the top.
+
+    LedgerError
+    ├── UnknownMachine       no machine with that id
+    ├── IllegalTransition    the lifecycle does not allow that step (or someone else moved first)
+    ├── ServerBusy           the user's server already has a live machine
+    ├── QuotaExceeded        the claim would take the user past their GPU limit
+    ├── NotOwner             a co-located device belongs to a group the user is not in
+    └── DevicesTaken         a block is held by another machine
+        └── UnknownDevices   a block is not in the ledger at all
+
+Every refusal leaves the ledger exactly as it was: the transaction that raised
+it is rolled back. Errors a user can act on carry a ``user_message``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from composespawner.ledger.records import ServerUse, server_label
+
+
+class LedgerError(Exception):
+    """Base of every ledger refusal. ``str(err)`` is for logs."""
+
+    @property
+    def user_message(self) -> str:
+        return str(self)
+
+
+class UnknownMachine(LedgerError):
+    def __init__(self, machine_id: str) -> None:
+        super().__init__(f"no machine {machine_id!r} in the ledger")
+        self.machine_id = machine_id
+
+
+class IllegalTransition(LedgerError):
+    def __init__(self, from_state: str, to_state: str, detail: str = "") -> None:
+        message = f"illegal transition {from_state} -> {to_state}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class ServerBusy(LedgerError):
+    """The (user, server) pair already has a machine that is not released or failed."""
+
+    def __init__(self, user: str, server: str, machine_id: str | None, state: str | None) -> None:
+        super().__init__(
+            f"{user}/{server or '(default)'} already has live machine {machine_id} ({state})"
+        )
+        self.user = user
+        self.server = server
+        self.machine_id = machine_id
+        self.state = state
+
+    @property
+    def user_message(self) -> str:
+        return f"Your {server_label(self.server)} is already running or starting. Stop it first."
+
+
+class QuotaExceeded(LedgerError):
+    """The claim would take the user's GPUs held at once past ``limit``."""
+
+    def __init__(self, user: str, limit: int, asked: int, in_use: Sequence[ServerUse]) -> None:
+        self.user = user
+        self.limit = limit
+        self.asked = asked
+        self.in_use = tuple(in_use)
+        super().__init__(f"{user}: {self.user_message}")
+
+    @property
+    def used(self) -> int:
+        return sum(use.gpus for use in self.in_use)
+
+    @property
+    def user_message(self) -> str:
+        asked = f"You asked for {_gpus(self.asked)}"
+        if self.limit == 0:
+            return f"{asked} but you may not use GPUs (your limit is 0). Ask an admin for access."
+        limit = f"your limit is {_gpus(self.limit)} at once"
+        if self.used == 0:
+            return f"{asked} but {limit}. Ask for fewer."
+        servers = ", ".join(
+            f"{server_label(use.server)}: {use.gpus}" for use in self.in_use if use.gpus
+        )
+        verb = "is" if self.used == 1 else "are"
+        return (
+            f"{asked} but {limit} and {self.used} {verb} in use ({servers}). "
+            "Stop a server or ask for fewer."
+        )
+
+
+class NotOwner(LedgerError):
+    """Co-located devices are reserved to their owner group."""
+
+    def __init__(self, user: str, block_ids: Iterable[str]) -> None:
+        self.user = user
+        self.block_ids = tuple(sorted(block_ids))
+        super().__init__(f"{user} is not in the owner group of {', '.join(self.block_ids)}")
+
+    @property
+    def user_message(self) -> str:
+        return "Some of the devices chosen are reserved to another group. Choose others."
+
+
+class DevicesTaken(LedgerError):
+    """Some blocks were not free when the claim ran; nothing was claimed."""
+
+    def __init__(self, block_ids: Iterable[str], reason: str = "not free") -> None:
+        self.block_ids = tuple(sorted(block_ids))
+        super().__init__(f"{reason}: {', '.join(self.block_ids)}")
+
+    @property
+    def user_message(self) -> str:
+        return "Someone else took some of those devices a moment ago. Please try again."
+
+
+class UnknownDevices(DevicesTaken):
+    """Blocks the ledger has never seen.
+
+    A subclass of :class:`DevicesTaken` because the caller's remedy is the same:
+    refresh the inventory and place again.
+    """
+
+    def __init__(self, block_ids: Iterable[str]) -> None:
+        super().__init__(block_ids, reason="unknown devices")
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"

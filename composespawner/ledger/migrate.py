@@ -1,0 +1,37 @@
+"""Running the packaged Alembic migrations on a connection the ledger opened.
+
+The schema is created only here (never ``metadata.create_all``), so a database
+made by any version of composespawner can be brought to head.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def alembic_config(connection: Connection) -> Config:
+    """Alembic's config for the packaged migrations, running on ``connection``."""
+    config = Config(str(PACKAGE_DIR / "alembic.ini"))
+    config.set_main_option("script_location", str(PACKAGE_DIR / "migrations"))
+    # migrations/env.py uses this connection instead of making its own engine.
+    config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(connection: Connection, revision: str = "head") -> None:
+    command.upgrade(alembic_config(connection), revision)
+
+
+def downgrade(connection: Connection, revision: str) -> None:
+    command.downgrade(alembic_config(connection), revision)
+
+
+def current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()

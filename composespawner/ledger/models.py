@@ -1,0 +1,191 @@
+"""The ledger's tables, as a typed SQLAlchemy 2 ORM.
+
+The schema is created only by the Alembic migrations in ``migrations/``; a
+test checks these models and the migrated schema agree. Holding is one
+column: ``devices.machine_id`` is THE holder, so a device has at most one
+holder by construction (invariant 1); claims set it only where it is NULL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Delete,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    Update,
+    event,
+    text,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column
+
+from composespawner.ledger.errors import LedgerError
+from composespawner.ledger.lifecycle import STATES, TERMINAL
+from composespawner.ledger.records import HOLDABLE_KINDS
+
+# Deterministic constraint names, so migrations can refer to them on every back-end.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _sql_list(values: Any) -> str:
+    return ", ".join(f"'{value}'" for value in sorted(values))
+
+
+EVENTS_TABLE = "machine_events"
+
+# The partial unique index's condition, shared with the migration.
+LIVE_MACHINE_WHERE = f"state NOT IN ({_sql_list(TERMINAL)})"
+
+
+class AppendOnlyViolation(LedgerError):
+    """Something tried to change or remove a machine event."""
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in Python on every back-end.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zones, so it stores
+    naive UTC and we put the zone back when reading.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the ledger stores aware UTC times")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class MachineRow(Base):
+    __tablename__ = "machines"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({_sql_list(STATES)})", name="state"),
+        # At most one live machine per (user, server): a second spawn of the same
+        # server is refused by the database, not by a read-then-write.
+        Index(
+            "uq_machines_live_server",
+            "user_name",
+            "server_name",
+            unique=True,
+            sqlite_where=text(LIVE_MACHINE_WHERE),
+            postgresql_where=text(LIVE_MACHINE_WHERE),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255), index=True)
+    server_name: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    host_id: Mapped[str | None] = mapped_column(String(128))
+    zone: Mapped[str | None] = mapped_column(String(128))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    failure: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class DeviceRow(Base):
+    __tablename__ = "devices"
+    __table_args__ = (
+        CheckConstraint(f"kind IN ({_sql_list(HOLDABLE_KINDS)})", name="kind"),
+        CheckConstraint(
+            "(machine_id IS NULL) = (held_since IS NULL)", name="held_since_with_holder"
+        ),
+    )
+
+    block_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(255))
+    zone_ids: Mapped[str] = mapped_column(String(1024))  # sorted, comma-joined
+    chassis: Mapped[str] = mapped_column(String(128))
+    owner_group: Mapped[str | None] = mapped_column(String(255))
+    machine_id: Mapped[str | None] = mapped_column(ForeignKey("machines.id"), index=True)
+    held_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class MachineEventRow(Base):
+    """Append-only: the ORM hooks below and a database trigger refuse changes."""
+
+    __tablename__ = EVENTS_TABLE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class UsageRecordRow(Base):
+    __tablename__ = "usage_records"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    user_name: Mapped[str] = mapped_column(String(255), index=True)
+    server_name: Mapped[str] = mapped_column(String(255))
+    block_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class QuotaAccountRow(Base):
+    """One row per user, locked by every claim of that user so they serialize (invariant 3)."""
+
+    __tablename__ = "quota_accounts"
+
+    user_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+@event.listens_for(MachineEventRow, "before_update")
+@event.listens_for(MachineEventRow, "before_delete")
+def _refuse_event_change(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    raise AppendOnlyViolation(f"machine event {target.id} is append-only")
+
+
+def refuse_event_rewrites(
+    connection: Connection, statement: Any, multiparams: Any, params: Any, options: Any
+) -> None:
+    """An engine ``before_execute`` hook: UPDATE/DELETE statements bypass the mapper hooks.
+
+    Raw SQL bypasses this too; the database trigger from the migration stops that.
+    """
+    target = getattr(statement, "table", None) if isinstance(statement, Update | Delete) else None
+    if getattr(target, "name", None) == EVENTS_TABLE:
+        raise AppendOnlyViolation("machine events are append-only")

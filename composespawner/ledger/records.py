@@ -1,0 +1,105 @@
+"""What the ledger hands out: plain frozen values, detached from any session.
+
+Callers in other threads (the spawner runs the ledger through
+``asyncio.to_thread``) can keep and pass these around freely; they never touch
+a database session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from composespawner.fabric.base import Device, Host
+
+# Hosts are holdable too: a composed machine takes its whole compute host.
+HoldableKind = Literal["gpu", "nic", "nvme", "host"]
+HOLDABLE_KINDS: tuple[HoldableKind, ...] = ("gpu", "nic", "nvme", "host")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def server_label(server: str) -> str:
+    """How a user sees a server name: '' is their default server."""
+    return f"server {server!r}" if server else "default server"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """One holdable block as the ledger knows it (from the fabric inventory)."""
+
+    block_id: str
+    kind: HoldableKind
+    model: str
+    zones: frozenset[str]
+    chassis: str
+    owner_group: str | None = None  # set for co-located devices: only this group may hold it
+
+    @classmethod
+    def from_device(cls, device: Device, owner_group: str | None = None) -> DeviceRecord:
+        return cls(
+            device.block_id, device.kind, device.model, device.zones, device.chassis, owner_group
+        )
+
+    @classmethod
+    def from_host(cls, host: Host, chassis: str = "") -> DeviceRecord:
+        model = f"{host.cpus} CPUs, {host.memory_gib} GiB"
+        return cls(host.block_id, "host", model, host.zones, chassis)
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """One composed (or being composed) machine serving one user's server."""
+
+    id: str
+    user_name: str
+    server_name: str  # '' is the user's default server
+    state: str
+    host_id: str | None
+    zone: str | None
+    request: dict[str, Any] = field(hash=False)  # the validated request, as submitted
+    failure: str | None  # the user-facing reason it failed
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    block_ids: tuple[str, ...] = ()  # blocks held now, sorted; empty once terminal
+
+
+@dataclass(frozen=True, slots=True)
+class MachineEvent:
+    id: int
+    machine_id: str
+    at: datetime
+    from_state: str | None  # None for the event that created the machine
+    to_state: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Who held which device from when to when."""
+
+    id: int
+    machine_id: str
+    user_name: str
+    server_name: str
+    block_id: str
+    kind: str
+    model: str
+    started_at: datetime
+    ended_at: datetime
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerUse:
+    """GPUs held by one of a user's live servers."""
+
+    server: str
+    gpus: int

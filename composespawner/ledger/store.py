@@ -1,0 +1,585 @@
+"""The Ledger: who holds which device, and every machine's lifecycle.
+
+Each public method is one short transaction and returns frozen records, never
+ORM objects, so the spawner can call it from worker threads
+(``asyncio.to_thread``) and keep the results. A ``Ledger`` may be shared by
+threads; several ``Ledger`` objects (hub processes) may share one database.
+
+How the invariants hold:
+
+* one holder per device (1): ``devices.machine_id`` is the only holder column,
+  and a claim sets it with ``UPDATE ... WHERE machine_id IS NULL``, checking
+  the rowcount;
+* quota (3): a claim locks the user's ``quota_accounts`` row first (SQLite:
+  the whole database, by ``BEGIN IMMEDIATE``), so two claims of one user
+  cannot both count the GPUs in use before either takes its own;
+* no deadlock between claims of different users on PostgreSQL: device rows are
+  locked in ``block_id`` order;
+* one-way lifecycle (7): every state change is a compare-and-set on the state
+  plus an event appended in the same transaction; entering a terminal state
+  frees the machine's devices and writes their usage records in the same
+  transaction too, so terminal always means holds nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Engine, and_, event, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from composespawner.ledger import migrate
+from composespawner.ledger.database import create_ledger_engine, writing
+from composespawner.ledger.errors import (
+    DevicesTaken,
+    IllegalTransition,
+    NotOwner,
+    ServerBusy,
+    UnknownDevices,
+    UnknownMachine,
+)
+from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL, check_transition
+from composespawner.ledger.models import (
+    DeviceRow,
+    MachineEventRow,
+    MachineRow,
+    QuotaAccountRow,
+    UsageRecordRow,
+    refuse_event_rewrites,
+)
+from composespawner.ledger.quota import check_gpu_quota
+from composespawner.ledger.records import (
+    DeviceRecord,
+    HoldableKind,
+    Machine,
+    MachineEvent,
+    ServerUse,
+    UsageRecord,
+    utcnow,
+)
+
+
+class Ledger:
+    """The allocation ledger on one database URL (``sqlite:///...`` or ``postgresql+psycopg://``).
+
+    ``clock`` must return aware datetimes; ``timeout`` (seconds) bounds
+    connecting and every wait for a lock held by another transaction.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        echo: bool = False,
+        timeout: float = 10.0,
+    ) -> None:
+        self._clock = clock
+        self._engine = create_ledger_engine(url, timeout=timeout, echo=echo)
+        self._reading = sessionmaker(self._engine)
+        self._writing = sessionmaker(writing(self._engine))
+        event.listen(self._engine, "before_execute", refuse_event_rewrites)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    # -- schema ---------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` with the packaged Alembic migrations."""
+        with writing(self._engine).begin() as connection:
+            migrate.upgrade(connection, revision)
+
+    def schema_revision(self) -> str | None:
+        with self._engine.connect() as connection:
+            return migrate.current_revision(connection)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # -- inventory ------------------------------------------------------------
+
+    def sync_devices(self, devices: Iterable[DeviceRecord]) -> None:
+        """Record the devices the fabric reports; never changes who holds them.
+
+        Devices missing from ``devices`` keep their rows (and holders): a device
+        that vanished from one inventory is not known to be gone.
+        """
+        now = self._now()
+        rows = {device.block_id: _device_values(device, now) for device in devices}
+        if not rows:
+            return
+        with self._writing.begin() as session:
+            session.execute(_upsert_devices(self._engine.dialect.name), list(rows.values()))
+
+    def devices(self) -> list[DeviceRecord]:
+        with self._reading.begin() as session:
+            rows = session.scalars(select(DeviceRow).order_by(DeviceRow.block_id))
+            return [_device_record(row) for row in rows]
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def request_machine(self, user: str, server: str, request: dict[str, Any]) -> str:
+        """Record a new machine for ``user``'s ``server`` in state ``requested``; its id.
+
+        Raises :class:`ServerBusy` if that server already has a live machine.
+        """
+        json.dumps(request)  # refuse what cannot be stored before touching the database
+        now = self._now()
+        machine_id = uuid.uuid4().hex
+        try:
+            with self._writing.begin() as session:
+                live = _live_row(session, user, server)
+                if live is not None:
+                    raise ServerBusy(user, server, live.id, live.state)
+                session.add(_new_machine(machine_id, user, server, request, now))
+                session.flush()  # the event's foreign key needs the machine first
+                session.add(_event(machine_id, now, None, REQUESTED, "requested"))
+        except IntegrityError as err:
+            # A concurrent request won the unique index on live (user, server).
+            live_machine = self.live_machine(user, server)
+            if live_machine is None:
+                raise
+            raise ServerBusy(user, server, live_machine.id, live_machine.state) from err
+        return machine_id
+
+    def claim(
+        self,
+        machine_id: str,
+        *,
+        host_id: str | None,
+        zone: str,
+        block_ids: Sequence[str],
+        gpu_limit: int | None,
+        groups: frozenset[str] = frozenset(),
+        host_block: str | None = None,
+    ) -> Machine:
+        """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
+
+        In one transaction: the user's quota row is locked, the blocks are
+        checked (known, allowed to ``groups``, within ``gpu_limit`` counting the
+        user's live machines, free) and taken, and the machine moves to
+        ``claimed``. Raises :class:`UnknownDevices`, :class:`NotOwner`,
+        :class:`QuotaExceeded`, :class:`DevicesTaken` or
+        :class:`IllegalTransition`, having changed nothing.
+        """
+        wanted = _claim_set(block_ids, host_block)
+        now = self._now()
+        with self._writing.begin() as session:
+            machine = _machine_row(session, machine_id)
+            check_transition(machine.state, CLAIMED)
+            _lock_quota_account(session, machine.user_name, now)
+            devices = _lock_devices(session, wanted)
+            _check_claimable(machine.user_name, wanted, devices, groups)
+            asked = sum(1 for device in devices if device.kind == "gpu")
+            in_use = _gpu_use(session, machine.user_name)
+            check_gpu_quota(machine.user_name, gpu_limit, asked, in_use)
+            _take_devices(session, machine_id, wanted, devices, now)
+            message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
+            _move(session, machine, CLAIMED, now, message, host_id=host_id, zone=zone)
+            return _machine(session, machine_id)
+
+    def transition(
+        self, machine_id: str, to: str, message: str = "", *, failure: str | None = None
+    ) -> Machine:
+        """Move a machine one step along the lifecycle; ``failure`` records a user-facing reason.
+
+        Entering ``released`` or ``failed`` frees the machine's devices exactly as
+        :meth:`release` does. Only :meth:`claim` enters ``claimed``.
+        """
+        if to == CLAIMED:
+            raise ValueError("a machine enters 'claimed' only through claim(), which takes devices")
+        now = self._now()
+        with self._writing.begin() as session:
+            machine = _machine_row(session, machine_id)
+            if to in TERMINAL:
+                _end(session, machine, to, now, message, failure)
+            else:
+                _move(session, machine, to, now, message, **_failure(failure))
+            return _machine(session, machine_id)
+
+    def release(
+        self,
+        machine_id: str,
+        *,
+        to: str = "released",
+        message: str = "",
+        failure: str | None = None,
+    ) -> Machine:
+        """End a ``stopping`` machine (or fail a ``requested`` one): free its devices.
+
+        Writes one usage record per device held. Idempotent: a machine already
+        released or failed is returned unchanged, whatever ``to`` says.
+        """
+        if to not in TERMINAL:
+            raise ValueError(f"release ends a machine: to must be one of {sorted(TERMINAL)}")
+        try:
+            return self._release(machine_id, to, message, failure)
+        except IllegalTransition:
+            current = self.machine(machine_id)
+            if current is not None and current.state in TERMINAL:
+                return current  # a concurrent release got there first
+            raise
+
+    def _release(self, machine_id: str, to: str, message: str, failure: str | None) -> Machine:
+        now = self._now()
+        with self._writing.begin() as session:
+            machine = _machine_row(session, machine_id)
+            if machine.state not in TERMINAL:
+                _end(session, machine, to, now, message, failure)
+            return _machine(session, machine_id)
+
+    # -- queries ----------------------------------------------------------------
+
+    def machine(self, machine_id: str) -> Machine | None:
+        with self._reading.begin() as session:
+            if session.get(MachineRow, machine_id) is None:
+                return None
+            return _machine(session, machine_id)
+
+    def live_machine(self, user: str, server: str) -> Machine | None:
+        with self._reading.begin() as session:
+            row = _live_row(session, user, server)
+            return None if row is None else _machine(session, row.id)
+
+    def live_machines(self, user: str | None = None) -> list[Machine]:
+        query = select(MachineRow).where(MachineRow.state.not_in(TERMINAL))
+        if user is not None:
+            query = query.where(MachineRow.user_name == user)
+        query = query.order_by(MachineRow.user_name, MachineRow.server_name)
+        with self._reading.begin() as session:
+            rows = session.scalars(query).all()
+            held = _held_blocks(session, [row.id for row in rows])
+            return [_machine_record(row, held.get(row.id, ())) for row in rows]
+
+    def gpu_use(self, user: str) -> list[ServerUse]:
+        """GPUs held by each of ``user``'s live servers (0 for a server holding none)."""
+        with self._reading.begin() as session:
+            return _gpu_use(session, user)
+
+    def holders(self) -> dict[str, str]:
+        """block_id → machine_id for every held block."""
+        query = select(DeviceRow.block_id, DeviceRow.machine_id).where(
+            DeviceRow.machine_id.is_not(None)
+        )
+        with self._reading.begin() as session:
+            return {block: cast(str, holder) for block, holder in session.execute(query)}
+
+    def held_by(self, machine_id: str) -> list[str]:
+        with self._reading.begin() as session:
+            return list(_held_blocks(session, [machine_id]).get(machine_id, ()))
+
+    def free_blocks(self) -> set[str]:
+        query = select(DeviceRow.block_id).where(DeviceRow.machine_id.is_(None))
+        with self._reading.begin() as session:
+            return set(session.scalars(query))
+
+    def device_owners(self) -> dict[str, str]:
+        """block_id → owner group, for co-located devices."""
+        query = select(DeviceRow.block_id, DeviceRow.owner_group).where(
+            DeviceRow.owner_group.is_not(None)
+        )
+        with self._reading.begin() as session:
+            return {block: cast(str, group) for block, group in session.execute(query)}
+
+    def events(self, machine_id: str) -> list[MachineEvent]:
+        query = (
+            select(MachineEventRow)
+            .where(MachineEventRow.machine_id == machine_id)
+            .order_by(MachineEventRow.id)
+        )
+        with self._reading.begin() as session:
+            return [_event_record(row) for row in session.scalars(query)]
+
+    def usage(self, user: str | None = None) -> list[UsageRecord]:
+        query = select(UsageRecordRow).order_by(UsageRecordRow.id)
+        if user is not None:
+            query = query.where(UsageRecordRow.user_name == user)
+        with self._reading.begin() as session:
+            return [_usage_record(row) for row in session.scalars(query)]
+
+    def _now(self) -> datetime:
+        now = self._clock()
+        if now.tzinfo is None:
+            raise ValueError("the ledger's clock must return timezone-aware datetimes")
+        return now.astimezone(UTC)
+
+
+# ---------------------------------------------------------------------------
+# Steps inside one transaction
+# ---------------------------------------------------------------------------
+
+
+def _machine_row(session: Session, machine_id: str) -> MachineRow:
+    row = session.get(MachineRow, machine_id)
+    if row is None:
+        raise UnknownMachine(machine_id)
+    return row
+
+
+def _live_row(session: Session, user: str, server: str) -> MachineRow | None:
+    query = select(MachineRow).where(
+        MachineRow.user_name == user,
+        MachineRow.server_name == server,
+        MachineRow.state.not_in(TERMINAL),
+    )
+    return session.scalars(query).first()
+
+
+def _lock_quota_account(session: Session, user: str, now: datetime) -> None:
+    """Create-if-absent, then lock, the user's account row: their claims queue up here."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(QuotaAccountRow)
+        .values(user_name=user, created_at=now)
+        .on_conflict_do_nothing(index_elements=["user_name"])
+    )
+    session.execute(
+        select(QuotaAccountRow.user_name).where(QuotaAccountRow.user_name == user).with_for_update()
+    )
+
+
+def _lock_devices(session: Session, wanted: Sequence[str]) -> list[DeviceRow]:
+    # Sorted: two claims wanting overlapping blocks lock them in the same order.
+    query = (
+        select(DeviceRow)
+        .where(DeviceRow.block_id.in_(wanted))
+        .order_by(DeviceRow.block_id)
+        .with_for_update()
+    )
+    return list(session.scalars(query))
+
+
+def _check_claimable(
+    user: str, wanted: Sequence[str], devices: Sequence[DeviceRow], groups: frozenset[str]
+) -> None:
+    unknown = set(wanted) - {device.block_id for device in devices}
+    if unknown:
+        raise UnknownDevices(unknown)
+    reserved = [d.block_id for d in devices if d.owner_group and d.owner_group not in groups]
+    if reserved:
+        raise NotOwner(user, reserved)
+
+
+def _take_devices(
+    session: Session,
+    machine_id: str,
+    wanted: Sequence[str],
+    devices: Sequence[DeviceRow],
+    now: datetime,
+) -> None:
+    taken = [device.block_id for device in devices if device.machine_id is not None]
+    if taken:
+        raise DevicesTaken(taken)
+    result = session.execute(
+        update(DeviceRow)
+        .where(DeviceRow.block_id.in_(wanted), DeviceRow.machine_id.is_(None))
+        .values(machine_id=machine_id, held_since=now)
+        .execution_options(synchronize_session=False)
+    )
+    if _rowcount(result) != len(wanted):
+        # The compare-and-set is the guarantee; the check above only names the culprits.
+        raise DevicesTaken(wanted, reason="not all free")
+
+
+def _move(
+    session: Session, machine: MachineRow, to: str, now: datetime, message: str, **values: Any
+) -> None:
+    """Compare-and-set the machine's state and append the event for it."""
+    from_state = machine.state
+    check_transition(from_state, to)
+    result = session.execute(
+        update(MachineRow)
+        .where(MachineRow.id == machine.id, MachineRow.state == from_state)
+        .values(state=to, updated_at=now, **values)
+        .execution_options(synchronize_session=False)
+    )
+    if _rowcount(result) != 1:
+        raise IllegalTransition(from_state, to, "the machine changed state meanwhile")
+    session.add(_event(machine.id, now, from_state, to, message))
+
+
+def _end(
+    session: Session,
+    machine: MachineRow,
+    to: str,
+    now: datetime,
+    message: str,
+    failure: str | None,
+) -> None:
+    """Enter a terminal state: free every device held and record who used it."""
+    user, server, machine_id = machine.user_name, machine.server_name, machine.id
+    _move(session, machine, to, now, message, ended_at=now, **_failure(failure))
+    held = session.scalars(
+        select(DeviceRow).where(DeviceRow.machine_id == machine_id).order_by(DeviceRow.block_id)
+    ).all()
+    session.add_all(_usage_row(machine_id, user, server, device, now) for device in held)
+    session.execute(
+        update(DeviceRow)
+        .where(DeviceRow.machine_id == machine_id)
+        .values(machine_id=None, held_since=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _gpu_use(session: Session, user: str) -> list[ServerUse]:
+    query = (
+        select(MachineRow.server_name, func.count(DeviceRow.block_id))
+        .outerjoin(DeviceRow, and_(DeviceRow.machine_id == MachineRow.id, DeviceRow.kind == "gpu"))
+        .where(MachineRow.user_name == user, MachineRow.state.not_in(TERMINAL))
+        .group_by(MachineRow.server_name)
+        .order_by(MachineRow.server_name)
+    )
+    return [ServerUse(server, gpus) for server, gpus in session.execute(query)]
+
+
+def _held_blocks(session: Session, machine_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    query = (
+        select(DeviceRow.machine_id, DeviceRow.block_id)
+        .where(DeviceRow.machine_id.in_(machine_ids))
+        .order_by(DeviceRow.block_id)
+    )
+    held: dict[str, list[str]] = {}
+    for machine_id, block_id in session.execute(query):
+        held.setdefault(cast(str, machine_id), []).append(block_id)
+    return {machine_id: tuple(blocks) for machine_id, blocks in held.items()}
+
+
+def _machine(session: Session, machine_id: str) -> Machine:
+    query = select(MachineRow).where(MachineRow.id == machine_id)
+    row = session.scalars(query.execution_options(populate_existing=True)).one()
+    return _machine_record(row, _held_blocks(session, [machine_id]).get(machine_id, ()))
+
+
+def _upsert_devices(dialect: str) -> Any:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(DeviceRow)
+    inventory = ("kind", "model", "zone_ids", "chassis", "owner_group", "last_seen")
+    return statement.on_conflict_do_update(
+        index_elements=["block_id"], set_={name: statement.excluded[name] for name in inventory}
+    )
+
+
+def _rowcount(result: Any) -> int:
+    return cast(CursorResult[Any], result).rowcount
+
+
+# ---------------------------------------------------------------------------
+# Pure conversions
+# ---------------------------------------------------------------------------
+
+
+def _claim_set(block_ids: Sequence[str], host_block: str | None) -> tuple[str, ...]:
+    wanted = [*block_ids, *([host_block] if host_block is not None else [])]
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"a claim names a block twice: {sorted(wanted)}")
+    return tuple(sorted(wanted))
+
+
+def _failure(failure: str | None) -> dict[str, str]:
+    return {} if failure is None else {"failure": failure}
+
+
+def _device_values(device: DeviceRecord, now: datetime) -> dict[str, Any]:
+    if any("," in zone for zone in device.zones):
+        raise ValueError(f"zone ids may not contain commas: {sorted(device.zones)}")
+    return {
+        "block_id": device.block_id,
+        "kind": device.kind,
+        "model": device.model,
+        "zone_ids": ",".join(sorted(device.zones)),
+        "chassis": device.chassis,
+        "owner_group": device.owner_group,
+        "first_seen": now,
+        "last_seen": now,
+    }
+
+
+def _device_record(row: DeviceRow) -> DeviceRecord:
+    zones = frozenset(row.zone_ids.split(",")) if row.zone_ids else frozenset()
+    kind = cast(HoldableKind, row.kind)
+    return DeviceRecord(row.block_id, kind, row.model, zones, row.chassis, row.owner_group)
+
+
+def _new_machine(
+    machine_id: str, user: str, server: str, request: dict[str, Any], now: datetime
+) -> MachineRow:
+    return MachineRow(
+        id=machine_id,
+        user_name=user,
+        server_name=server,
+        state=REQUESTED,
+        host_id=None,
+        zone=None,
+        request=copy.deepcopy(request),
+        failure=None,
+        created_at=now,
+        updated_at=now,
+        ended_at=None,
+    )
+
+
+def _event(
+    machine_id: str, at: datetime, from_state: str | None, to_state: str, message: str
+) -> MachineEventRow:
+    return MachineEventRow(
+        machine_id=machine_id, at=at, from_state=from_state, to_state=to_state, message=message
+    )
+
+
+def _usage_row(
+    machine_id: str, user: str, server: str, device: DeviceRow, now: datetime
+) -> UsageRecordRow:
+    return UsageRecordRow(
+        machine_id=machine_id,
+        user_name=user,
+        server_name=server,
+        block_id=device.block_id,
+        kind=device.kind,
+        model=device.model,
+        started_at=device.held_since or now,
+        ended_at=now,
+    )
+
+
+def _machine_record(row: MachineRow, block_ids: tuple[str, ...]) -> Machine:
+    return Machine(
+        id=row.id,
+        user_name=row.user_name,
+        server_name=row.server_name,
+        state=row.state,
+        host_id=row.host_id,
+        zone=row.zone,
+        request=copy.deepcopy(row.request),
+        failure=row.failure,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        ended_at=row.ended_at,
+        block_ids=block_ids,
+    )
+
+
+def _event_record(row: MachineEventRow) -> MachineEvent:
+    return MachineEvent(row.id, row.machine_id, row.at, row.from_state, row.to_state, row.message)
+
+
+def _usage_record(row: UsageRecordRow) -> UsageRecord:
+    return UsageRecord(
+        id=row.id,
+        machine_id=row.machine_id,
+        user_name=row.user_name,
+        server_name=row.server_name,
+        block_id=row.block_id,
+        kind=row.kind,
+        model=row.model,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+    )
