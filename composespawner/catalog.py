@@ -1,0 +1,130 @@
+"""What the spawn form may offer, read from a TOML file in ``hub_config/``.
+
+The catalog knows hardware models and choices, never users: deciding what a
+given user may see is the job of :func:`Catalog.visible_gpu_models` callers,
+which pass in the groups that own co-located hardware.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class CatalogError(ValueError):
+    """The catalog file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    id: str
+    label: str
+    fabric_models: frozenset[str]  # Processor.Model strings this choice accepts
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkChoice:
+    id: str
+    label: str
+    speed_gbps: int  # 0: no dedicated card
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ColocatedChassis:
+    chassis: str
+    owner_group: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """A software stack (image and lock) a notebook can run; offered once any exist."""
+
+    id: str
+    label: str
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    gpu_models: tuple[GpuModel, ...]
+    networks: tuple[NetworkChoice, ...]
+    scratch_gb: tuple[int, ...]
+    max_gpus_per_machine: int
+    colocated: tuple[ColocatedChassis, ...] = ()
+    stacks: tuple[Stack, ...] = ()
+
+    def gpu_model(self, model_id: str) -> GpuModel | None:
+        return next((m for m in self.gpu_models if m.id == model_id), None)
+
+    def network(self, network_id: str) -> NetworkChoice | None:
+        return next((n for n in self.networks if n.id == network_id), None)
+
+    def owner_of_chassis(self, chassis: str) -> str | None:
+        return next((c.owner_group for c in self.colocated if c.chassis == chassis), None)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Catalog:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            return cls.from_dict(raw)
+        except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+            raise CatalogError(f"{path}: {e}") from e
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Catalog:
+        catalog = cls(
+            gpu_models=tuple(
+                GpuModel(
+                    id=str(m["id"]),
+                    label=str(m["label"]),
+                    fabric_models=frozenset(str(f) for f in m["fabric_models"]),
+                    description=str(m.get("description", "")),
+                )
+                for m in raw["gpu_models"]
+            ),
+            networks=tuple(
+                NetworkChoice(
+                    id=str(n["id"]),
+                    label=str(n["label"]),
+                    speed_gbps=int(n["speed_gbps"]),
+                    description=str(n.get("description", "")),
+                )
+                for n in raw["networks"]
+            ),
+            scratch_gb=tuple(int(s) for s in raw.get("storage", {}).get("scratch_gb", [0])),
+            max_gpus_per_machine=int(raw["max_gpus_per_machine"]),
+            colocated=tuple(
+                ColocatedChassis(chassis=str(c["chassis"]), owner_group=str(c["owner_group"]))
+                for c in raw.get("colocated", [])
+            ),
+            stacks=tuple(
+                Stack(id=str(s["id"]), label=str(s["label"]), description=s.get("description", ""))
+                for s in raw.get("stacks", [])
+            ),
+        )
+        _check(catalog)
+        return catalog
+
+
+def _check(catalog: Catalog) -> None:
+    for kind, ids in (
+        ("gpu_models", [m.id for m in catalog.gpu_models]),
+        ("networks", [n.id for n in catalog.networks]),
+        ("stacks", [s.id for s in catalog.stacks]),
+    ):
+        duplicates = {i for i in ids if ids.count(i) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate {kind} ids: {sorted(duplicates)}")
+    if not catalog.gpu_models:
+        raise ValueError("gpu_models is empty: there is nothing to offer")
+    if not catalog.networks:
+        raise ValueError("networks is empty: offer at least the host network (speed_gbps = 0)")
+    if catalog.max_gpus_per_machine < 1:
+        raise ValueError("max_gpus_per_machine must be at least 1")
+    if any(s < 0 for s in catalog.scratch_gb) or not catalog.scratch_gb:
+        raise ValueError("storage.scratch_gb must list sizes >= 0")

@@ -1,0 +1,167 @@
+"""MachineRequest: the validated, typed form of what a user asked for.
+
+Parsing is pure: it takes the raw form fields or REST ``user_options`` and the
+catalog and either returns a :class:`MachineRequest` or raises
+:class:`RequestError` with a message a person can act on. Nothing here knows
+whether the hardware is free; that is placement's question.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .catalog import Catalog
+
+FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack")
+# Fields a browser or JupyterHub adds to form posts that are not ours to judge.
+_FORM_NOISE = frozenset({"_xsrf"})
+# JupyterHub's own rule for new server names is a "safe slug"; we re-check
+# because the name is written into the fabric's composition tag.
+_SERVER_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$", re.IGNORECASE)
+
+
+class RequestError(ValueError):
+    """Bad input. ``str(err)`` is safe to show the user; ``field`` names the culprit."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class MachineRequest:
+    gpu_model: str  # catalog GpuModel.id
+    gpu_count: int
+    network: str  # catalog NetworkChoice.id
+    scratch_gb: int
+    stack: str | None = None
+
+    def to_options(self) -> dict[str, Any]:
+        """JSON-able ``user_options``; parsing them back gives an equal request."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def describe(self, catalog: Catalog) -> str:
+        model = catalog.gpu_model(self.gpu_model)
+        label = model.label if model else self.gpu_model
+        return f"{self.gpu_count} × {label}"
+
+
+def parse_form(
+    form: Mapping[str, list[str]], catalog: Catalog, visible_models: Collection[str]
+) -> MachineRequest:
+    """Parse a spawn-form post (every value a list of strings)."""
+    fields: dict[str, Any] = {}
+    for key, values in form.items():
+        if key in _FORM_NOISE:
+            continue
+        if len(values) != 1:
+            raise RequestError(f"Give exactly one value for '{_shown(key)}'.", key)
+        fields[key] = values[0]
+    return parse_options(fields, catalog, visible_models)
+
+
+def parse_options(
+    options: Mapping[str, Any], catalog: Catalog, visible_models: Collection[str]
+) -> MachineRequest:
+    """Parse ``user_options`` from the REST API (or an already flattened form)."""
+    unknown = sorted(set(options) - set(FIELDS))
+    if unknown:
+        shown = ", ".join(f"'{_shown(k)}'" for k in unknown)
+        raise RequestError(
+            f"Unknown option {shown}. Allowed options: {', '.join(FIELDS)}.", unknown[0]
+        )
+    return MachineRequest(
+        gpu_model=_gpu_model(options.get("gpu_model"), catalog, visible_models),
+        gpu_count=_gpu_count(options.get("gpu_count"), catalog),
+        network=_network(options.get("network", catalog.networks[0].id), catalog),
+        scratch_gb=_scratch(options.get("scratch_gb", 0), catalog),
+        stack=_stack(options.get("stack"), catalog),
+    )
+
+
+def check_server_name(name: str) -> None:
+    """Refuse server names that are not plain slugs (markup, spaces, slashes...)."""
+    if name and not _SERVER_NAME.match(name):
+        raise RequestError(
+            f"Server name '{_shown(name)}' is not allowed: use up to 63 letters, digits,"
+            " '.', '_' or '-', starting and ending with a letter or digit.",
+            "server_name",
+        )
+
+
+def _gpu_model(value: Any, catalog: Catalog, visible: Collection[str]) -> str:
+    if value is None or value == "":
+        raise RequestError("Choose a GPU model.", "gpu_model")
+    # Models a user may not use are reported exactly like unknown ones: their
+    # existence is not ours to reveal.
+    if not isinstance(value, str) or value not in visible or catalog.gpu_model(value) is None:
+        choices = ", ".join(m for m in (g.id for g in catalog.gpu_models) if m in visible)
+        raise RequestError(
+            f"Unknown GPU model '{_shown(value)}'. Choose one of: {choices}.", "gpu_model"
+        )
+    return value
+
+
+def _gpu_count(value: Any, catalog: Catalog) -> int:
+    top = catalog.max_gpus_per_machine
+    count = _integer(value)
+    if count is None:
+        raise RequestError(
+            f"GPU count must be a whole number from 1 to {top}, not '{_shown(value)}'.",
+            "gpu_count",
+        )
+    if not 1 <= count <= top:
+        raise RequestError(
+            f"GPU count must be from 1 to {top} (the most one machine can hold); got {count}.",
+            "gpu_count",
+        )
+    return count
+
+
+def _network(value: Any, catalog: Catalog) -> str:
+    if not isinstance(value, str) or catalog.network(value) is None:
+        choices = ", ".join(n.id for n in catalog.networks)
+        raise RequestError(
+            f"Unknown network choice '{_shown(value)}'. Choose one of: {choices}.", "network"
+        )
+    return value
+
+
+def _scratch(value: Any, catalog: Catalog) -> int:
+    size = _integer(value)
+    if size is None or size not in catalog.scratch_gb:
+        choices = ", ".join(str(s) for s in catalog.scratch_gb)
+        raise RequestError(
+            f"Scratch size must be one of {choices} (GB), not '{_shown(value)}'.", "scratch_gb"
+        )
+    return size
+
+
+def _stack(value: Any, catalog: Catalog) -> str | None:
+    if value is None or (value == "" and not catalog.stacks):
+        return None
+    if not isinstance(value, str) or value not in {s.id for s in catalog.stacks}:
+        choices = ", ".join(s.id for s in catalog.stacks) or "none are offered yet"
+        raise RequestError(f"Unknown software stack '{_shown(value)}' ({choices}).", "stack")
+    return value
+
+
+def _integer(value: Any) -> int | None:
+    """An int from an int or a string of ASCII digits; bools and floats are not counts."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,6}", value.strip()):
+        return int(value)
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A value as it may appear inside a message: short, one line, no markup characters."""
+    text = str(value).replace("\n", " ")
+    text = re.sub(r"[<>&\"'`]", "?", text)
+    return text if len(text) <= 40 else text[:37] + "..."
