@@ -1,0 +1,161 @@
+# The embedded default: one machine, SQLite, the simulated fabric, notebooks as
+# local processes. `make demo` starts JupyterHub with this file.
+#
+# Every value that differs between the demo, the tests and your own trial runs
+# comes from an environment variable, with the demo's value as default:
+#
+#   COMPOSE_DEMO_PASSWORD   password of every demo account      (compose-demo)
+#   COMPOSE_STATE_DIR       databases, homes, fabric state      (<repo>/.demo)
+#   COMPOSE_HUB_PORT        the public URL's port                (8000)
+#   COMPOSE_PROXY_API_PORT  configurable-http-proxy's API port   (8001)
+#   COMPOSE_HUB_API_PORT    the hub's internal API port          (8081)
+#   COMPOSE_FABRIC_PORT     the fabric simulator's Redfish port  (8010)
+#   COMPOSE_CULL_TIMEOUT    seconds idle before a server is culled (600)
+#   COMPOSE_CULL_EVERY      seconds between culler checks        (60)
+#   COMPOSE_NOTEBOOK_CMD    command that runs a notebook         (jupyterhub-singleuser)
+#   COMPOSE_POLL_INTERVAL   seconds between checks that notebooks live (30)
+#   COMPOSE_FABRIC_ARGS     extra fabric-simulator arguments, e.g. --async-tasks
+#   COMPOSE_FABRIC_EXTERNAL 1: the fabric runs on its own; the hub starts no simulator
+#   COMPOSE_RECONCILE_EVERY seconds between reconciler passes      (60)
+#   COMPOSE_RECONCILE_GRACE seconds the reconciler leaves a fresh machine alone (60)
+#   COMPOSE_EXTRA_CONFIG    a further config file loaded last (local overrides)
+import os
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (JupyterHub injects get_config)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+STATE = Path(os.environ.get("COMPOSE_STATE_DIR", ROOT / ".demo")).resolve()
+STATE.mkdir(parents=True, exist_ok=True)
+
+HUB_PORT = int(os.environ.get("COMPOSE_HUB_PORT", "8000"))
+PROXY_API_PORT = int(os.environ.get("COMPOSE_PROXY_API_PORT", "8001"))
+HUB_API_PORT = int(os.environ.get("COMPOSE_HUB_API_PORT", "8081"))
+FABRIC_PORT = int(os.environ.get("COMPOSE_FABRIC_PORT", "8010"))
+PASSWORD = os.environ.get("COMPOSE_DEMO_PASSWORD", "compose-demo")
+CULL_TIMEOUT = int(os.environ.get("COMPOSE_CULL_TIMEOUT", "600"))
+CULL_EVERY = int(os.environ.get("COMPOSE_CULL_EVERY", "60"))
+# The simulator and the spawner share these credentials; only the hub knows them.
+os.environ.setdefault("COMPOSE_FABRIC_USERNAME", "admin")
+os.environ.setdefault("COMPOSE_FABRIC_PASSWORD", "fabric-demo")
+
+# --- the hub ---------------------------------------------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{HUB_PORT}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = HUB_API_PORT
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
+c.ConfigurableHTTPProxy.command = [str(ROOT / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.template_paths = [str(ROOT / "templates")]
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 3
+
+# --- who may log in --------------------------------------------------------
+c.JupyterHub.authenticator_class = "compose-demo"
+c.DemoAuthenticator.password = PASSWORD
+c.Authenticator.allowed_users = {"student1", "student2", "researcher1"}
+c.Authenticator.admin_users = {"admin"}
+c.JupyterHub.load_groups = {
+    "cs-101": {"users": ["student1", "student2"]},
+    "vision-lab": {"users": ["researcher1"]},
+}
+
+# --- composing machines ----------------------------------------------------
+c.JupyterHub.spawner_class = "compose"
+c.ComposeSpawner.catalog_file = str(HERE / "catalog.toml")
+c.ComposeSpawner.ledger_url = f"sqlite:///{STATE / 'composespawner.sqlite'}"
+c.ComposeSpawner.fabric_url = f"http://127.0.0.1:{FABRIC_PORT}"
+c.ComposeSpawner.hub_id = "composespawner-demo"
+c.ComposeSpawner.max_gpus_per_user = 4
+# Demo users have no system accounts: notebooks run as the hub's account.
+c.ComposeSpawner.shared_account = True
+c.ComposeSpawner.home_dir_template = str(STATE / "homes" / "{username}")
+c.Spawner.cmd = os.environ.get("COMPOSE_NOTEBOOK_CMD", str(BIN / "jupyterhub-singleuser")).split()
+c.Spawner.default_url = "/lab"
+if os.getuid() == 0:
+    c.Spawner.args = ["--allow-root"]
+c.Spawner.poll_interval = int(os.environ.get("COMPOSE_POLL_INTERVAL", "30"))
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 60
+
+# --- hub-managed services --------------------------------------------------
+SIMULATOR = {
+    "name": "fabric-simulator",
+    "command": [
+        str(BIN / "composespawner"),
+        "fabric-simulator",
+        "--inventory",
+        str(HERE / "fabric_inventory.toml"),
+        "--port",
+        str(FABRIC_PORT),
+        "--state-file",
+        str(STATE / "fabric-state.json"),
+        *os.environ.get("COMPOSE_FABRIC_ARGS", "").split(),
+    ],
+    "environment": {
+        "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
+        "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
+    },
+}
+c.JupyterHub.services = [
+    {
+        "name": "idle-culler",
+        "command": [
+            sys.executable,
+            "-m",
+            "jupyterhub_idle_culler",
+            f"--timeout={CULL_TIMEOUT}",
+            f"--cull-every={CULL_EVERY}",
+        ],
+    },
+    {
+        # Makes ledger, fabric and servers agree at hub start and then periodically.
+        "name": "compose-reconciler",
+        "command": [
+            str(BIN / "composespawner"),
+            "reconcile",
+            f"--ledger-url={c.ComposeSpawner.ledger_url}",
+            f"--fabric-url={c.ComposeSpawner.fabric_url}",
+            f"--catalog={c.ComposeSpawner.catalog_file}",
+            f"--hub-id={c.ComposeSpawner.hub_id}",
+            f"--every={os.environ.get('COMPOSE_RECONCILE_EVERY', '60')}",
+            f"--grace={os.environ.get('COMPOSE_RECONCILE_GRACE', '60')}",
+        ],
+        "environment": {
+            "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
+            "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
+        },
+    },
+]
+if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
+    c.JupyterHub.services.insert(0, SIMULATOR)
+c.JupyterHub.load_roles = [
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    },
+    {
+        "name": "compose-reconciler",
+        "scopes": ["list:users", "read:servers", "admin:server_state", "delete:servers"],
+        "services": ["compose-reconciler"],
+    },
+]
+
+if os.environ.get("COMPOSE_EXTRA_CONFIG"):
+    load_subconfig(os.environ["COMPOSE_EXTRA_CONFIG"])  # noqa: F821 (injected like get_config)
+
+print(
+    f"""
+composespawner demo: open http://127.0.0.1:{HUB_PORT} and log in as
+  student1, student2 (group cs-101), researcher1 (group vision-lab) or admin (hub admin)
+  password: {"$COMPOSE_DEMO_PASSWORD" if "COMPOSE_DEMO_PASSWORD" in os.environ else PASSWORD}
+Idle servers are stopped after {CULL_TIMEOUT} s (COMPOSE_CULL_TIMEOUT). State lives in {STATE}.
+""",
+    flush=True,
+)
