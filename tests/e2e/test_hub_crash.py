@@ -1,0 +1,307 @@
+"""The hub dies at each step of a spawn and a stop; after a restart, nothing is lost.
+
+The fabric runs on its own here (as it does in production), so it outlives the
+hub; notebook servers outlive it too, as pods do. The hub is SIGKILLed with its
+proxy and services at a chosen step, started again on the same state, and the
+reconciler (a hub-managed service, here with a short grace period) must leave:
+
+* no device held by a machine nobody uses, in the ledger or on the fabric;
+* no device with two holders;
+* every server either running with all its devices attached, or stopped with none.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import sqlalchemy as sa
+
+from composespawner.ledger import Ledger, Machine
+from tests.hubharness import FABRIC_AUTH, Hub, free_port, running_hub, wait_for
+from tests.paths import HUB_CONFIG
+
+pytestmark = pytest.mark.e2e
+SLOW_NOTEBOOK = Path(__file__).with_name("slow_notebook.py")
+TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
+# A launcher slow to start (a boundary fake): holds a spawn between compose and launch.
+SLOW_LAUNCHER = """
+import asyncio
+from jupyterhub.spawner import LocalProcessSpawner
+from composespawner.spawner import ComposeSpawner
+
+class SlowLauncher(LocalProcessSpawner):
+    async def start(self):
+        await asyncio.sleep(4)  # the step under test lasts this long
+        return await super().start()
+
+class SlowLaunchComposeSpawner(ComposeSpawner, SlowLauncher):
+    pass
+
+c.JupyterHub.spawner_class = SlowLaunchComposeSpawner
+"""
+
+
+@pytest.fixture
+def fabric(tmp_path: Path) -> Iterator[str]:
+    """The fabric simulator as its own process, with fault switches."""
+    port = free_port()
+    log = (tmp_path / "fabric.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "composespawner"),
+            "fabric-simulator",
+            f"--inventory={HUB_CONFIG / 'fabric_inventory.toml'}",
+            f"--port={port}",
+            f"--state-file={tmp_path / 'fabric-state.json'}",
+            "--faults-api",
+        ],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "COMPOSE_FABRIC_USERNAME": FABRIC_AUTH[0],
+            "COMPOSE_FABRIC_PASSWORD": FABRIC_AUTH[1],
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: requests.get(f"{url}/redfish/v1/", timeout=2).ok, 30, "the fabric")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, fabric: str) -> Iterator[Hub]:
+    env = {
+        "COMPOSE_NOTEBOOK_CMD": f"{sys.executable} {SLOW_NOTEBOOK}",
+        "COMPOSE_TEST_LAUNCH_DELAY": "6",
+        "COMPOSE_RECONCILE_EVERY": "1",
+        "COMPOSE_RECONCILE_GRACE": "2",
+    }
+    port = int(fabric.rsplit(":", 1)[1])
+    with running_hub(tmp_path, SLOW_LAUNCHER, fabric_port=port, **env) as hub:
+        yield hub
+
+
+def slow_fabric(hub: Hub, seconds: float) -> None:
+    response = requests.put(
+        f"{hub.fabric_url}/sim/faults", json={"latency_s": seconds}, auth=FABRIC_AUTH, timeout=10
+    )
+    response.raise_for_status()
+
+
+def heal_fabric(hub: Hub) -> None:
+    requests.delete(f"{hub.fabric_url}/sim/faults", auth=FABRIC_AUTH, timeout=10).raise_for_status()
+
+
+def composed(hub: Hub) -> dict[str, list[str]]:
+    """Host → attached device blocks, from the simulator's own view (no added latency)."""
+    response = requests.get(f"{hub.fabric_url}/sim/state", auth=FABRIC_AUTH, timeout=10)
+    response.raise_for_status()
+    hosts = response.json()["hosts"].items()
+    return {host: state["attached"] for host, state in hosts if state["attached"]}
+
+
+def machine_of(hub: Hub, user: str) -> Machine | None:
+    ledger = Ledger(hub.ledger_url())
+    try:
+        return ledger.live_machine(user, "")
+    except sa.exc.OperationalError:
+        return None  # the hub has not created the ledger yet
+    finally:
+        ledger.close()
+
+
+def wait_machine(hub: Hub, user: str, check: Callable[[Machine], bool], what: str) -> Machine:
+    def found() -> Machine | None:
+        machine = machine_of(hub, user)
+        return machine if machine is not None and check(machine) else None
+
+    return wait_for(found, 60, what, every=0.05)
+
+
+def agreement(hub: Hub) -> list[str]:
+    """Where ledger, fabric and hub disagree (empty when they agree)."""
+    problems = []
+    ledger = Ledger(hub.ledger_url())
+    try:
+        live = ledger.live_machines()
+        holders = ledger.holders()
+    finally:
+        ledger.close()
+    attached = composed(hub)
+    users = hub.request("GET", "/users", params={"state": "active"}).json()
+    servers = {(u["name"], name): s for u in users for name, s in u["servers"].items()}
+    on_fabric: dict[str, str] = {}
+    for host, blocks in attached.items():
+        for block in blocks:
+            if block in on_fabric:
+                problems.append(f"{block} attached to {on_fabric[block]} and {host}")
+            on_fabric[block] = host
+    for machine in live:
+        server = servers.get((machine.user_name, machine.server_name))
+        if server is None or not server.get("ready") or server.get("pending"):
+            problems.append(f"machine {machine.id} ({machine.state}) has no running server")
+        devices = set(machine.block_ids) - {f"{machine.host_id}-block"}
+        if set(attached.get(machine.host_id or "", [])) != devices:
+            problems.append(f"machine {machine.id} holds {devices}, fabric has {attached}")
+    held = {b for b in holders if not b.endswith("-block")}
+    if held != set(on_fabric):
+        problems.append(f"ledger holds {sorted(held)} but the fabric has {sorted(on_fabric)}")
+    for (user, name), server in servers.items():
+        if server.get("ready") and not any(
+            m.user_name == user and m.server_name == name for m in live
+        ):
+            problems.append(f"server {user}/{name} runs without a machine")
+    return problems
+
+
+def spawn_in_background(hub: Hub, pool: ThreadPoolExecutor, user: str) -> None:
+    # The answer may never come: the hub dies while it works on it.
+    pool.submit(_spawn_quietly, hub, user)
+
+
+def _spawn_quietly(hub: Hub, user: str) -> Any:
+    try:
+        return hub.spawn(user, TWO_T4)
+    except requests.RequestException:
+        return None
+
+
+def crash_and_restart(hub: Hub) -> None:
+    hub.crash()
+    heal_fabric(hub)
+    hub.restart()
+
+
+def assert_all_agree(hub: Hub) -> None:
+    wait_for(lambda: not agreement(hub), 60, "ledger, fabric and hub to agree", every=0.5)
+
+
+def assert_can_spawn_again(hub: Hub, user: str) -> None:
+    response = hub.spawn(user, TWO_T4)
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready(user)
+    machine = machine_of(hub, user)
+    assert machine is not None
+    assert machine.state == "running"
+    assert len(composed(hub)[machine.host_id or ""]) == 3  # two GPUs and the NIC
+    hub.stop(user)
+    wait_for(lambda: not composed(hub), 30, "the devices to be free")
+
+
+SPAWN_STEPS: dict[str, Callable[[Hub], None]] = {}
+
+
+def _step(name: str) -> Callable[[Callable[[Hub], None]], Callable[[Hub], None]]:
+    def register(wait: Callable[[Hub], None]) -> Callable[[Hub], None]:
+        SPAWN_STEPS[name] = wait
+        return wait
+
+    return register
+
+
+@_step("after-the-claim")
+def _claimed(hub: Hub) -> None:
+    wait_machine(hub, "student1", lambda m: m.state == "claimed", "the claim")
+    assert not composed(hub), "the step under test is before any attach"
+
+
+@_step("mid-compose")
+def _mid_compose(hub: Hub) -> None:
+    wait_for(lambda: composed(hub), 60, "a first device attached", every=0.05)
+    machine = machine_of(hub, "student1")
+    assert machine is not None
+    assert machine.state == "claimed"
+
+
+@_step("after-compose-before-launch")
+def _composed(hub: Hub) -> None:
+    wait_machine(hub, "student1", lambda m: m.state == "launching", "compose")
+
+
+@_step("mid-launch")
+def _launching(hub: Hub) -> None:
+    # The notebook process runs (its state is saved) but does not answer yet.
+    wait_machine(hub, "student1", lambda m: m.state == "running", "the launch")
+    server = hub.server("student1")
+    assert server is not None
+    assert server["pending"] == "spawn"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("step", list(SPAWN_STEPS))
+def test_the_hub_dies_during_a_spawn(hub: Hub, step: str) -> None:
+    slow_fabric(hub, 0.6)  # each attach takes a while, so every step lasts long enough
+    with ThreadPoolExecutor(1) as pool:
+        spawn_in_background(hub, pool, "student1")
+        SPAWN_STEPS[step](hub)
+        crash_and_restart(hub)
+
+    assert_all_agree(hub)
+    if step == "mid-launch":
+        # The notebook was launched and its state saved: the restarted hub finds
+        # it running, so it keeps its machine (agreement checked its devices).
+        hub.wait_ready("student1")
+        hub.stop("student1")
+        wait_for(lambda: not composed(hub), 30, "the devices to be free")
+    else:
+        assert machine_of(hub, "student1") is None, "the half-made machine was released"
+        assert not composed(hub)
+        assert "Reconcile: release-orphan" in hub.log_path.read_text()
+    assert_can_spawn_again(hub, "student1")
+
+
+@pytest.mark.timeout(150)
+def test_the_hub_dies_mid_stop(hub: Hub) -> None:
+    response = hub.spawn("student1", TWO_T4)
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready("student1")
+    machine = machine_of(hub, "student1")
+    assert machine is not None
+    slow_fabric(hub, 1.0)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: hub.request("DELETE", "/users/student1/server"))
+        wait_machine(hub, "student1", lambda m: m.state == "stopping", "the stop to begin")
+        wait_for(
+            lambda: len(composed(hub).get(machine.host_id or "", [])) < 3,
+            30,
+            "a first detach",
+            every=0.05,
+        )
+        crash_and_restart(hub)
+
+    assert_all_agree(hub)
+    assert machine_of(hub, "student1") is None
+    assert hub.server("student1") is None
+    assert_can_spawn_again(hub, "student1")
+
+
+@pytest.mark.timeout(150)
+def test_a_running_server_survives_a_hub_crash_with_its_devices(hub: Hub) -> None:
+    response = hub.spawn("student1", TWO_T4)
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready("student1")
+    before = machine_of(hub, "student1")
+    assert before is not None
+
+    crash_and_restart(hub)
+    hub.wait_ready("student1")
+    # Several reconciler passes (every second) come and go; nothing changes.
+    wait_for(lambda: hub.log_path.read_text().count("reconcile]") >= 1, 30, "the reconciler")
+    assert_all_agree(hub)
+    after = machine_of(hub, "student1")
+    assert after is not None
+    assert (after.id, after.state, after.block_ids) == (before.id, "running", before.block_ids)
+    hub.stop("student1")
+    wait_for(lambda: not composed(hub), 30, "the devices to be free")

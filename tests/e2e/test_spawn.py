@@ -1,0 +1,243 @@
+"""The path a user walks, end to end, on a real hub with real notebooks and the simulated fabric."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from composespawner.ledger import Ledger
+from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    with running_hub(tmp_path_factory.mktemp("hub")) as hub:
+        yield hub
+
+
+@pytest.fixture
+def ledger(hub: Hub) -> Iterator[Ledger]:
+    ledger = Ledger(hub.ledger_url())
+    yield ledger
+    ledger.close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_composed(hub: Hub) -> Iterator[None]:
+    """Every test starts and ends with the whole fabric free."""
+    assert hub.composed_hosts() == {}
+    yield
+    for user in ("student1", "student2", "researcher1"):
+        for name in hub.user(user).get("servers", {}):
+            hub.stop(user, name)
+    wait_for(lambda: hub.composed_hosts() == {}, 30, "every device to be detached")
+
+
+@pytest.mark.timeout(180)
+def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledger) -> None:
+    options = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 1920}
+    response, events = hub.spawn_watching("student1", options)
+    assert response.status_code in (201, 202), response.text
+
+    messages = [event["message"] for event in events]
+    assert any(m.startswith("claiming 2 × NVIDIA T4 16GB in rack-") for m in messages), messages
+    assert any(m.startswith("attaching GPU 1/2 (NVIDIA T4) to host-") for m in messages)
+    assert any(m.startswith("attaching GPU 2/2") for m in messages)
+    assert any(m.startswith("attaching 25 Gb/s network card") for m in messages)
+    assert any(m.startswith("starting notebook on host-") for m in messages)
+    hub.wait_ready("student1")
+
+    env = process_env(notebook_pid(hub, "student1"))
+    gpus = json.loads(env["COMPOSE_GPUS"])
+    assert [g["model"] for g in gpus] == ["NVIDIA T4", "NVIDIA T4"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["COMPOSE_SCRATCH_GB"] == "1920"
+    host = env["COMPOSE_HOST"]
+    attached = hub.attached(host)
+    assert {g["id"] for g in gpus} < set(attached)
+    assert len(attached) == 4, attached  # 2 GPUs, a NIC, a drive
+    assert all(hub.block_state(block) == "Composed" for block in attached)
+    tag = hub.redfish(f"/redfish/v1/Systems/{host}")["Oem"]["ComposeSpawner"]
+    assert tag["Owner"] == "student1/"
+    assert tag["Machine"] == env["COMPOSE_MACHINE_ID"]
+
+    lab = hub.login("student1").get(f"{hub.url}/user/student1/lab", timeout=30)
+    assert lab.status_code == 200
+    assert "JupyterLab" in lab.text
+
+    hub.stop("student1")
+    assert hub.attached(host) == []
+    assert all(hub.block_state(block) == "Unused" for block in attached)
+    assert "ComposeSpawner" not in (hub.redfish(f"/redfish/v1/Systems/{host}").get("Oem") or {})
+    machine = ledger.machine(env["COMPOSE_MACHINE_ID"])
+    assert machine is not None
+    assert machine.state == "released"
+    used = {u.block_id for u in ledger.usage("student1") if u.machine_id == machine.id}
+    assert used == {*attached, f"{host}-block"}
+
+
+@pytest.mark.timeout(180)
+def test_named_servers_each_get_their_own_machine(hub: Hub) -> None:
+    for name in ("exp1", "exp2"):
+        response = hub.spawn("student2", {"gpu_model": "t4", "gpu_count": 1}, name=name)
+        assert response.status_code in (201, 202), response.text
+    envs = {}
+    for name in ("exp1", "exp2"):
+        hub.wait_ready("student2", name)
+        envs[name] = process_env(notebook_pid(hub, "student2", name))
+    assert envs["exp1"]["COMPOSE_HOST"] != envs["exp2"]["COMPOSE_HOST"]
+    assert envs["exp1"]["COMPOSE_DEVICE_IDS"] != envs["exp2"]["COMPOSE_DEVICE_IDS"]
+    hub.stop("student2", "exp1")
+    assert hub.attached(envs["exp1"]["COMPOSE_HOST"]) == []
+    assert hub.attached(envs["exp2"]["COMPOSE_HOST"]) != []
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_notebook_gives_its_devices_back(hub: Hub, ledger: Ledger) -> None:
+    hub.spawn("student1", {"gpu_model": "l40s", "gpu_count": 1})
+    hub.wait_ready("student1")
+    pid = notebook_pid(hub, "student1")
+    env = process_env(pid)
+    assert hub.attached(env["COMPOSE_HOST"])
+    os.kill(pid, signal.SIGKILL)
+    hub.wait_gone("student1")
+    wait_for(lambda: hub.attached(env["COMPOSE_HOST"]) == [], 30, "the devices to be detached")
+    machine = ledger.machine(env["COMPOSE_MACHINE_ID"])
+    assert machine is not None
+    assert machine.state == "released"
+
+
+@pytest.mark.timeout(180)
+def test_two_users_racing_for_the_last_gpus_cannot_both_win(hub: Hub) -> None:
+    # 4 H100s exist, all in rack-2: two asks for 3 cannot both be met.
+    ask = {"gpu_model": "h100", "gpu_count": 3}
+    with ThreadPoolExecutor(2) as pool:
+        responses = list(pool.map(lambda u: hub.spawn(u, ask), ["student2", "researcher1"]))
+    codes = sorted(r.status_code for r in responses)
+    assert codes in ([201, 409], [202, 409]), [(r.status_code, r.text) for r in responses]
+    loser = next(r for r in responses if r.status_code == 409)
+    assert "NVIDIA H100 80GB" in loser.json()["message"]
+    winner = "student2" if responses[0].status_code != 409 else "researcher1"
+    hub.wait_ready(winner)
+    assert sum(len(blocks) for blocks in hub.composed_hosts().values()) == 3
+
+
+@pytest.mark.timeout(180)
+def test_racing_spawns_of_one_user_cannot_exceed_the_quota(hub: Hub, ledger: Ledger) -> None:
+    ask = {"gpu_model": "a100", "gpu_count": 3}  # 8 A100s exist; the limit is 4 per user
+    with ThreadPoolExecutor(2) as pool:
+        responses = list(
+            pool.map(lambda name: hub.spawn("researcher1", ask, name=name), ["q1", "q2"])
+        )
+    refused = [r for r in responses if r.status_code == 403]
+    assert len(refused) == 1, [(r.status_code, r.text) for r in responses]
+    message = refused[0].json()["message"]
+    assert "limit is 4 GPUs" in message, message
+    assert "3 are in use" in message, message
+    held = sum(use.gpus for use in ledger.gpu_use("researcher1"))
+    assert held == 3
+
+
+def test_the_form_shows_what_is_free_and_hides_what_is_not_yours(hub: Hub) -> None:
+    student = hub.login("student1").get(f"{hub.url}/hub/spawn", timeout=30)
+    assert student.status_code == 200
+    assert "NVIDIA T4 16GB" in student.text
+    assert 'data-free="8"' in student.text
+    assert "RTX 6000" not in student.text
+    assert "rtx6000" not in student.text
+    assert "4</strong> of 4 GPUs left" in student.text
+    owner = hub.login("researcher1").get(f"{hub.url}/hub/spawn", timeout=30)
+    assert "NVIDIA RTX 6000 Ada 48GB" in owner.text
+
+
+@pytest.mark.timeout(180)
+def test_the_form_spawns_and_remembers_the_last_choice(hub: Hub) -> None:
+    session = hub.login("researcher1")
+    form = {
+        "gpu_model": "rtx6000",
+        "gpu_count": "2",
+        "network": "100g",
+        "scratch_gb": "0",
+        "_xsrf": session.cookies.get("_xsrf"),
+    }
+    response = session.post(f"{hub.url}/hub/spawn", data=form, timeout=60)
+    assert response.status_code == 200, response.text[-2000:]
+    hub.wait_ready("researcher1")
+    env = process_env(notebook_pid(hub, "researcher1"))
+    assert (
+        env["COMPOSE_GPU_MODELS"] == "NVIDIA RTX 6000 Ada Generation,NVIDIA RTX 6000 Ada Generation"
+    )
+    assert env["COMPOSE_NIC"].endswith("(100 Gb/s)")
+    hub.stop("researcher1")
+    again = session.get(f"{hub.url}/hub/spawn", timeout=30).text
+    assert 'value="rtx6000"\n             checked' in again or 'value="rtx6000" checked' in again
+    assert '<option value="2" selected>' in again
+
+
+BAD_OPTIONS = [
+    ({"gpu_model": "v100", "gpu_count": 1}, "Unknown GPU model 'v100'"),
+    ({"gpu_model": "rtx6000", "gpu_count": 1}, "Unknown GPU model 'rtx6000'"),
+    ({"gpu_model": "t4", "gpu_count": 0}, "from 1 to 4"),
+    ({"gpu_model": "t4", "gpu_count": -3}, "from 1 to 4"),
+    ({"gpu_model": "t4", "gpu_count": "1.5"}, "whole number"),
+    ({"gpu_model": "t4", "gpu_count": 100000}, "from 1 to 4"),
+    ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": 99999}, "Scratch size must be one of"),
+    ({"gpu_model": "t4", "gpu_count": 1, "network": "<b>fast</b>"}, "Unknown network choice"),
+    ({"gpu_model": "t4", "gpu_count": 1, "host": "host-01"}, "Unknown option 'host'"),
+]
+
+
+@pytest.mark.parametrize(("options", "words"), BAD_OPTIONS)
+def test_bad_api_input_is_refused_and_claims_nothing(
+    hub: Hub, ledger: Ledger, options: dict[str, object], words: str
+) -> None:
+    response = hub.spawn("student1", options)
+    assert response.status_code == 400, response.text
+    message = response.json()["message"]
+    assert words in message
+    assert "<b>" not in message
+    wait_for(lambda: hub.server("student1") is None, 30, "the failed server to be cleared")
+    assert ledger.live_machines("student1") == []
+    assert ledger.holders() == {}
+
+
+def test_bad_form_input_is_shown_on_the_form(hub: Hub, ledger: Ledger) -> None:
+    session = hub.login("student2")
+    form = {"gpu_model": "t4", "gpu_count": "-1", "_xsrf": session.cookies.get("_xsrf")}
+    response = session.post(f"{hub.url}/hub/spawn", data=form, timeout=30)
+    assert response.status_code == 400
+    assert "GPU count must be from 1 to 4" in response.text
+    assert ledger.holders() == {}
+
+
+@pytest.mark.parametrize("name", ["<script>x</script>", "a%20b"])
+def test_markup_in_a_server_name_is_refused(hub: Hub, name: str, ledger: Ledger) -> None:
+    response = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1}, name=name)
+    assert response.status_code in (400, 404), response.text
+    assert "<script>" not in response.text
+    assert ledger.holders() == {}
+
+
+def test_the_ledger_keeps_an_event_log(hub: Hub, ledger: Ledger, tmp_path: Path) -> None:
+    hub.spawn("student2", {"gpu_model": "t4", "gpu_count": 1})
+    hub.wait_ready("student2")
+    machine_id = process_env(notebook_pid(hub, "student2"))["COMPOSE_MACHINE_ID"]
+    hub.stop("student2")
+    states = [e.to_state for e in ledger.events(machine_id)]
+    assert states == [
+        "requested",
+        "claimed",
+        "composed",
+        "launching",
+        "running",
+        "stopping",
+        "released",
+    ]

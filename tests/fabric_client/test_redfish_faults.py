@@ -1,0 +1,478 @@
+"""The client against a strict fake Redfish service that misbehaves on cue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+import pytest
+
+from composespawner.fabric.base import (
+    CompositionTag,
+    DeviceInUse,
+    DeviceNotFound,
+    FabricAuthError,
+    FabricDeadlineExceeded,
+    FabricRefused,
+    FabricTaskFailed,
+    FabricUnreachable,
+    StaleETag,
+)
+from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
+
+from .conftest import FAST_RETRY, FAST_TIMEOUTS
+from .fake_redfish import (
+    ADD,
+    PASSWORD,
+    REMOVE,
+    SYSTEMS,
+    USER,
+    FakeRedfish,
+    FakeRedfishServer,
+    Fault,
+    Reply,
+    error_body,
+)
+
+HOST1 = f"{SYSTEMS}/host-1"
+ADD1 = f"{HOST1}/{ADD}"
+REMOVE1 = f"{HOST1}/{REMOVE}"
+BLOCKS_COLLECTION = "/redfish/v1/CompositionService/ResourceBlocks"
+
+
+def count(service: FakeRedfish, method: str, path: str) -> int:
+    return sum(1 for m, uri in service.requests if m == method and uri.split("?")[0] == path)
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+async def test_logs_in_once_and_uses_the_token(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    inventory = await fabric.inventory()
+    assert [h.system_id for h in inventory.hosts] == ["host-1", "host-2"]
+    assert fake_service.service.logins == 1  # the concurrent discovery shared one login
+
+
+async def test_close_deletes_the_session(fake_service: FakeRedfishServer) -> None:
+    fabric = RedfishFabric(fake_service.url, username=USER, password=PASSWORD)
+    await fabric.inventory()
+    await fabric.close()
+    assert fake_service.service.logouts == ["1"]
+    assert fake_service.service.tokens == {}
+
+
+async def test_expired_session_logs_in_again_once(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.inventory()
+    fake_service.service.expire_sessions()
+    inventory = await fabric.inventory()
+    assert len(inventory.devices) == 3
+    assert fake_service.service.logins == 2
+
+
+async def test_refused_even_after_a_fresh_login_is_an_auth_error(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.inventory()
+    fake_service.service.authorized = lambda headers: False  # type: ignore[method-assign]
+    with pytest.raises(FabricAuthError) as refused:
+        await fabric.attach("host-1", "gpu-1")
+    assert refused.value.status == 401
+    assert fake_service.service.logins == 2
+
+
+async def test_wrong_password_is_an_auth_error(fake_service: FakeRedfishServer) -> None:
+    fabric = RedfishFabric(fake_service.url, username=USER, password="nope", retry=FAST_RETRY)
+    try:
+        with pytest.raises(FabricAuthError):
+            await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert fake_service.service.logins == 0
+
+
+async def test_basic_auth_when_the_service_has_no_sessions() -> None:
+    server = FakeRedfishServer(FakeRedfish(sessions=False))
+    server.start()
+    fabric = RedfishFabric(server.url, username=USER, password=PASSWORD, retry=FAST_RETRY)
+    try:
+        await fabric.attach("host-1", "gpu-1")
+    finally:
+        await fabric.close()
+        await server.stop()
+    assert server.service.attached["host-1"] == ["gpu-1"]
+
+
+async def test_secrets_never_reach_the_log(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake_service.service.fail(Fault("GET", BLOCKS_COLLECTION, "drop"))
+    await fabric.inventory()
+    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "ada/"))
+    await fabric.close()
+    assert "GET /redfish/v1/Systems" in caplog.text  # requests are logged...
+    assert PASSWORD not in caplog.text  # ...but never the password
+    assert "token-1" not in caplog.text  # ...or the session token
+
+
+# -- attach / detach --------------------------------------------------------------------------
+
+
+async def test_attach_and_detach(fake_service: FakeRedfishServer, fabric: RedfishFabric) -> None:
+    await fabric.attach("host-1", "gpu-1")
+    await fabric.attach("host-1", "gpu-2")
+    inventory = await fabric.inventory()
+    host = inventory.host("host-1")
+    assert host is not None
+    assert host.attached == ("gpu-1", "gpu-2")
+    gpu = inventory.device("gpu-1")
+    assert gpu is not None
+    assert (gpu.state, gpu.attached_to, gpu.memory_gib) == ("attached", "host-1", 40)
+    await fabric.detach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-2"]
+
+
+async def test_attach_sends_the_system_etag(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.versions["host-1"] = 7
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.action_payloads == [
+        {
+            "ResourceBlock": {"@odata.id": "/redfish/v1/CompositionService/ResourceBlocks/gpu-1"},
+            "ComputerSystemETag": 'W/"host-1-7"',
+        }
+    ]
+
+
+async def test_attach_and_detach_are_idempotent(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.attach("host-1", "gpu-1")
+    await fabric.attach("host-1", "gpu-1")
+    await fabric.detach("host-1", "gpu-1")
+    await fabric.detach("host-1", "gpu-1")
+    assert count(fake_service.service, "POST", ADD1) == 1
+    assert count(fake_service.service, "POST", REMOVE1) == 1
+
+
+async def test_block_of_another_host_is_in_use(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    with pytest.raises(DeviceInUse) as refused:
+        await fabric.attach("host-1", "gpu-3")
+    assert refused.value.status == 409
+    assert refused.value.message_ids == ("Composition.1.1.3.ResourceBlockInUse",)
+    assert fake_service.service.attached["host-2"] == ["gpu-3"]
+
+
+async def test_unknown_block_and_system_are_not_found(fabric: RedfishFabric) -> None:
+    with pytest.raises(DeviceNotFound):
+        await fabric.attach("host-1", "gpu-9")
+    with pytest.raises(DeviceNotFound):
+        await fabric.attach("host-9", "gpu-1")
+
+
+async def test_lost_answer_then_in_use_is_success_when_attached_here(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    # The first POST attaches and its answer is lost; the retry is told "in use".
+    fake_service.service.fail(Fault("POST", ADD1, "lost_answer"))
+    in_use = Reply(409, error_body("Composition.1.1.3.ResourceBlockInUse", "gpu-1"))
+    fake_service.service.fail(Fault("POST", ADD1, "status", reply=in_use))
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "POST", ADD1) == 2
+
+
+async def test_lost_answer_then_not_found_is_success_when_detached(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.attach("host-1", "gpu-1")
+    fake_service.service.fail(Fault("POST", REMOVE1, "lost_answer"))
+    await fabric.detach("host-1", "gpu-1")  # the retry is answered 400 ResourceBlockNotFound
+    assert fake_service.service.attached["host-1"] == []
+    assert count(fake_service.service, "POST", REMOVE1) == 2
+
+
+async def test_stale_etag_is_read_again(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    stale = Reply(412, error_body("Base.1.22.1.PreconditionFailed"))
+    fake_service.service.fail(Fault("POST", ADD1, "status", reply=stale))
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "GET", HOST1) == 2
+
+
+async def test_etag_that_stays_stale_gives_up(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    stale = Reply(412, error_body("Base.1.22.1.PreconditionFailed"))
+    fake_service.service.fail(Fault("POST", ADD1, "status", times=99, reply=stale))
+    with pytest.raises(StaleETag):
+        await fabric.attach("host-1", "gpu-1")
+    assert count(fake_service.service, "POST", ADD1) == FAST_RETRY.etag_attempts
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+async def test_accepted_task_is_followed_to_its_end(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    running = {"@odata.type": "#Task.v1_7_4.Task", "TaskState": "Running"}
+    fake_service.service.fail(Fault("POST", ADD1, "task", polls=2, task_body=running))
+    await fabric.attach("host-1", "gpu-1")
+    assert count(fake_service.service, "GET", "/redfish/v1/TaskService/TaskMonitors/1") == 3
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+
+
+async def test_task_ending_in_exception_fails(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    failed_task = {
+        "@odata.type": "#Task.v1_7_4.Task",
+        "TaskState": "Exception",
+        "Messages": [{"MessageId": "Composition.1.1.3.NoResourceMatch", "Message": "no luck"}],
+    }
+    fake_service.service.fail(Fault("POST", ADD1, "task", reply=Reply(200, failed_task)))
+    with pytest.raises(FabricTaskFailed) as failed:
+        await fabric.attach("host-1", "gpu-1")
+    assert failed.value.message_ids == ("Composition.1.1.3.NoResourceMatch",)
+    assert "no luck" in str(failed.value)
+
+
+async def test_task_refusal_is_the_same_error_as_a_direct_refusal(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.fail(Fault("POST", ADD1, "task"))  # final answer: the real 409
+    with pytest.raises(DeviceInUse) as refused:
+        await fabric.attach("host-1", "gpu-3")
+    assert refused.value.message_ids == ("Composition.1.1.3.ResourceBlockInUse",)
+
+
+async def test_task_ending_in_an_internal_error_fails(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    broken = Reply(500, error_body("Base.1.22.1.InternalError", "firmware hiccup"))
+    fake_service.service.fail(Fault("POST", ADD1, "task", reply=broken))
+    with pytest.raises(FabricTaskFailed) as failed:
+        await fabric.attach("host-1", "gpu-1")
+    assert failed.value.message_ids == ("Base.1.22.1.InternalError",)
+
+
+async def test_vanished_monitor_is_settled_by_looking_at_the_host(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    gone = Reply(404, error_body("Base.1.22.1.ResourceMissingAtURI"))
+    fake_service.service.fail(Fault("POST", ADD1, "task", reply=gone))
+    await fabric.attach("host-1", "gpu-1")  # the work was done: success
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+
+
+async def test_vanished_monitor_without_the_work_done_is_unknown(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    gone = Reply(404, error_body("Base.1.22.1.ResourceMissingAtURI"))
+    fake_service.service.fail(Fault("POST", ADD1, "task", reply=gone))
+    with pytest.raises(FabricUnreachable) as unknown:
+        await fabric.attach("host-1", "gpu-3")  # refused underneath, but we cannot know
+    assert "task monitor" in str(unknown.value)
+
+
+async def test_task_that_outlives_the_deadline(fake_service: FakeRedfishServer) -> None:
+    timeouts = RedfishTimeouts(connect=1, request=1, operation=0.6, task_poll_max=0.05)
+    fabric = RedfishFabric(
+        fake_service.url, username=USER, password=PASSWORD, timeouts=timeouts, retry=FAST_RETRY
+    )
+    fake_service.service.fail(Fault("POST", ADD1, "task", polls=10**6))
+    started = time.monotonic()
+    try:
+        with pytest.raises(FabricDeadlineExceeded):
+            await fabric.attach("host-1", "gpu-1")
+    finally:
+        await fabric.close()
+    assert time.monotonic() - started < 0.6 + 0.5
+
+
+# -- transport faults -------------------------------------------------------------------------
+
+
+async def test_unavailable_then_success(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    busy = Reply(503, error_body("Base.1.22.1.ServiceTemporarilyUnavailable"), {"Retry-After": "0"})
+    fake_service.service.fail(Fault("GET", HOST1, "status", times=2, reply=busy))
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "GET", HOST1) == 3
+    assert "answered 503; trying again" in caplog.text
+
+
+async def test_unavailable_for_good_is_refused(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    busy = Reply(503, error_body("Base.1.22.1.ServiceTemporarilyUnavailable"))
+    fake_service.service.fail(Fault("GET", HOST1, "status", times=99, reply=busy))
+    with pytest.raises(FabricRefused) as refused:
+        await fabric.attach("host-1", "gpu-1")
+    assert refused.value.status == 503
+    assert count(fake_service.service, "GET", HOST1) == FAST_RETRY.attempts
+
+
+async def test_dropped_connection_is_retried(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.fail(Fault("GET", BLOCKS_COLLECTION, "drop", times=2))
+    inventory = await fabric.inventory()
+    assert len(inventory.devices) == 3
+    assert count(fake_service.service, "GET", BLOCKS_COLLECTION) == 3
+
+
+async def test_connection_dropped_every_time_is_unreachable(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.fail(Fault("GET", BLOCKS_COLLECTION, "drop", times=99))
+    with pytest.raises(FabricUnreachable) as unreachable:
+        await fabric.inventory()
+    assert not isinstance(unreachable.value, FabricDeadlineExceeded)
+    assert count(fake_service.service, "GET", BLOCKS_COLLECTION) == FAST_RETRY.attempts
+
+
+async def test_service_that_never_answers_hits_the_deadline(
+    fake_service: FakeRedfishServer,
+) -> None:
+    timeouts = RedfishTimeouts(connect=0.5, request=0.3, operation=1.0)
+    fabric = RedfishFabric(
+        fake_service.url, username=USER, password=PASSWORD, timeouts=timeouts, retry=FAST_RETRY
+    )
+    fake_service.service.fail(Fault("GET", HOST1, "hang", times=99))
+    started = time.monotonic()
+    try:
+        with pytest.raises(FabricDeadlineExceeded):
+            await fabric.attach("host-1", "gpu-1")
+    finally:
+        await fabric.close()
+    assert time.monotonic() - started < 1.0 + 0.5
+
+
+async def test_nobody_listening_is_unreachable() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    fabric = RedfishFabric(
+        f"http://127.0.0.1:{port}", username=USER, password=PASSWORD, retry=FAST_RETRY
+    )
+    try:
+        with pytest.raises(FabricUnreachable):
+            await fabric.inventory()
+    finally:
+        await fabric.close()
+
+
+async def test_silent_tcp_peer_hits_the_deadline() -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    timeouts = RedfishTimeouts(connect=0.5, request=0.2, operation=0.8)
+    fabric = RedfishFabric(
+        f"http://127.0.0.1:{port}", username=USER, password=PASSWORD, timeouts=timeouts
+    )
+    try:
+        with pytest.raises(FabricDeadlineExceeded):
+            await fabric.tag_host("host-1", None)
+    finally:
+        await fabric.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert accepted
+
+
+async def test_garbage_instead_of_http_is_unreachable() -> None:
+    async def babble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 two hundred\r\nno headers here\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(babble, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    fabric = RedfishFabric(
+        f"http://127.0.0.1:{port}", username=USER, password=PASSWORD, retry=FAST_RETRY
+    )
+    try:
+        with pytest.raises(FabricUnreachable) as unreachable:
+            await fabric.inventory()
+    finally:
+        await fabric.close()
+        server.close()
+        await server.wait_closed()
+    assert "tried 4 times" in str(unreachable.value)
+
+
+# -- tags -------------------------------------------------------------------------------------
+
+
+async def test_tag_and_untag_a_host(fake_service: FakeRedfishServer, fabric: RedfishFabric) -> None:
+    tag = CompositionTag(hub="hub-a", machine="m-42", owner="ada/thesis")
+    await fabric.tag_host("host-1", tag)
+    await fabric.tag_host("host-1", tag)  # already there: no second write
+    host = (await fabric.inventory()).host("host-1")
+    assert host is not None
+    assert host.tag == tag
+    await fabric.tag_host("host-1", None)
+    host = (await fabric.inventory()).host("host-1")
+    assert host is not None
+    assert host.tag is None
+    assert count(fake_service.service, "PATCH", HOST1) == 2
+
+
+async def test_tag_retries_a_stale_etag(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    stale = Reply(412, error_body("Base.1.22.1.PreconditionFailed"))
+    fake_service.service.fail(Fault("PATCH", HOST1, "status", reply=stale))
+    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machine"] == "m-1"
+    assert count(fake_service.service, "PATCH", HOST1) == 2
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="operation"):
+        RedfishTimeouts(operation=0)
+    assert FAST_TIMEOUTS.operation > FAST_TIMEOUTS.request
+
+
+async def test_tag_with_a_lost_answer_is_done_once(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    # The PATCH lands but its answer is lost; the retry's If-Match is then stale.
+    fake_service.service.fail(Fault("PATCH", HOST1, "lost_answer"))
+    tag = CompositionTag("hub-a", "m-2", "cy/")
+    await fabric.tag_host("host-1", tag)
+    host = (await fabric.inventory()).host("host-1")
+    assert host is not None
+    assert host.tag == tag
+    assert fake_service.service.versions["host-1"] == 2  # written exactly once
+
+
+async def test_tag_through_a_vanished_task_monitor(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    gone = Reply(404, error_body("Base.1.22.1.ResourceMissingAtURI"))
+    fake_service.service.fail(Fault("PATCH", HOST1, "task", reply=gone))
+    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-3", "dee/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Owner"] == "dee/"

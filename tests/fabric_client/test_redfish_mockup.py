@@ -1,0 +1,165 @@
+"""Discovery against DMTF's public-composability mockup, served read-only.
+
+The expected values below are facts of that third-party data set, read from
+its files (``shared/redfish/mockups/public-composability``).
+
+The mockup's SessionService cannot create sessions (the server is static, so
+POST answers 405): the client must fall back to HTTP Basic auth, which the
+mock server here demands on every resource but the service root.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from composespawner.fabric.base import Device, Fabric, FabricAuthError, FabricRefused, Host
+from composespawner.fabric.mockserver import MockupServer
+from composespawner.fabric.redfish import RedfishFabric
+
+from .conftest import COMPOSABILITY_MOCKUP, FAST_RETRY, FAST_TIMEOUTS, MOCKUP_CREDENTIALS
+
+ZONES_12 = frozenset({"1", "2"})
+
+EXPECTED_DEVICES = (
+    Device("DriveBlock3", "nvme", "NVMe Drive Slot 0", ZONES_12, "ComposableModule3", "attached",
+           attached_to="ComposedSystem", capacity_gb=274),
+    Device("DriveBlock4", "nvme", "NVMe Drive Slot 1", ZONES_12, "ComposableModule3", "attached",
+           attached_to="ComposedSystem", capacity_gb=274),
+    Device("DriveBlock5", "nvme", "NVMe Drive Slot 2", ZONES_12, "ComposableModule3", "free",
+           capacity_gb=274),
+    Device("DriveBlock6", "nvme", "NVMe Drive Slot 3", ZONES_12, "ComposableModule3", "free",
+           capacity_gb=274),
+    Device("NetworkBlock8", "nic", "Network Block 8", frozenset({"2"}), "ComposableModule5",
+           "attached", attached_to="ComposedSystem2", speed_gbps=0),
+    Device("OffloadBlock9", "gpu", "Contoso Workstation VID2000", frozenset({"2"}),
+           "ComposableModule6", "free"),
+    Device("DriveBlock10", "nvme", "NVMe Drive Slot 4", frozenset({"3"}), "ComposableModule7",
+           "attached", attached_to="SystemAfterAddResourceAction", capacity_gb=274),
+)  # fmt: skip
+
+EXPECTED_HOSTS = (
+    Host("SystemAfterResourceBlock", "SystemBlock11", frozenset({"3"}), 0, 0, "enabled"),
+    Host("SystemAfterAddResourceAction", "SystemBlock12", frozenset({"3"}), 0, 0, "enabled",
+         attached=("DriveBlock10",)),
+)  # fmt: skip
+
+
+def client_for(server: MockupServer, password: str = MOCKUP_CREDENTIALS[1]) -> RedfishFabric:
+    return RedfishFabric(
+        server.url,
+        username=MOCKUP_CREDENTIALS[0],
+        password=password,
+        timeouts=FAST_TIMEOUTS,
+        retry=FAST_RETRY,
+    )
+
+
+@pytest.mark.parametrize("expand", [True, False], ids=["expanded", "member-by-member"])
+async def test_inventory_of_the_dmtf_composability_mockup(
+    mockup_server: MockupServer, expand: bool
+) -> None:
+    mockup_server.expand = expand
+    fabric = client_for(mockup_server)
+    try:
+        inventory = await fabric.inventory()
+    finally:
+        await fabric.close()
+
+    assert inventory.zones == ("1", "2", "3")
+    assert inventory.devices == EXPECTED_DEVICES
+    assert inventory.hosts == EXPECTED_HOSTS
+    gpu = inventory.device("OffloadBlock9")
+    assert gpu is not None
+    assert (gpu.kind, gpu.model, gpu.state, gpu.zones) == (
+        "gpu", "Contoso Workstation VID2000", "free", frozenset({"2"})
+    )  # fmt: skip
+
+
+async def test_compute_and_sas_blocks_are_not_devices(mockup_server: MockupServer) -> None:
+    fabric = client_for(mockup_server)
+    try:
+        inventory = await fabric.inventory()
+    finally:
+        await fabric.close()
+    ids = {d.block_id for d in inventory.devices}
+    # ComputeBlock1 carries an onboard NIC but is CPUs + memory; DriveBlock7 is a SAS tray.
+    assert not ids & {"ComputeBlock1", "ComputeBlock2", "DriveBlock7", "SystemBlock11"}
+    assert sorted(d.kind for d in inventory.devices) == ["gpu", "nic", *["nvme"] * 5]
+
+
+async def test_expand_is_used_when_the_service_root_offers_it(
+    mockup_server: MockupServer,
+) -> None:
+    fabric = client_for(mockup_server)
+    try:
+        await fabric.inventory()
+    finally:
+        await fabric.close()
+    gets = [uri for method, uri in mockup_server.requests if method == "GET"]
+    expanded = [uri for uri in gets if "$expand=.($levels=1)" in uri]
+    assert sorted(u.split("?")[0] for u in expanded) == [
+        "/redfish/v1/CompositionService/ResourceBlocks",
+        "/redfish/v1/CompositionService/ResourceZones",
+        "/redfish/v1/Systems",
+    ]
+    # Members came inline: no block or system was fetched on its own.
+    assert "/redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9" not in gets
+    assert "/redfish/v1/Systems/ComposedSystem" not in gets
+
+
+async def test_member_by_member_when_expand_is_ignored(mockup_server: MockupServer) -> None:
+    mockup_server.expand = False
+    fabric = client_for(mockup_server)
+    try:
+        await fabric.inventory()
+    finally:
+        await fabric.close()
+    gets = {uri for method, uri in mockup_server.requests if method == "GET"}
+    assert "/redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9" in gets
+    assert "/redfish/v1/Systems/SystemAfterAddResourceAction" in gets
+
+
+async def test_falls_back_to_basic_auth_when_sessions_are_refused(
+    mockup_server: MockupServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="composespawner.fabric.redfish")
+    fabric = client_for(mockup_server)
+    try:
+        inventory = await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert inventory.devices
+    assert ("POST", "/redfish/v1/SessionService/Sessions") in mockup_server.requests
+    assert "HTTP Basic" in caplog.text
+    assert MOCKUP_CREDENTIALS[1] not in caplog.text
+
+
+async def test_wrong_basic_credentials_are_an_auth_error(mockup_server: MockupServer) -> None:
+    fabric = client_for(mockup_server, password="wrong")
+    try:
+        with pytest.raises(FabricAuthError) as refused:
+            await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert refused.value.status == 401
+    assert "wrong" not in str(refused.value)
+
+
+async def test_writes_to_the_read_only_mockup_are_refused(mockup_server: MockupServer) -> None:
+    fabric = client_for(mockup_server)
+    try:
+        with pytest.raises(FabricRefused) as refused:
+            await fabric.attach("SystemAfterResourceBlock", "OffloadBlock9")
+    finally:
+        await fabric.close()
+    assert type(refused.value) is FabricRefused
+    assert refused.value.status == 405
+    assert any(m.endswith("OperationNotAllowed") for m in refused.value.message_ids)
+
+
+def test_the_client_is_a_fabric() -> None:
+    fabric = RedfishFabric("http://127.0.0.1:1", username="u", password="p")
+    assert isinstance(fabric, Fabric)
+    assert COMPOSABILITY_MOCKUP.is_dir()

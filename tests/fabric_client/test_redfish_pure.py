@@ -1,0 +1,216 @@
+"""The client's pure parts: error mapping, retry arithmetic, document mapping."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from composespawner.fabric.base import (
+    CompositionTag,
+    DeviceInUse,
+    DeviceNotFound,
+    FabricAuthError,
+    FabricRefused,
+    IncompatibleZone,
+    NoResourceMatch,
+    StaleETag,
+)
+from composespawner.fabric.redfish import RedfishRetry
+from composespawner.fabric.redfish.errors import refusal, short_message_id
+from composespawner.fabric.redfish.mapping import (
+    composition_tag,
+    device_from_block,
+    device_state,
+    expand_query,
+    gpu_memory_gib,
+    nvme_drives,
+)
+from composespawner.fabric.redfish.transport import (
+    backoff_delay,
+    local_path,
+    origin_of,
+    retry_after_seconds,
+)
+
+
+def error(*message_ids: str) -> dict[str, Any]:
+    infos = [{"MessageId": m, "Message": f"said {m}"} for m in message_ids]
+    return {"error": {"code": "Base.1.22.1.GeneralError", "@Message.ExtendedInfo": infos}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (409, error("Composition.1.1.3.ResourceBlockInUse"), DeviceInUse),
+        (400, error("Composition.1.1.3.ResourceBlockNotFound"), DeviceNotFound),
+        (400, error("Composition.1.1.3.IncompatibleZone"), IncompatibleZone),
+        (400, error("Composition.1.1.3.NoResourceMatch"), NoResourceMatch),
+        (400, error("Composition.1.0.0.SpecifiedResourceAlreadyReserved"), DeviceInUse),
+        (412, error("Base.1.22.1.PreconditionFailed"), StaleETag),
+        (428, error("Base.1.8.1.PreconditionRequired"), StaleETag),
+        (412, None, StaleETag),
+        (404, None, DeviceNotFound),
+        (401, None, FabricAuthError),
+        (403, error("Base.1.22.1.InsufficientPrivilege"), FabricAuthError),
+        (400, error("Base.1.22.1.PropertyValueNotInList"), FabricRefused),
+        (503, error("Base.1.22.1.ServiceTemporarilyUnavailable"), FabricRefused),
+        (500, b"not json", FabricRefused),
+        # A vendor copy of the registry under its own prefix still matches.
+        (400, error("ContosoComposition.2.0.IncompatibleZone"), IncompatibleZone),
+    ],
+)
+def test_refusal_mapping(status: int, body: Any, expected: type[FabricRefused]) -> None:
+    mapped = refusal(status, body, "POST /x")
+    assert type(mapped) is expected
+    assert mapped.status == status
+    assert str(mapped).startswith(f"POST /x: HTTP {status}")
+
+
+def test_refusal_keeps_message_ids_and_text() -> None:
+    mapped = refusal(400, error("Base.1.22.1.Foo", "Composition.1.1.3.IncompatibleZone"), "op")
+    assert mapped.message_ids == ("Base.1.22.1.Foo", "Composition.1.1.3.IncompatibleZone")
+    assert "said Composition.1.1.3.IncompatibleZone" in str(mapped)
+    assert isinstance(mapped, IncompatibleZone)
+
+
+def test_short_message_id() -> None:
+    assert short_message_id("Composition.1.1.3.IncompatibleZone") == "IncompatibleZone"
+    assert short_message_id("IncompatibleZone") == "IncompatibleZone"
+
+
+def test_retry_after() -> None:
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds("Wed, 01 Jan 2025 12:00:10 GMT", now) == 10.0
+    assert retry_after_seconds("Wed, 01 Jan 2025 11:00:00 GMT", now) == 0.0
+    assert retry_after_seconds("soon") is None
+    assert retry_after_seconds(None) is None
+
+
+def test_backoff_grows_with_jitter_and_is_capped() -> None:
+    retry = RedfishRetry(backoff_first=0.2, backoff_max=1.0)
+    rng = random.Random(7)
+    first = [backoff_delay(1, retry, rng) for _ in range(50)]
+    late = [backoff_delay(6, retry, rng) for _ in range(50)]
+    assert all(0.1 <= d <= 0.2 for d in first)
+    assert all(0.5 <= d <= 1.0 for d in late)
+    assert len(set(first)) > 1  # jittered
+
+
+def test_links_stay_on_the_configured_service() -> None:
+    assert local_path("https://evil.example/redfish/v1/Tasks/1?x=1") == "/redfish/v1/Tasks/1?x=1"
+    assert origin_of("https://fm.example:8443/redfish/v1/") == "https://fm.example:8443"
+    with pytest.raises(ValueError, match="http"):
+        origin_of("fm.example")
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        (
+            {"ExpandQuery": {"NoLinks": True, "Levels": True, "MaxLevels": 6}},
+            "$expand=.($levels=1)",
+        ),
+        ({"ExpandQuery": {"NoLinks": True, "Levels": False}}, "$expand=."),
+        ({"ExpandQuery": {"ExpandAll": True, "Levels": True}}, "$expand=*($levels=1)"),
+        ({"ExpandQuery": {"Links": True}}, None),
+        ({"ExpandQuery": False}, None),
+        ({}, None),
+    ],
+)
+def test_expand_query(features: dict[str, Any], expected: str | None) -> None:
+    assert expand_query({"ProtocolFeaturesSupported": features}) == expected
+
+
+def block(state: str = "Enabled", composition: str = "Unused", **extra: Any) -> dict[str, Any]:
+    return {
+        "@odata.id": "/redfish/v1/CompositionService/ResourceBlocks/b1",
+        "Id": "b1",
+        "ResourceBlockType": ["Processor"],
+        "Status": {"State": state},
+        "CompositionStatus": {"CompositionState": composition, "Reserved": False},
+        "Processors": [{"@odata.id": "/p/gpu"}],
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (block(), "free"),
+        (block(composition="Composed"), "attached"),
+        (block(composition="ComposedAndAvailable"), "attached"),
+        (block(Links={"ComputerSystems": [{"@odata.id": "/redfish/v1/Systems/h1"}]}), "attached"),
+        (block(state="Disabled"), "unavailable"),
+        (block(composition="Failed"), "unavailable"),
+        (block(CompositionStatus={"CompositionState": "Unused", "Reserved": True}), "unavailable"),
+        ({"Id": "b1"}, "unavailable"),
+    ],
+)
+def test_device_state(document: dict[str, Any], expected: str) -> None:
+    assert device_state(document) == expected
+
+
+@pytest.mark.parametrize(
+    ("processor", "expected"),
+    [
+        ({"MemorySummary": {"TotalMemorySizeMiB": 81920}}, 80),
+        ({"ProcessorMemory": [{"CapacityMiB": 24576}, {"CapacityMiB": 24576}]}, 48),
+        ({"MemorySummary": {}, "ProcessorMemory": [{"CapacityMiB": 16000}]}, 16),
+        ({}, None),
+    ],
+)
+def test_gpu_memory(processor: dict[str, Any], expected: int | None) -> None:
+    assert gpu_memory_gib(processor) == expected
+
+
+def test_gpu_block_becomes_a_device() -> None:
+    parts = {"/p/gpu": {"ProcessorType": "GPU", "Model": "X100", "ProcessorMemory": []}}
+    device = device_from_block(block(), parts, frozenset({"z"}))
+    assert device is not None
+    assert (device.kind, device.model, device.memory_gib, device.chassis) == (
+        "gpu",
+        "X100",
+        None,
+        "",
+    )
+
+
+def test_cpu_only_processor_block_is_not_a_device() -> None:
+    parts = {"/p/gpu": {"ProcessorType": "CPU", "Model": "Xeon"}}
+    assert device_from_block(block(), parts, frozenset()) is None
+
+
+def test_only_nvme_drives_count() -> None:
+    parts = {
+        "/d/1": {"Protocol": "SAS", "Model": "spinner"},
+        "/d/2": {"Model": "unknown protocol"},
+        "/s/1": {"@odata.type": "#Storage.v1_15_0.Storage", "Drives": [{"@odata.id": "/d/3"}]},
+        "/d/3": {"Protocol": "NVMe", "Model": "via storage"},
+    }
+    document = {
+        "Drives": [{"@odata.id": "/d/1"}, {"@odata.id": "/d/2"}],
+        "Storage": [{"@odata.id": "/s/1"}],
+    }
+    models = [d["Model"] for d in nvme_drives(document, parts)]
+    assert models == ["unknown protocol", "via storage"]
+
+
+@pytest.mark.parametrize(
+    ("oem", "expected"),
+    [
+        (
+            {"ComposeSpawner": {"Hub": "h", "Machine": "m", "Owner": "o/"}},
+            CompositionTag("h", "m", "o/"),
+        ),
+        ({"ComposeSpawner": {"Hub": "h", "Machine": "m"}}, None),
+        ({"ComposeSpawner": {"Hub": "h", "Machine": 3, "Owner": "o"}}, None),
+        ({"ComposeSpawner": None}, None),
+        ({"Contoso": {}}, None),
+    ],
+)
+def test_composition_tag(oem: dict[str, Any], expected: CompositionTag | None) -> None:
+    assert composition_tag({"Oem": oem}) == expected

@@ -1,0 +1,189 @@
+"""The pure state model and its helpers (no HTTP)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from composespawner.fabric.base import CompositionTag
+from composespawner.fabric.simulator import errors
+from composespawner.fabric.simulator.faults import FaultSettings, FaultSwitch
+from composespawner.fabric.simulator.inventory import load_inventory
+from composespawner.fabric.simulator.sessions import SessionStore
+from composespawner.fabric.simulator.state import (
+    FabricState,
+    StateFileError,
+    if_match_allows,
+)
+from composespawner.fabric.simulator.tasks import Outcome, TaskStore
+
+from .harness import INVENTORY
+
+TAG = CompositionTag(hub="hub", machine="m-1", owner="carol/")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def state() -> FabricState:
+    return FabricState(load_inventory(INVENTORY), epoch="e1")
+
+
+def test_attach_detach_and_what_they_touch(state: FabricState) -> None:
+    before = (state.block_etag("r1-t4-1"), state.block_etag("host-01-block"))
+    system_before = state.system_etag("host-01")
+    assert state.add_resource_block("host-01", "r1-t4-1") is True
+    assert state.holder("r1-t4-1") == "host-01"
+    assert state.holder("host-01-block") == "host-01"
+    assert state.attached("host-01") == ("r1-t4-1",)
+    after = (state.block_etag("r1-t4-1"), state.block_etag("host-01-block"))
+    assert all(b != a for b, a in zip(before, after, strict=True))
+    assert state.system_etag("host-01") != system_before
+    assert state.add_resource_block("host-01", "r1-t4-1") is False
+    assert state.remove_resource_block("host-01", "r1-t4-1") is True
+    assert state.remove_resource_block("host-01", "r1-t4-1") is False
+    assert state.holder("host-01-block") is None
+
+
+def test_etags_are_checked_after_idempotency(state: FabricState) -> None:
+    current = state.block_etag("r1-t4-1")
+    with pytest.raises(errors.ETagMismatch):
+        state.add_resource_block("host-01", "r1-t4-1", block_etag='"e1-99"')
+    assert state.add_resource_block("host-01", "r1-t4-1", block_etag=f"W/{current}")
+    # The retry carries the ETag the first attempt made stale: still fine.
+    assert not state.add_resource_block("host-01", "r1-t4-1", block_etag=current)
+
+
+def test_tag_needs_if_match(state: FabricState) -> None:
+    with pytest.raises(errors.ETagRequired):
+        state.set_tag("host-02", TAG, if_match=None)
+    with pytest.raises(errors.ETagMismatch):
+        state.set_tag("host-02", TAG, if_match='"other"')
+    state.set_tag("host-02", TAG, if_match=f'"x", {state.system_etag("host-02")}')
+    assert state.tag("host-02") == TAG
+    with pytest.raises(errors.ResourceMissing):
+        state.set_tag("host-42", None, if_match="*")
+
+
+def test_if_match_forms() -> None:
+    assert if_match_allows("*", '"a-1"')
+    assert if_match_allows('W/"a-1"', '"a-1"')
+    assert if_match_allows('"b-2", "a-1"', '"a-1"')
+    assert not if_match_allows('"a-2"', '"a-1"')
+    assert not if_match_allows("", '"a-1"')
+
+
+def test_disabling_blocks(state: FabricState) -> None:
+    etag = state.block_etag("r2-t4-1")
+    state.set_disabled(["r2-t4-1"])
+    assert not state.is_enabled("r2-t4-1")
+    assert state.block_etag("r2-t4-1") != etag
+    assert state.disabled() == ["r2-t4-1"]
+    with pytest.raises(errors.BlockNotFound):
+        state.set_disabled(["nope"])
+    assert state.disabled() == ["r2-t4-1"]  # a refused switch changes nothing
+
+
+def test_a_disabled_device_can_still_be_detached(state: FabricState) -> None:
+    state.add_resource_block("host-05", "r2-t4-1")
+    state.set_disabled(["r2-t4-1"])
+    assert state.remove_resource_block("host-05", "r2-t4-1")
+
+
+def test_persistence_round_trip(state: FabricState) -> None:
+    state.add_resource_block("host-05", "r2-h100-1")
+    state.add_resource_block("host-05", "x1-rtx6000-1")
+    state.set_tag("host-05", TAG, if_match="*")
+    document = json.loads(json.dumps(state.to_json()))
+    restored = FabricState(state.inventory, epoch="fresh")
+    assert restored.restore(document) == []
+    assert restored.attached("host-05") == ("r2-h100-1", "x1-rtx6000-1")
+    assert restored.tag("host-05") == TAG
+    assert restored.system_etag("host-05") == state.system_etag("host-05")
+    with pytest.raises(errors.BlockInUse):
+        restored.add_resource_block("host-06", "r2-h100-1")
+
+
+def test_restore_drops_what_the_inventory_no_longer_has(state: FabricState) -> None:
+    document = state.to_json()
+    document["hosts"]["host-01"]["attached"] = ["r1-t4-1", "gone-1"]
+    document["hosts"]["host-02"]["attached"] = ["r1-t4-1"]
+    document["hosts"]["host-77"] = {"attached": [], "tag": None}
+    problems = state.restore(document)
+    assert len(problems) == 3
+    assert state.attached("host-01") == ("r1-t4-1",)
+    assert state.attached("host-02") == ()
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        [],
+        {"format": 99},
+        {"format": 1, "epoch": "e", "versions": {}, "hosts": {"host-01": {"attached": "x"}}},
+        {"format": 1, "epoch": "e", "versions": {"a": "1"}, "hosts": {}},
+        {"format": 1, "epoch": "e", "versions": {}, "hosts": {"host-01": {"attached": [],
+                                                                          "tag": {"Hub": 1}}}},
+    ],
+)  # fmt: skip
+def test_restore_refuses_malformed_documents(state: FabricState, document: object) -> None:
+    with pytest.raises(StateFileError):
+        state.restore(document)
+
+
+def test_reset(state: FabricState) -> None:
+    state.add_resource_block("host-01", "r1-t4-1")
+    state.set_tag("host-01", TAG, if_match="*")
+    state.set_disabled(["r1-t4-2"])
+    etag = state.system_etag("host-01")
+    state.reset()
+    assert (state.attached("host-01"), state.tag("host-01"), state.disabled()) == ((), None, [])
+    assert state.system_etag("host-01") != etag
+
+
+def test_fault_switch_counts_and_windows() -> None:
+    clock = FakeClock()
+    switch = FaultSwitch(clock=clock)
+    assert not switch.drops_request()
+    switch.replace(FaultSettings(unreachable_for_s=2.0, fail_after_attachments=2))
+    assert switch.drops_request()
+    clock.now += 2.5
+    assert not switch.drops_request()
+    assert [switch.attachment_fails() for _ in range(4)] == [False, False, True, True]
+    switch.replace(FaultSettings(error_rate=0.5, seed=7))
+    first = [switch.write_fails() for _ in range(20)]
+    switch.replace(FaultSettings(error_rate=0.5, seed=7))
+    assert [switch.write_fails() for _ in range(20)] == first
+    assert 0 < sum(first) < 20
+
+
+def test_sessions_expire_when_idle() -> None:
+    clock = FakeClock()
+    sessions = SessionStore(timeout_s=60, clock=clock)
+    session = sessions.create("admin")
+    clock.now += 59
+    assert sessions.authenticate(session.token) is session
+    clock.now += 59  # used a moment ago: still alive
+    assert sessions.get(session.id) is session
+    clock.now += 61
+    assert sessions.authenticate(session.token) is None
+    assert sessions.all() == []
+
+
+def test_tasks_tell_when_to_poll_again() -> None:
+    clock = FakeClock()
+    tasks = TaskStore(clock=clock)
+    task = tasks.create("AddResourceBlock r1-t4-1", duration_s=2.5)
+    assert task.retry_after_s(clock.now) == 3
+    assert task.retry_after_s(clock.now + 2.4) == 1
+    task.finish(Outcome.refused(errors.BlockInUse("r1-t4-1")))
+    assert task.state == "Exception"
+    assert task.messages[0]["MessageId"] == "Composition.1.1.3.ResourceBlockInUse"
+    assert tasks.get(task.id) is task

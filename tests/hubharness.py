@@ -1,0 +1,361 @@
+"""A real JupyterHub for tests: the demo config, free ports, a private state dir.
+
+The hub runs as a subprocess with configurable-http-proxy, the fabric simulator
+as a hub-managed service and real notebook servers. Teardown stops the hub and
+then kills anything still running from the state dir (notebooks run with it as
+their working directory), so no process outlives a test module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from tests.paths import HUB_CONFIG, ROOT
+
+T = TypeVar("T")
+PASSWORD = "test-password-1"
+ADMIN_TOKEN = "composespawner-test-admin-token-0123456789"
+FABRIC_AUTH = ("admin", "test-fabric-password")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (requests.RequestException, OSError) as e:
+            last_error = e
+        time.sleep(every)  # polling a condition, not standing in for one
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what} (last error: {last_error})"
+    )
+
+
+@dataclass
+class Hub:
+    url: str
+    fabric_url: str
+    state: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    api: requests.Session = field(default_factory=requests.Session)
+
+    def __post_init__(self) -> None:
+        self.api.headers["Authorization"] = f"token {ADMIN_TOKEN}"
+
+    # -- crashing and restarting ---------------------------------------------
+
+    def crash(self) -> None:
+        """SIGKILL the hub with its proxy and services, as when its container dies.
+
+        Notebook servers live on, as pods do when a hub on Kubernetes dies;
+        ``restart`` finds them again through the state the hub saved.
+        """
+        survivors = {pid for pid in _descendants(self.proc.pid) if _is_notebook(pid)}
+        doomed = [self.proc.pid, *(p for p in _descendants(self.proc.pid) if p not in survivors)]
+        for pid in doomed:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        wait_for(lambda: not any(_alive(p) for p in doomed[1:]), 10, "the hub's children to die")
+
+    def restart(self) -> None:
+        """Start the hub again on the same ports and state; wait until it answers."""
+        assert self.proc.poll() is not None, "restart() after crash() or a stop"
+        self.proc = _start_hub(self.state, self.env, self.log_path)
+        wait_for(lambda: _up(self), 60, "the restarted hub to answer")
+
+    # -- hub REST API ------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", 30)
+        return self.api.request(method, f"{self.url}/hub/api{path}", **kwargs)
+
+    def user(self, name: str) -> dict[str, Any]:
+        response = self.request("GET", f"/users/{name}", params={"include_stopped_servers": "0"})
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def server(self, user: str, name: str = "") -> dict[str, Any] | None:
+        servers: dict[str, Any] = self.user(user).get("servers", {})
+        return servers.get(name)
+
+    def spawn(self, user: str, options: dict[str, Any], name: str = "") -> requests.Response:
+        return self.request("POST", f"/users/{user}/servers/{name}", json={"user_options": options})
+
+    def wait_ready(self, user: str, name: str = "", timeout: float = 90) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            server = self.server(user, name)
+            if server is None:
+                raise AssertionError(f"{user}/{name} stopped while starting:\n{self.log_tail()}")
+            return server if server.get("ready") else None
+
+        return wait_for(ready, timeout, f"{user}/{name} to be ready")
+
+    def stop(self, user: str, name: str = "") -> None:
+        response = self.request("DELETE", f"/users/{user}/servers/{name}")
+        assert response.status_code in (202, 204), response.text
+        self.wait_gone(user, name)
+
+    def wait_gone(self, user: str, name: str = "", timeout: float = 60) -> None:
+        wait_for(lambda: self.server(user, name) is None, timeout, f"{user}/{name} to stop")
+
+    def spawn_watching(
+        self, user: str, options: dict[str, Any], name: str = ""
+    ) -> tuple[requests.Response, list[dict[str, Any]]]:
+        """Spawn, and read the spawn's progress events while it is pending.
+
+        The hub only streams a spawn's events while it is pending (afterwards it
+        sends just "ready"), so the stream is opened as soon as the spawn starts.
+        """
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(self.spawn, user, options, name)
+            events = wait_for(lambda: self._progress_while_pending(user, name), 30, "progress")
+            return answer.result(timeout=60), events
+
+    def _progress_while_pending(self, user: str, name: str) -> list[dict[str, Any]] | None:
+        server = f"servers/{name}" if name else "server"
+        events = []
+        with self.request("GET", f"/users/{user}/{server}/progress", stream=True) as response:
+            if response.status_code != 200:
+                return None  # not pending yet
+            for line in response.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+        # A stream of only the final event means we came too late for the rest.
+        return events if len(events) > 1 else None
+
+    # -- browser-like sessions ------------------------------------------------
+
+    def login(self, user: str, password: str = PASSWORD) -> requests.Session:
+        session = requests.Session()
+        page = session.get(f"{self.url}/hub/login", timeout=30)
+        page.raise_for_status()
+        xsrf = session.cookies.get("_xsrf")
+        response = session.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": password, "_xsrf": xsrf},
+            timeout=30,
+            allow_redirects=False,
+        )
+        assert response.status_code == 302, f"login of {user} failed: {response.status_code}"
+        return session
+
+    # -- the fabric's Redfish tree ------------------------------------------------
+
+    def redfish(self, path: str) -> dict[str, Any]:
+        response = requests.get(f"{self.fabric_url}{path}", auth=FABRIC_AUTH, timeout=10)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def attached(self, host: str) -> list[str]:
+        """Device blocks attached to a host, its own compute block left out."""
+        links = self.redfish(f"/redfish/v1/Systems/{host}")["Links"]["ResourceBlocks"]
+        blocks = [link["@odata.id"].rsplit("/", 1)[1] for link in links]
+        return [b for b in blocks if b != f"{host}-block"]
+
+    def composed_hosts(self) -> dict[str, list[str]]:
+        systems = self.redfish("/redfish/v1/Systems")["Members"]
+        hosts = [m["@odata.id"].rsplit("/", 1)[1] for m in systems]
+        return {h: attached for h in hosts if (attached := self.attached(h))}
+
+    def block_state(self, block: str) -> str:
+        block_json = self.redfish(f"/redfish/v1/CompositionService/ResourceBlocks/{block}")
+        return str(block_json["CompositionStatus"]["CompositionState"])
+
+    # -- the ledger ------------------------------------------------------------------
+
+    def ledger_url(self) -> str:
+        return f"sqlite:///{self.state / 'composespawner.sqlite'}"
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def notebook_pid(hub: Hub, user: str, name: str = "") -> int:
+    """The notebook's process id, from the spawner state the hub keeps."""
+    response = hub.request("GET", f"/users/{user}", params={"include_stopped_servers": "0"})
+    state = response.json()["servers"][name]["state"]
+    return int(state["pid"])
+
+
+def process_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@contextmanager
+def running_hub(
+    tmp: Path, extra_config: str = "", *, fabric_port: int | None = None, **env_overrides: str
+) -> Iterator[Hub]:
+    """Start the demo hub on free ports with its state in ``tmp``; stop everything after.
+
+    ``extra_config`` is appended to the config (after the demo's), ``env_overrides``
+    to the environment the demo config reads. With ``fabric_port`` the fabric is
+    already running there (the test started it) and the hub starts no simulator.
+    """
+    state = tmp / "state"
+    state.mkdir(parents=True)
+    extra = tmp / "test_config.py"
+    extra.write_text(_TEST_CONFIG + extra_config)
+    ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric")}
+    if fabric_port is not None:
+        ports["fabric"] = fabric_port
+        env_overrides = {"COMPOSE_FABRIC_EXTERNAL": "1", **env_overrides}
+    env = {
+        **os.environ,
+        "COMPOSE_STATE_DIR": str(state),
+        "COMPOSE_HUB_PORT": str(ports["hub"]),
+        "COMPOSE_PROXY_API_PORT": str(ports["proxy"]),
+        "COMPOSE_HUB_API_PORT": str(ports["api"]),
+        "COMPOSE_FABRIC_PORT": str(ports["fabric"]),
+        "COMPOSE_DEMO_PASSWORD": PASSWORD,
+        "COMPOSE_FABRIC_USERNAME": FABRIC_AUTH[0],
+        "COMPOSE_FABRIC_PASSWORD": FABRIC_AUTH[1],
+        "COMPOSE_POLL_INTERVAL": "2",
+        "COMPOSE_EXTRA_CONFIG": str(extra),
+        "PYTHONWARNINGS": "ignore",
+        **env_overrides,
+    }
+    hub = Hub(
+        url=f"http://localhost:{ports['hub']}",
+        fabric_url=f"http://127.0.0.1:{ports['fabric']}",
+        state=state,
+        proc=_start_hub(state, env, tmp / "hub.log"),
+        log_path=tmp / "hub.log",
+        env=env,
+    )
+    try:
+        wait_for(lambda: _up(hub), 60, "the hub and the fabric simulator to answer")
+        yield hub
+    finally:
+        _shut_down(hub)
+
+
+def _start_hub(state: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "jupyterhub"),
+                "-f",
+                str(HUB_CONFIG / "jupyterhub_config.py"),
+            ],
+            cwd=state,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _up(hub: Hub) -> bool:
+    if hub.proc.poll() is not None:
+        raise AssertionError(f"the hub exited with {hub.proc.returncode}:\n{hub.log_tail()}")
+    health = requests.get(f"{hub.url}/hub/health", timeout=2)
+    fabric = requests.get(f"{hub.fabric_url}/redfish/v1/", timeout=2)
+    return health.status_code == 200 and fabric.status_code == 200
+
+
+def _shut_down(hub: Hub) -> None:
+    """Stop the hub the way an admin would; anything it leaves running fails the test."""
+    if hub.proc.poll() is None:
+        hub.proc.send_signal(signal.SIGTERM)
+        try:
+            hub.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(hub.proc.pid, signal.SIGKILL)
+            hub.proc.wait(timeout=10)
+    leftovers = leftover_pids(hub.state, hub.proc.pid)
+    for pid in leftovers:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes outlived the hub: {[_cmdline(p) for p in leftovers]}"
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _is_notebook(pid: int) -> bool:
+    line = _cmdline(pid)
+    return "singleuser" in line or "notebook_or_fail" in line
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return str(pid)
+
+
+def leftover_pids(state: Path, group: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            in_group = os.getpgid(int(entry.name)) == group
+        except OSError:
+            continue
+        if in_group or cwd.startswith(str(state)):
+            found.append(int(entry.name))
+    return found
+
+
+# Loaded after the demo config: an admin token for the tests' REST calls.
+_TEST_CONFIG = f"""
+c.JupyterHub.services.append({{"name": "test-admin", "api_token": "{ADMIN_TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "test-admin", "scopes": ["admin:users", "admin:servers", "admin:server_state",
+      "read:users:activity", "list:users", "users:activity"], "services": ["test-admin"]}}
+)
+"""
+
+__all__ = ["ROOT", "Hub", "free_port", "notebook_pid", "process_env", "running_hub", "wait_for"]

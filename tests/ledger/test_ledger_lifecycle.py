@@ -1,0 +1,153 @@
+"""The lifecycle in the database: compare-and-set transitions and an append-only event log."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from composespawner.ledger import (
+    STATES,
+    TRANSITIONS,
+    AppendOnlyViolation,
+    IllegalTransition,
+    Ledger,
+    UnknownMachine,
+)
+from composespawner.ledger.models import MachineEventRow
+
+from .support import PATHS, Clock, MachineMaker
+
+LEGAL = sorted((a, b) for a, targets in TRANSITIONS.items() for b in targets)
+
+
+@pytest.mark.parametrize(("from_state", "to_state"), LEGAL)
+def test_every_legal_transition_is_taken(
+    ledger: Ledger, machine_in: MachineMaker, gpus: list[str], from_state: str, to_state: str
+) -> None:
+    machine_id = machine_in(from_state, blocks=gpus[:1])
+    if to_state == "claimed":
+        moved = ledger.claim(
+            machine_id, host_id="host-1", zone="rack-1", block_ids=gpus[:1], gpu_limit=None
+        )
+    else:
+        moved = ledger.transition(machine_id, to_state, "next")
+    assert moved.state == to_state
+    assert ledger.machine(machine_id) == moved
+    assert ledger.events(machine_id)[-1].to_state == to_state
+
+
+@pytest.mark.parametrize("from_state", STATES)
+def test_every_illegal_transition_is_refused_and_changes_nothing(
+    ledger: Ledger, machine_in: MachineMaker, gpus: list[str], from_state: str
+) -> None:
+    machine_id = machine_in(from_state, blocks=gpus[:1])
+    before = ledger.machine(machine_id)
+    events = ledger.events(machine_id)
+    for to_state in sorted(set(STATES) - TRANSITIONS[from_state] - {"claimed"}):
+        with pytest.raises(IllegalTransition):
+            ledger.transition(machine_id, to_state, "not allowed")
+    if "claimed" not in TRANSITIONS[from_state]:
+        with pytest.raises(IllegalTransition):
+            ledger.claim(machine_id, host_id="h", zone="z", block_ids=[], gpu_limit=None)
+    assert ledger.machine(machine_id) == before
+    assert ledger.events(machine_id) == events
+
+
+def test_events_record_every_step_in_order(
+    ledger: Ledger, clock: Clock, gpus: list[str], machine_in: MachineMaker
+) -> None:
+    machine_id = machine_in("running", blocks=gpus[:2])
+    clock.advance(minutes=5)
+    ledger.transition(machine_id, "stopping", "user stopped the server")
+    ledger.release(machine_id)
+    events = ledger.events(machine_id)
+    steps = [(e.from_state, e.to_state) for e in events]
+    path = ["requested", *PATHS["running"], "stopping", "released"]
+    assert steps == list(zip([None, *path[:-1]], path, strict=True))
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    assert events[-2].message == "user stopped the server"
+    assert events[-1].at == clock.now
+    assert all(e.at.tzinfo is not None for e in events)
+
+
+def test_failure_reason_is_kept_on_the_machine(ledger: Ledger, machine_in: MachineMaker) -> None:
+    machine_id = machine_in("requested")
+    failed = ledger.transition(machine_id, "failed", "no fit", failure="No host has 4 free GPUs.")
+    assert failed.state == "failed"
+    assert failed.failure == "No host has 4 free GPUs."
+    assert failed.ended_at is not None
+
+
+def test_only_claim_enters_claimed(ledger: Ledger, machine_in: MachineMaker) -> None:
+    machine_id = machine_in("requested")
+    with pytest.raises(ValueError, match="claim"):
+        ledger.transition(machine_id, "claimed")
+    assert ledger.machine(machine_id).state == "requested"  # type: ignore[union-attr]
+
+
+def test_unknown_machine_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(UnknownMachine):
+        ledger.transition("nope", "composed")
+    assert ledger.machine("nope") is None
+
+
+def test_a_stale_transition_loses_the_compare_and_set(
+    ledger: Ledger, machine_in: MachineMaker
+) -> None:
+    machine_id = machine_in("running")
+    ledger.transition(machine_id, "stopping")
+    with pytest.raises(IllegalTransition):
+        ledger.transition(machine_id, "stopping")  # someone else already moved it
+    assert [e.to_state for e in ledger.events(machine_id)].count("stopping") == 1
+
+
+def test_events_cannot_be_changed_through_the_orm(ledger: Ledger, machine_in: MachineMaker) -> None:
+    machine_in("claimed")
+    with Session(ledger.engine) as session:
+        event = session.scalars(sa.select(MachineEventRow).limit(1)).one()
+        event.message = "rewritten"
+        with pytest.raises(AppendOnlyViolation):
+            session.flush()
+        session.rollback()
+        session.delete(session.scalars(sa.select(MachineEventRow).limit(1)).one())
+        with pytest.raises(AppendOnlyViolation):
+            session.flush()
+    assert "rewritten" not in {e.message for e in _all_events(ledger)}
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        sa.update(MachineEventRow).values(message="rewritten"),
+        sa.delete(MachineEventRow),
+        sa.update(MachineEventRow.__table__).values(message="rewritten"),  # type: ignore[arg-type]
+    ],
+)
+def test_events_cannot_be_changed_by_bulk_statements(
+    ledger: Ledger, machine_in: MachineMaker, statement: sa.Executable
+) -> None:
+    machine_in("claimed")
+    count = len(_all_events(ledger))
+    with pytest.raises(AppendOnlyViolation), Session(ledger.engine) as session:
+        session.execute(statement)
+    assert len(_all_events(ledger)) == count
+
+
+@pytest.mark.parametrize(
+    "sql", ["UPDATE machine_events SET message = 'rewritten'", "DELETE FROM machine_events"]
+)
+def test_events_cannot_be_changed_even_by_raw_sql(
+    ledger: Ledger, machine_in: MachineMaker, sql: str
+) -> None:
+    machine_in("claimed")
+    count = len(_all_events(ledger))
+    with pytest.raises(sa.exc.DatabaseError, match="append-only"), ledger.engine.begin() as c:
+        c.exec_driver_sql(sql)
+    assert len(_all_events(ledger)) == count
+    assert "rewritten" not in {e.message for e in _all_events(ledger)}
+
+
+def _all_events(ledger: Ledger) -> list[MachineEventRow]:
+    with Session(ledger.engine) as session:
+        return list(session.scalars(sa.select(MachineEventRow)))

@@ -1,0 +1,111 @@
+"""The schema comes only from the Alembic migrations, and matches the ORM models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from composespawner.ledger import Ledger, migrate
+from composespawner.ledger.database import writing
+from composespawner.ledger.models import Base
+
+TABLES = {"devices", "machines", "machine_events", "usage_records", "quota_accounts"}
+
+
+@pytest.fixture
+def empty(db_url: str) -> Iterator[Ledger]:
+    ledger = Ledger(db_url)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def _tables(ledger: Ledger) -> set[str]:
+    return set(sa.inspect(ledger.engine).get_table_names()) - {"alembic_version"}
+
+
+def _diffs(ledger: Ledger) -> list[object]:
+    with ledger.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, Base.metadata))
+
+
+def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
+    assert _tables(empty) == set()
+    assert empty.schema_revision() is None
+    empty.upgrade()
+    assert _tables(empty) == TABLES
+    head = ScriptDirectory.from_config(_config(empty)).get_current_head()
+    assert empty.schema_revision() == head == "0001"
+
+
+def test_models_match_the_migrated_schema(empty: Ledger) -> None:
+    empty.upgrade()
+    assert _diffs(empty) == []
+
+
+def test_live_server_index_is_partial_and_unique(empty: Ledger) -> None:
+    empty.upgrade()
+    indexes = {ix["name"]: ix for ix in sa.inspect(empty.engine).get_indexes("machines")}
+    live = indexes["uq_machines_live_server"]
+    assert live["unique"]
+    assert live["column_names"] == ["user_name", "server_name"]
+    where = next(value for key, value in live["dialect_options"].items() if key.endswith("_where"))
+    assert "released" in str(where)
+    assert "failed" in str(where)
+
+
+def test_downgrade_to_base_then_upgrade_again(empty: Ledger) -> None:
+    empty.upgrade()
+    with writing(empty.engine).begin() as connection:
+        migrate.downgrade(connection, "base")
+    assert _tables(empty) == set()
+    assert empty.schema_revision() is None
+    empty.upgrade()
+    assert _tables(empty) == TABLES
+    assert _diffs(empty) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO machine_events (machine_id, at, to_state, message) "
+        "VALUES ('no-such-machine', CURRENT_TIMESTAMP, 'requested', '')",
+        "INSERT INTO devices (block_id, kind, model, zone_ids, chassis, machine_id, held_since, "
+        "first_seen, last_seen) VALUES ('b', 'gpu', 'm', 'z', 'c', 'no-such-machine', "
+        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO devices (block_id, kind, model, zone_ids, chassis, first_seen, last_seen) "
+        "VALUES ('b', 'fpga', 'm', 'z', 'c', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+    ],
+    ids=["event-of-unknown-machine", "holder-unknown", "kind-unknown"],
+)
+def test_the_database_enforces_references_and_kinds(empty: Ledger, sql: str) -> None:
+    empty.upgrade()
+    with pytest.raises(sa.exc.IntegrityError), empty.engine.begin() as connection:
+        connection.exec_driver_sql(sql)
+    assert empty.devices() == []
+
+
+def test_upgrade_twice_is_harmless(empty: Ledger) -> None:
+    empty.upgrade()
+    empty.upgrade()
+    assert empty.schema_revision() == "0001"
+
+
+def test_the_package_never_creates_tables_by_itself(empty: Ledger) -> None:
+    # Using the ledger before upgrade() must fail, not silently create a schema.
+    with pytest.raises(sa.exc.DatabaseError):
+        empty.request_machine("alice", "", {})
+    assert _tables(empty) == set()
+
+
+def _config(ledger: Ledger) -> Config:
+    with ledger.engine.connect() as connection:
+        return migrate.alembic_config(connection)

@@ -1,0 +1,167 @@
+"""The benchmarks' core functions on tiny inputs: seconds, and invariants that must hold."""
+
+import json
+import random
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from benchmarks import hubload, placement_speed, release_latency, spawn_storm, trace_replay
+from benchmarks.trace_replay import Cluster, DoubleAllocation, Node, Task
+from composespawner.catalog import Catalog
+from composespawner.fabric.simulator.inventory import parse_inventory
+from composespawner.placement import Plan
+from tests.paths import HUB_CONFIG, SHARED
+
+
+def task(name: str, gpus: int, cores: int, arrival: int = 0, duration: int = 10) -> Task:
+    return Task(name, cores * 1000, 1024, gpus, 1000 if gpus else 0, frozenset(), arrival, duration)
+
+
+# Two 2-GPU servers of one model, one of them short of CPU. Three tasks that
+# fit the rack's four GPUs only if a task may use GPUs of the server next door:
+# the first task uses up node-a's CPU and strands its second GPU.
+STRANDING_NODES = (Node("node-a", 4000, 65536, 2, "T4"), Node("node-b", 64000, 65536, 2, "T4"))
+STRANDING_TASKS = (
+    task("one", 1, 4, arrival=0, duration=100),
+    task("two", 2, 4, arrival=0, duration=100),
+    task("three", 1, 4, arrival=1, duration=10),
+)
+
+
+def test_placement_speed_times_valid_decisions() -> None:
+    fabric = placement_speed.synthetic_fabric(zones=2)
+    asks = placement_speed.request_mix()[::7] + placement_speed.request_mix()[-2:]
+    timings = placement_speed.measure(fabric, asks, repeats=1)
+    result = placement_speed.summary(fabric, timings)
+    assert result["devices"] == 400
+    assert len(timings.decide_us) == len(asks)
+    assert all(t > 0 for t in timings.decide_us + timings.place_us + timings.baseline_us)
+    assert sum(isinstance(p, Plan) for p in timings.plans) >= len(asks) - 2
+    for ask, plan in zip(asks, timings.plans, strict=True):
+        if not isinstance(plan, Plan):
+            continue
+        ids = plan.block_ids
+        assert len(set(ids)) == len(ids)
+        assert not set(ids) & fabric.held
+        assert all(fabric.inventory.device(i).state == "free" for i in ids)  # type: ignore[union-attr]
+        assert len(plan.gpus) == ask.gpu_count
+        assert all(plan.zone in d.zones for d in plan.devices)
+    assert result["p99_us"] >= result["median_us"] > 0  # type: ignore[operator]
+
+
+def test_trace_files_are_the_ones_described() -> None:
+    nodes, tasks = trace_replay.load_nodes(), trace_replay.load_tasks()
+    assert (len(nodes), sum(n.gpus for n in nodes)) == (1213, 6212)
+    assert len(tasks) == 8152
+    assert sum(t.duration is None for t in tasks) == 897  # Pending: never ran
+    assert trace_replay.TRACE == SHARED / "data" / "alibaba-openb-2023"
+
+
+def test_inflation_on_a_slice_keeps_the_books() -> None:
+    nodes, tasks = trace_replay.load_nodes()[:24], trace_replay.load_tasks()[:400]
+    capacity = sum(n.gpus for n in nodes)
+    workload = trace_replay.inflated(
+        tasks, 1.3 * capacity, lambda t: t.whole_gpus, random.Random(7)
+    )
+    assert sum(t.whole_gpus for t in workload) <= 1.3 * capacity
+    for zones in (trace_replay.static_zones(nodes), trace_replay.composable_zones(nodes)):
+        cluster = Cluster(nodes, zones)
+        filled = trace_replay.fill(cluster, workload)
+        free = sum(len(pool) for pool in cluster.free_gpus.values())
+        assert cluster.allocated_gpus + free == capacity
+        assert 0 <= filled.allocated_share <= 1
+        assert 0 <= filled.failed <= filled.tasks == len(workload)
+        assert min(cluster.free_cpu.values()) >= 0
+        assert min(cluster.free_memory.values()) >= 0
+    shared = trace_replay.sharing_best_fit(nodes, workload, random.Random(7))
+    assert 0 <= shared <= 1
+
+
+def test_a_device_is_never_handed_out_twice() -> None:
+    cluster = Cluster(STRANDING_NODES, trace_replay.composable_zones(STRANDING_NODES))
+    plan = cluster.decide(STRANDING_TASKS[0])
+    assert isinstance(plan, Plan)
+    cluster.allocate(STRANDING_TASKS[0], plan)
+    with pytest.raises(DoubleAllocation):
+        cluster.allocate(STRANDING_TASKS[0], plan)
+
+
+def test_pooled_gpus_are_not_stranded_by_a_full_host() -> None:
+    static = trace_replay.fill(
+        Cluster(STRANDING_NODES, trace_replay.static_zones(STRANDING_NODES)), STRANDING_TASKS
+    )
+    composable = trace_replay.fill(
+        Cluster(STRANDING_NODES, trace_replay.composable_zones(STRANDING_NODES)),
+        STRANDING_TASKS,
+    )
+    assert (static.allocated_share, static.failed) == (0.75, 1)
+    assert (composable.allocated_share, composable.failed) == (1.0, 0)
+
+
+def test_replay_makes_the_stranded_task_wait_only_on_static() -> None:
+    static = trace_replay.replay(
+        Cluster(STRANDING_NODES, trace_replay.static_zones(STRANDING_NODES)), STRANDING_TASKS
+    )
+    composable = trace_replay.replay(
+        Cluster(STRANDING_NODES, trace_replay.composable_zones(STRANDING_NODES)),
+        STRANDING_TASKS,
+    )
+    assert (static.waited, static.mean_wait_of_waiting_s, static.never_started) == (1, 99, 0)
+    assert 0 < static.waiting_share <= 1
+    assert (composable.waited, composable.mean_wait_s) == (0, 0)
+
+
+def test_storm_fabric_has_a_host_and_a_catalog_t4_for_every_user() -> None:
+    size = hubload.fabric_for(200)
+    spec = parse_inventory(tomllib.loads(hubload.inventory_toml(size)))
+    t4 = Catalog.from_file(HUB_CONFIG / "catalog.toml").gpu_model("t4")
+    assert t4 is not None
+    gpus = [d for d in spec.devices if d.kind == "gpu"]
+    assert (len(spec.zones), len(spec.hosts), len(gpus)) == (25, 250, 250)
+    assert {d.model for d in gpus} <= t4.fabric_models
+    for zone in spec.zones:
+        hosts = [h for h in spec.hosts if zone.id in h.zones]
+        assert len(hosts) == sum(zone.id in d.zones for d in gpus) == 10
+
+
+def test_release_fabric_offers_what_the_release_request_asks_for() -> None:
+    spec = parse_inventory(tomllib.loads(hubload.inventory_toml(release_latency.fabric(1))))
+    catalog = Catalog.from_file(HUB_CONFIG / "catalog.toml")
+    network = catalog.network(str(release_latency.OPTIONS["network"]))
+    assert network is not None
+    assert release_latency.OPTIONS["scratch_gb"] in catalog.scratch_gb
+    kinds = {d.kind: d for d in spec.devices}
+    assert kinds["nic"].speed_gbps == network.speed_gbps
+    assert kinds["nvme"].capacity_gb == release_latency.OPTIONS["scratch_gb"]
+
+
+def test_percentiles() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert hubload.percentile(values, 50) == pytest.approx(50.5)
+    assert hubload.percentile(values, 95) == pytest.approx(95.05)
+    assert hubload.percentile([3.0], 95) == 3.0
+
+
+@pytest.mark.e2e
+def test_spawn_storm_on_three_users(tmp_path: Path) -> None:
+    """Both hubs at toy size (~10 s): everyone ready, nothing double-held or left after."""
+    spawn_storm.main(["--users", "3", "--out", str(tmp_path / "storm.json")])
+    storm = json.loads((tmp_path / "storm.json").read_text())
+    assert storm["compose"]["ready"] == storm["stock"]["ready"] == 3
+    assert storm["failures"] == storm["stock_failures"] == storm["http_429"] == 0
+    assert storm["double_holders"] == storm["leaked_devices"] == 0
+    assert storm["peak_live_machines"] == 3
+
+
+@pytest.mark.e2e
+def test_release_latency_times_two_stops() -> None:
+    """composespawner's side only (~5 s): each stop frees the machine's four devices."""
+    side = release_latency.run_side(2, stock=False, size=release_latency.fabric(1))
+    assert [len(stop.devices) for stop in side.stops] == [4, 4]
+    for stop in side.stops:
+        assert stop.devices_free_s is not None
+        assert stop.gone_s is not None
+        assert 0 < stop.devices_free_s <= stop.gone_s + release_latency.POLL_EVERY
+    assert side.leaked_devices == []

@@ -1,0 +1,50 @@
+"""The catalog the demo ships, and malformed catalogs refused with a clear message."""
+
+from pathlib import Path
+
+import pytest
+
+from composespawner.catalog import Catalog, CatalogError
+
+HUB_CONFIG = Path(__file__).resolve().parents[2] / "hub_config"
+
+
+def test_demo_catalog_offers_every_inventory_model() -> None:
+    catalog = Catalog.from_file(HUB_CONFIG / "catalog.toml")
+    inventory = (HUB_CONFIG / "fabric_inventory.toml").read_text()
+    for model in catalog.gpu_models:
+        for fabric_model in model.fabric_models:
+            assert f'model = "{fabric_model}"' in inventory, fabric_model
+    assert {n.speed_gbps for n in catalog.networks} >= {25, 100}
+    assert catalog.owner_of_chassis("expansion-1") == "vision-lab"
+    assert catalog.stacks == ()
+
+
+def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        """
+max_gpus_per_machine = 2
+[[gpu_models]]
+id = "t4"
+label = "T4"
+fabric_models = ["NVIDIA T4"]
+[[gpu_models]]
+id = "t4"
+label = "T4 again"
+fabric_models = ["NVIDIA T4"]
+[[networks]]
+id = "shared"
+label = "Host network"
+speed_gbps = 0
+"""
+    )
+    with pytest.raises(CatalogError, match=r"catalog.toml: duplicate gpu_models ids: \['t4'\]"):
+        Catalog.from_file(path)
+
+
+def test_missing_section_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text("max_gpus_per_machine = 2\n")
+    with pytest.raises(CatalogError, match=r"catalog\.toml"):
+        Catalog.from_file(path)

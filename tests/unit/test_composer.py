@@ -1,0 +1,575 @@
+"""Composer: claim, then attach, all-or-nothing; free only what the fabric confirmed.
+
+The service layer runs over a real SQLite ledger and the strict in-process fake
+of the fabric (the simulator's own state model, so it refuses whatever the
+simulator refuses). Faults come from a thin subclass of the fake that fails or
+holds chosen calls and passes everything else through. Assertions read the
+fabric's state and the ledger directly, never the composer's own view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from composespawner.catalog import Catalog
+from composespawner.composer import ComposedMachine, ComposeFailed, Composer, ComposeRefused
+from composespawner.fabric.base import (
+    CompositionTag,
+    FabricError,
+    FabricRefused,
+    FabricUnreachable,
+    Inventory,
+)
+from composespawner.fabric.inprocess import InProcessFabric
+from composespawner.ledger import Ledger, Machine
+from composespawner.ledger.models import MachineRow
+from composespawner.request import MachineRequest
+
+HUB_CONFIG = Path(__file__).resolve().parents[2] / "hub_config"
+HUB_ID = "test-hub"
+H100_MODEL = "NVIDIA H100 PCIe"
+
+T4_PAIR_WITH_EXTRAS = MachineRequest(gpu_model="t4", gpu_count=2, network="25g", scratch_gb=1920)
+
+
+def ask(model: str, count: int) -> MachineRequest:
+    return MachineRequest(gpu_model=model, gpu_count=count, network="shared", scratch_gb=0)
+
+
+def ignore_progress(message: str) -> None:
+    del message
+
+
+# ---------------------------------------------------------------------------
+# A fake fabric that fails on cue
+# ---------------------------------------------------------------------------
+
+
+class FaultyFabric(InProcessFabric):
+    """The strict in-process fake, with chosen calls failing or held.
+
+    Attach calls are counted from 1; a fault keyed by that number fires on
+    that call only. Every tag written is recorded, so a test can learn the
+    machine id and host of a compose that never returned.
+    """
+
+    def __init__(self, state_from: InProcessFabric) -> None:
+        super().__init__(state_from.state)
+        self.attach_calls = 0
+        self.refuse_attach: dict[int, FabricRefused] = {}  # refused before acting
+        self.lose_attach_answer: set[int] = set()  # acts, then the answer is lost
+        self.hold_attach: dict[int, asyncio.Event] = {}  # waits for the event first
+        self.attach_held = asyncio.Event()
+        self.inventory_unreachable = False
+        self.detach_calls = 0
+        self.detach_failures = 0
+        self.detaches_before_outage: int | None = None  # None: detach always works
+        self.tags_written: list[tuple[str, CompositionTag | None]] = []
+
+    def heal(self) -> None:
+        self.inventory_unreachable = False
+        self.detaches_before_outage = None
+
+    async def inventory(self) -> Inventory:
+        if self.inventory_unreachable:
+            raise FabricUnreachable("test: inventory read timed out")
+        return await super().inventory()
+
+    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
+        self.tags_written.append((system_id, tag))
+        await super().tag_host(system_id, tag)
+
+    async def attach(self, system_id: str, block_id: str) -> None:
+        self.attach_calls += 1
+        call = self.attach_calls
+        if call in self.hold_attach:
+            self.attach_held.set()
+            await self.hold_attach[call].wait()
+        if call in self.refuse_attach:
+            raise self.refuse_attach[call]
+        await super().attach(system_id, block_id)
+        if call in self.lose_attach_answer:
+            raise FabricUnreachable(f"test: connection dropped after attaching {block_id}")
+
+    async def detach(self, system_id: str, block_id: str) -> None:
+        self.detach_calls += 1
+        outage = self.detaches_before_outage
+        if outage is not None and self.detach_calls > outage:
+            self.detach_failures += 1
+            raise FabricUnreachable(f"test: no answer detaching {block_id}")
+        await super().detach(system_id, block_id)
+
+    def composed_for(self) -> tuple[str, str]:
+        """(host, machine id) of the first tag we wrote: the compose under test."""
+        host, tag = self.tags_written[0]
+        assert tag is not None
+        assert tag.hub == HUB_ID
+        return host, tag.machine
+
+
+class HeldClaimLedger(Ledger):
+    """A ledger whose claim waits in its worker thread until the test lets it go."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.claim_entered = threading.Event()
+        self.claim_may_go = threading.Event()
+
+    def claim(
+        self,
+        machine_id: str,
+        *,
+        host_id: str | None,
+        zone: str,
+        block_ids: Sequence[str],
+        gpu_limit: int | None,
+        groups: frozenset[str] = frozenset(),
+        host_block: str | None = None,
+    ) -> Machine:
+        self.claim_entered.set()
+        if not self.claim_may_go.wait(timeout=10):
+            raise TimeoutError("test never let the claim go")
+        return super().claim(
+            machine_id,
+            host_id=host_id,
+            zone=zone,
+            block_ids=block_ids,
+            gpu_limit=gpu_limit,
+            groups=groups,
+            host_block=host_block,
+        )
+
+
+# ---------------------------------------------------------------------------
+# The rig: composer + ledger + fabric, and ways to read them
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    composer: Composer
+    ledger: Ledger
+    fabric: FaultyFabric
+
+    async def compose(
+        self,
+        user: str,
+        request: MachineRequest,
+        *,
+        server: str = "",
+        groups: frozenset[str] = frozenset(),
+        gpu_limit: int | None = None,
+        progress: Callable[[str], None] = ignore_progress,
+    ) -> ComposedMachine:
+        return await self.composer.compose(
+            user=user,
+            groups=groups,
+            server=server,
+            request=request,
+            gpu_limit=gpu_limit,
+            progress=progress,
+        )
+
+    def machines(self, user: str, server: str = "") -> list[Machine]:
+        """Every ledger machine of one server, oldest first (the ledger has no such query)."""
+        query = (
+            sa.select(MachineRow.id)
+            .where(MachineRow.user_name == user, MachineRow.server_name == server)
+            .order_by(MachineRow.created_at)
+        )
+        with self.ledger.engine.connect() as connection:
+            ids = list(connection.scalars(query))
+        return [m for m in map(self.ledger.machine, ids) if m is not None]
+
+    def machine(self, machine_id: str) -> Machine:
+        machine = self.ledger.machine(machine_id)
+        assert machine is not None, machine_id
+        return machine
+
+    def host_block(self, host: str) -> str:
+        return self.fabric.state.host(host).block_id
+
+    def attachments(self) -> dict[str, str]:
+        """Device block → host, for everything attached on the fabric."""
+        state = self.fabric.state
+        return {b: h.id for h in state.inventory.hosts for b in state.attached(h.id)}
+
+    def hosts_in(self, zone: str) -> list[str]:
+        return sorted(h.id for h in self.fabric.state.inventory.hosts if zone in h.zones)
+
+    def model_blocks(self, model: str) -> list[str]:
+        return sorted(d.id for d in self.fabric.state.inventory.devices if d.model == model)
+
+    def leftovers(self, machine_id: str, host: str) -> list[str]:
+        """What a failed compose left behind; empty once it was fully undone."""
+        state, machine = self.fabric.state, self.machine(machine_id)
+        found = []
+        if state.attached(host):
+            found.append(f"{host} still has {state.attached(host)} attached")
+        if state.tag(host) is not None:
+            found.append(f"{host} still tagged {state.tag(host)}")
+        if machine.state != "failed":
+            found.append(f"machine is {machine.state}, not failed")
+        if self.ledger.holders():
+            found.append(f"ledger still holds {self.ledger.holders()}")
+        return found
+
+
+async def eventually(check: Callable[[], bool], *, what: str, within: float = 5.0) -> None:
+    """Poll ``check`` until it holds; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {within} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
+    made: list[Rig] = []
+
+    def make(ledger_class: type[Ledger] = Ledger) -> Rig:
+        ledger = ledger_class(f"sqlite:///{tmp_path}/ledger-{len(made)}.sqlite")
+        ledger.upgrade()
+        fabric = FaultyFabric(InProcessFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"))
+        composer = Composer(
+            ledger=ledger,
+            fabric=fabric,
+            catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
+            hub_id=HUB_ID,
+            snapshot_ttl=0,
+            release_retry_max=0.05,
+        )
+        made.append(Rig(composer, ledger, fabric))
+        return made[-1]
+
+    yield make
+    for rig in made:
+        await rig.composer.close()
+
+
+@pytest.fixture
+def rig(make_rig: Callable[..., Rig]) -> Rig:
+    return make_rig()
+
+
+# ---------------------------------------------------------------------------
+# 1. The happy path, there and back
+# ---------------------------------------------------------------------------
+
+
+async def test_compose_attaches_tags_and_records_then_release_gives_it_all_back(rig: Rig) -> None:
+    progress: list[str] = []
+    machine = await rig.compose("u", T4_PAIR_WITH_EXTRAS, progress=progress.append)
+
+    state, host = rig.fabric.state, machine.host
+    assert [g.model for g in machine.gpus] == ["NVIDIA T4"] * 2
+    assert machine.nic is not None
+    assert machine.nic.speed_gbps == 25
+    assert sum(d.capacity_gb or 0 for d in machine.drives) >= 1920
+    devices = tuple(d.block_id for d in (*machine.gpus, machine.nic, *machine.drives))
+    assert state.attached(host) == devices
+    assert state.tag(host) == CompositionTag(hub=HUB_ID, machine=machine.machine_id, owner="u/")
+    record = rig.machine(machine.machine_id)
+    assert (record.state, record.host_id, record.zone) == ("composed", host, machine.zone)
+    assert set(record.block_ids) == {rig.host_block(host), *devices}
+    assert rig.ledger.holders() == {b: machine.machine_id for b in record.block_ids}
+
+    expected = [
+        f"claiming 2 × NVIDIA T4 16GB in {machine.zone}",
+        "attaching GPU 1/2",
+        "attaching GPU 2/2",
+        "attaching 25 Gb/s network card",
+        "attaching scratch NVMe 1/1",
+    ]
+    assert machine.zone.startswith("rack-")
+    assert len(progress) == len(expected), progress
+    for message, start in zip(progress, expected, strict=True):
+        assert message.startswith(start), (message, start)
+
+    await rig.composer.release(machine.machine_id, reason="server stopped")
+
+    assert rig.attachments() == {}
+    assert state.tag(host) is None
+    released = rig.machine(machine.machine_id)
+    assert (released.state, released.block_ids) == ("released", ())
+    assert rig.ledger.holders() == {}
+    usage = rig.ledger.usage("u")
+    assert sorted(u.block_id for u in usage) == sorted(record.block_ids)
+    assert {(u.machine_id, u.server_name) for u in usage} == {(machine.machine_id, "")}
+    assert all(u.ended_at >= u.started_at for u in usage)
+
+    # Releasing again (a retry, a second stop) changes nothing.
+    await rig.composer.release(machine.machine_id, reason="server stopped")
+    assert len(rig.ledger.usage("u")) == len(usage)
+    assert rig.machine(machine.machine_id).state == "released"
+
+
+# ---------------------------------------------------------------------------
+# 2-3. All-or-nothing: fabric failure and cancellation mid-compose
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["refused", "answer lost after attaching"])
+async def test_fabric_failure_mid_compose_undoes_everything(rig: Rig, fault: str) -> None:
+    if fault == "refused":
+        rig.fabric.refuse_attach[2] = FabricRefused("test: internal error", status=500)
+    else:
+        # The fabric did attach the 2nd GPU but we never heard: undo must detach it too.
+        rig.fabric.lose_attach_answer.add(2)
+
+    with pytest.raises(ComposeFailed) as failed:
+        await rig.compose("u", T4_PAIR_WITH_EXTRAS)
+
+    message = str(failed.value)
+    assert "GPU fabric" in message, message
+    assert "try again" in message.lower(), message
+    assert isinstance(failed.value.__cause__, FabricError)
+    assert rig.fabric.attach_calls == 2, "compose went on attaching after a failure"
+    host, machine_id = rig.fabric.composed_for()
+    assert rig.leftovers(machine_id, host) == []
+    assert rig.attachments() == {}
+    assert rig.machine(machine_id).failure == message
+
+    # Nothing is left that would block the user's next start.
+    rig.fabric.refuse_attach.clear()
+    rig.fabric.lose_attach_answer.clear()
+    again = await rig.compose("u", T4_PAIR_WITH_EXTRAS)
+    assert rig.machine(again.machine_id).state == "composed"
+
+
+async def test_cancelled_compose_undoes_everything_and_stays_cancelled(rig: Rig) -> None:
+    rig.fabric.hold_attach[2] = asyncio.Event()  # never set: only cancellation gets it out
+    task = asyncio.create_task(rig.compose("u", T4_PAIR_WITH_EXTRAS))
+    await asyncio.wait_for(rig.fabric.attach_held.wait(), timeout=5)
+    host, machine_id = rig.fabric.composed_for()
+    assert len(rig.fabric.state.attached(host)) == 1  # there is something to undo
+    assert rig.machine(machine_id).state == "claimed"
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await eventually(lambda: not rig.leftovers(machine_id, host), what="the compose undone")
+    assert rig.leftovers(machine_id, host) == []
+    assert rig.attachments() == {}
+    assert rig.machine(machine_id).failure == "The start was cancelled."
+
+
+# ---------------------------------------------------------------------------
+# 4-6. Refusals: quota, nothing fits, co-located hardware
+# ---------------------------------------------------------------------------
+
+
+async def test_quota_refuses_a_second_server_past_the_limit(rig: Rig) -> None:
+    await rig.compose("u", ask("t4", 2), server="a", gpu_limit=2)
+    held, attached = rig.ledger.holders(), rig.attachments()
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("u", ask("t4", 1), server="b", gpu_limit=2)
+
+    message = str(refused.value)
+    assert refused.value.status == 403
+    assert "limit is 2 GPUs" in message, message
+    assert "server 'a'" in message, message
+    assert rig.ledger.holders() == held
+    assert rig.attachments() == attached
+    [machine_b] = rig.machines("u", "b")
+    assert (machine_b.state, machine_b.block_ids) == ("failed", ())
+    assert machine_b.failure == message
+    # Another user is not charged for u's GPUs.
+    await rig.compose("v", ask("t4", 2), gpu_limit=2)
+
+
+async def test_no_fit_names_what_is_short_when_another_client_holds_a_device(rig: Rig) -> None:
+    h100s = rig.model_blocks(H100_MODEL)
+    assert len(h100s) == 4, "the inventory changed: this test needs exactly 4 H100"
+    theirs = rig.hosts_in("rack-2")[-1]
+    rig.fabric.state.add_resource_block(theirs, h100s[0])  # another client's composition
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("u", ask("h100", 4))
+
+    assert refused.value.status == 409
+    assert "Only 3 × NVIDIA H100 80GB" in str(refused.value), str(refused.value)
+    assert rig.ledger.holders() == {}
+    assert rig.attachments() == {h100s[0]: theirs}  # untouched
+    [machine] = rig.machines("u")
+    assert machine.state == "failed"
+
+
+async def test_colocated_devices_only_for_their_owner_group(rig: Rig) -> None:
+    outsider, owner = frozenset({"students"}), frozenset({"vision-lab"})
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("eve", ask("rtx6000", 1), groups=outsider)
+    assert refused.value.status == 409
+    assert rig.ledger.holders() == {}
+    assert rig.attachments() == {}
+    assert [m.state for m in rig.machines("eve")] == ["failed"]
+
+    outsider_offer = await rig.composer.offer("eve", outsider)
+    owner_offer = await rig.composer.offer("ann", owner)
+    assert "rtx6000" not in outsider_offer.free
+    assert "t4" in outsider_offer.free
+    assert "rtx6000" in owner_offer.free
+    assert owner_offer.free["rtx6000"].free == 2
+
+    machine = await rig.compose("ann", ask("rtx6000", 2), groups=owner)
+    assert [g.chassis for g in machine.gpus] == ["expansion-1"] * 2
+    assert set(rig.fabric.state.attached(machine.host)) == {g.block_id for g in machine.gpus}
+    assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_a_server_with_a_live_machine_is_refused_a_second_one(rig: Rig) -> None:
+    first = await rig.compose("u", ask("t4", 1))
+    held, attached = rig.ledger.holders(), rig.attachments()
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("u", ask("t4", 1))
+
+    assert refused.value.status == 409
+    # The user's words, not the ledger's log line with a machine id in it.
+    assert str(refused.value) == (
+        "Your default server is already running or starting. Stop it first."
+    )
+    assert rig.ledger.holders() == held
+    assert rig.attachments() == attached
+    assert [m.id for m in rig.machines("u")] == [first.machine_id]
+
+
+# ---------------------------------------------------------------------------
+# 7. Unknown is not dead
+# ---------------------------------------------------------------------------
+
+
+async def test_release_keeps_devices_held_while_the_fabric_is_unreachable(rig: Rig) -> None:
+    machine = await rig.compose("u", T4_PAIR_WITH_EXTRAS)
+    machine_id, host = machine.machine_id, machine.host
+    held = {b: machine_id for b in rig.machine(machine_id).block_ids}
+    rig.fabric.detaches_before_outage = 1  # one detach goes through, then silence
+
+    with pytest.raises(FabricError):
+        await rig.composer.release(machine_id, reason="server stopped")
+
+    stopping = rig.machine(machine_id)
+    assert stopping.state == "stopping"
+    assert rig.ledger.holders() == held  # the detached one too: we never heard it confirmed
+    assert len(rig.fabric.state.attached(host)) == 3  # 2 GPUs, NIC, drive: 1 detached
+
+    failures = rig.fabric.detach_failures
+    rig.composer.release_soon(machine_id, reason="server stopped")
+    await eventually(lambda: rig.fabric.detach_failures > failures, what="a background retry")
+    assert rig.machine(machine_id).state == "stopping"
+    assert rig.ledger.holders() == held
+
+    rig.fabric.heal()
+    await eventually(lambda: rig.machine(machine_id).state == "released", what="released")
+    assert rig.ledger.holders() == {}
+    assert rig.attachments() == {}
+    assert rig.fabric.state.tag(host) is None
+
+
+# ---------------------------------------------------------------------------
+# 8. Racing composes
+# ---------------------------------------------------------------------------
+
+
+async def test_racing_composes_never_share_a_device(rig: Rig) -> None:
+    h100s = rig.model_blocks(H100_MODEL)
+    assert len(h100s) == 4, "the inventory changed: this test needs exactly 4 H100"
+    users = [f"user{i}" for i in range(10)]
+
+    results = await asyncio.gather(
+        *(rig.compose(user, ask("h100", 2)) for user in users), return_exceptions=True
+    )
+
+    won = [r for r in results if isinstance(r, ComposedMachine)]
+    lost = [r for r in results if not isinstance(r, ComposedMachine)]
+    assert len(won) == 2, results
+    assert all(isinstance(e, ComposeRefused) and e.status == 409 for e in lost), lost
+    assert sorted(g.block_id for m in won for g in m.gpus) == h100s
+    assert len({m.host for m in won}) == 2
+
+    expected_holders: dict[str, str] = {}
+    for machine in won:
+        gpus = {g.block_id for g in machine.gpus}
+        assert set(rig.fabric.state.attached(machine.host)) == gpus
+        tag = rig.fabric.state.tag(machine.host)
+        assert tag is not None
+        assert tag.machine == machine.machine_id
+        expected_holders.update(
+            dict.fromkeys((*gpus, rig.host_block(machine.host)), machine.machine_id)
+        )
+    assert rig.ledger.holders() == expected_holders
+    assert set(rig.attachments()) == set(h100s)
+
+    winners = {m.machine_id for m in won}
+    for user in users:
+        [machine] = rig.machines(user)
+        assert machine.state == ("composed" if machine.id in winners else "failed")
+
+
+# ---------------------------------------------------------------------------
+# All-or-nothing (ARCHITECTURE.md invariant 4) at the edges of the claim
+# ---------------------------------------------------------------------------
+
+
+async def test_concurrent_composes_in_one_hub_place_around_each_other(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    t4s = rig.model_blocks("NVIDIA T4")
+    users = [f"user{i}" for i in range(len(t4s))]
+
+    with caplog.at_level("INFO"):
+        machines = await asyncio.gather(*(rig.compose(user, ask("t4", 1)) for user in users))
+
+    assert sorted(g.block_id for m in machines for g in m.gpus) == sorted(t4s)
+    # Each spawn placed around the claims in flight: none lost the compare-and-set.
+    assert "lost a race" not in caplog.text
+    for machine in machines:
+        await rig.composer.release(machine.machine_id, reason="done")
+    again = await rig.compose("late", ask("t4", 1))  # released devices are offered again
+    assert again.gpus[0].block_id in t4s
+
+
+async def test_unreachable_fabric_before_the_claim_leaves_no_live_machine(rig: Rig) -> None:
+    rig.fabric.inventory_unreachable = True
+
+    with pytest.raises(ComposeFailed):
+        await rig.compose("u", ask("t4", 1))
+
+    assert rig.ledger.live_machine("u", "") is None
+    rig.fabric.heal()
+    machine = await rig.compose("u", ask("t4", 1))  # not refused as "already starting"
+    assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_compose_cancelled_during_the_claim_holds_nothing(
+    make_rig: Callable[..., Rig],
+) -> None:
+    rig = make_rig(HeldClaimLedger)
+    ledger = rig.ledger
+    assert isinstance(ledger, HeldClaimLedger)
+    task = asyncio.create_task(rig.compose("u", ask("t4", 1)))
+    try:
+        await eventually(ledger.claim_entered.is_set, what="the claim to start")
+        task.cancel()
+    finally:
+        ledger.claim_may_go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await eventually(
+        lambda: not ledger.holders() and ledger.live_machine("u", "") is None,
+        what="the claim released",
+        within=2.0,
+    )

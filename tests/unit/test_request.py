@@ -1,0 +1,98 @@
+"""MachineRequest parsing: every bad input gets a message a person can act on."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from composespawner.catalog import Catalog
+from composespawner.request import (
+    MachineRequest,
+    RequestError,
+    check_server_name,
+    parse_form,
+    parse_options,
+)
+
+CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
+PUBLIC = frozenset({"h100", "a100", "l40s", "t4"})
+
+
+def test_form_post_becomes_typed_request() -> None:
+    form = {
+        "_xsrf": ["token"],
+        "gpu_model": ["a100"],
+        "gpu_count": ["2"],
+        "network": ["100g"],
+        "scratch_gb": ["1920"],
+    }
+    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920)
+
+
+def test_api_options_round_trip() -> None:
+    request = MachineRequest("t4", 1, "shared", 0)
+    assert parse_options(request.to_options(), CATALOG, PUBLIC) == request
+
+
+def test_defaults_for_optional_fields() -> None:
+    request = parse_options({"gpu_model": "t4", "gpu_count": 1}, CATALOG, PUBLIC)
+    assert (request.network, request.scratch_gb, request.stack) == ("shared", 0, None)
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "words"),
+    [
+        ({"gpu_count": 1}, "gpu_model", "Choose a GPU model"),
+        ({"gpu_model": "v100", "gpu_count": 1}, "gpu_model", "Unknown GPU model 'v100'"),
+        ({"gpu_model": 7, "gpu_count": 1}, "gpu_model", "Unknown GPU model '7'"),
+        ({"gpu_model": "t4", "gpu_count": 0}, "gpu_count", "from 1 to 4"),
+        ({"gpu_model": "t4", "gpu_count": -2}, "gpu_count", "got -2"),
+        ({"gpu_model": "t4", "gpu_count": 99}, "gpu_count", "the most one machine can hold"),
+        ({"gpu_model": "t4", "gpu_count": 10**12}, "gpu_count", "from 1 to 4"),
+        ({"gpu_model": "t4", "gpu_count": 1.5}, "gpu_count", "whole number"),
+        ({"gpu_model": "t4", "gpu_count": "two"}, "gpu_count", "whole number"),
+        ({"gpu_model": "t4", "gpu_count": True}, "gpu_count", "whole number"),
+        ({"gpu_model": "t4", "gpu_count": None}, "gpu_count", "whole number"),
+        ({"gpu_model": "t4", "gpu_count": 1, "network": "400g"}, "network", "400g"),
+        ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": 5}, "scratch_gb", "0, 1920, 3840"),
+        ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": -1920}, "scratch_gb", "one of"),
+        ({"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"}, "stack", "none are offered"),
+        ({"gpu_model": "t4", "gpu_count": 1, "colour": "red"}, "colour", "Unknown option"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(RequestError, match=words) as caught:
+        parse_options(options, CATALOG, PUBLIC)
+    assert caught.value.field == field
+
+
+def test_colocated_model_is_unknown_to_outsiders() -> None:
+    options = {"gpu_model": "rtx6000", "gpu_count": 1}
+    with pytest.raises(RequestError) as caught:
+        parse_options(options, CATALOG, PUBLIC)
+    assert "rtx6000" in str(caught.value)
+    assert "rtx6000" not in str(caught.value).split("Choose one of:")[1]
+    assert parse_options(options, CATALOG, PUBLIC | {"rtx6000"}).gpu_model == "rtx6000"
+
+
+def test_markup_never_reaches_a_message() -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_options({"gpu_model": "<script>alert(1)</script>", "gpu_count": 1}, CATALOG, PUBLIC)
+    assert "<" not in str(caught.value)
+    assert ">" not in str(caught.value)
+
+
+def test_form_with_repeated_field_is_refused() -> None:
+    with pytest.raises(RequestError, match="exactly one value for 'gpu_count'"):
+        parse_form({"gpu_model": ["t4"], "gpu_count": ["1", "2"]}, CATALOG, PUBLIC)
+
+
+@pytest.mark.parametrize("name", ["", "thesis", "exp-2.run_1"])
+def test_plain_server_names_pass(name: str) -> None:
+    check_server_name(name)
+
+
+@pytest.mark.parametrize("name", ["<b>x</b>", "a b", "../etc", "-lead", "x" * 64, "naïve"])
+def test_odd_server_names_are_refused(name: str) -> None:
+    with pytest.raises(RequestError, match="is not allowed"):
+        check_server_name(name)
