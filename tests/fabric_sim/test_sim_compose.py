@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from .harness import BLOCKS, SYSTEMS, RedfishClient, action, block_ref
+from .harness import BLOCKS, SYSTEMS, RedfishClient, SimulatorProcess, action, block_ref
 from .sim_cases import ADD, REFUSALS, RefusalCase
 
 TAG = {"Hub": "hub-a", "Machine": "m-17", "Owner": "alice/thesis"}
@@ -166,3 +166,16 @@ def test_patch_refuses_everything_but_the_tag(
     assert answer.status == 400
     assert answer.message_ids == [f"Base.1.22.1.{message}"]
     assert client.sim_state()["hosts"]["host-04"]["tag"] is None
+
+
+def test_the_access_log_shows_writes_and_refusals_not_reads(
+    simulator: SimulatorProcess,
+) -> None:
+    client = simulator.client
+    assert client.get(f"{SYSTEMS}/host-02").status == 200
+    assert client.attach("host-02", "r1-t4-1").status == 204
+    assert client.get(f"{BLOCKS}/no-such-block").status == 404
+    log = simulator.log()
+    assert f"GET {SYSTEMS}/host-02 " not in log
+    assert f"204 POST {action('host-02', 'AddResourceBlock')} " in log
+    assert f"404 GET {BLOCKS}/no-such-block " in log

@@ -453,9 +453,14 @@ def make_app(simulator: Simulator) -> tornado.web.Application:
 
 def _log_request(handler: tornado.web.RequestHandler) -> None:
     request = handler.request
-    log.info(
+    status = handler.get_status()
+    # Reads that succeed are most of the traffic (every form view, every reconciler
+    # pass) and say nothing new: keep them out of the hub's console unless asked.
+    quiet = request.method in ("GET", "HEAD") and status < 400
+    log.log(
+        logging.DEBUG if quiet else logging.INFO,
         "%s %s %s (%s) %.1fms",
-        "dropped" if getattr(handler, "dropped", False) else handler.get_status(),
+        "dropped" if getattr(handler, "dropped", False) else status,
         request.method,
         request.uri,
         request.remote_ip,
