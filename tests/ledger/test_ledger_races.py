@@ -109,6 +109,24 @@ def test_twenty_users_race_for_five_gpus(
     assert all(ledger.held_by(m) == [] for m in losers)
 
 
+def test_fifty_claims_from_separate_connections_for_ten_free_gpus(
+    ledger: Ledger, open_ledger: Callable[[], Ledger]
+) -> None:
+    pool = gpu_ids(14, "pool")
+    ledger.sync_devices(
+        DeviceRecord(b, "gpu", "A100-80GB", frozenset({"rack-1"}), "rack-1") for b in pool
+    )
+    free = last_free_gpus(ledger, pool, 10)
+    ledgers = racers(open_ledger, 50)
+    machines = [ledger.request_machine(f"user{i}", "", {}) for i in range(50)]
+    outcomes = race([claimer(ledgers[i], machines[i], [free[i % 10]], None) for i in range(50)])
+    assert Counter(type(o).__name__ for o in outcomes) == {"Machine": 10, "DevicesTaken": 40}
+    winners = [o for o in outcomes if isinstance(o, Machine)]
+    assert sorted(b for w in winners for b in w.block_ids) == free
+    assert ledger.free_blocks() & set(pool) == set()
+    assert_one_holder_each(ledger)
+
+
 def test_threads_sharing_one_ledger_race_safely(ledger: Ledger, gpus: list[str]) -> None:
     free = last_free_gpus(ledger, gpus, 5)
     machines = [ledger.request_machine(f"user{i}", "", {}) for i in range(RACERS)]
