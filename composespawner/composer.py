@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .catalog import Catalog
+from .catalog import Catalog, GpuModel
 from .fabric.base import (
     CompositionTag,
     Device,
@@ -163,14 +163,28 @@ class Composer:
         owners = self.owners(inventory)
         held = await _in_thread(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=owners, groups=groups)
-        fabric_models = _visible_models(inventory, owners, groups)
         free = {
             m.id: availability(pool, m.fabric_models, self.catalog.max_gpus_per_machine)
-            for m in self.catalog.gpu_models
-            if m.fabric_models & fabric_models
+            for m in self._visible_catalog_models(inventory, owners, groups)
         }
         in_use = sum(use.gpus for use in await _in_thread(self.ledger.gpu_use, user))
         return Offer(free=free, gpus_in_use=in_use)
+
+    async def visible_models(self, groups: frozenset[str]) -> frozenset[str]:
+        """Catalog ids of the GPU models these groups may ask for, free or not.
+
+        What request validation needs, without the ledger reads of :meth:`offer`:
+        it runs on every spawn.
+        """
+        inventory = await self.inventory()
+        models = self._visible_catalog_models(inventory, self.owners(inventory), groups)
+        return frozenset(m.id for m in models)
+
+    def _visible_catalog_models(
+        self, inventory: Inventory, owners: Mapping[str, str], groups: frozenset[str]
+    ) -> list[GpuModel]:
+        fabric_models = _visible_models(inventory, owners, groups)
+        return [m for m in self.catalog.gpu_models if m.fabric_models & fabric_models]
 
     # -- composing -------------------------------------------------------
 
@@ -352,7 +366,7 @@ class Composer:
         if machine.state != "stopping":
             await _in_thread(self.ledger.transition, machine_id, "stopping", reason)
         if machine.host_id:
-            await self._detach_all(machine_id, machine.host_id)
+            await self._detach_all(machine_id, machine.host_id, machine.block_ids)
         end = "failed" if failed else "released"
         await _in_thread(
             self.ledger.release,
@@ -364,8 +378,8 @@ class Composer:
         self._inventory_at = 0.0  # the next form should see these devices free
         self.log.info("Released machine %s (%s): %s", machine_id, end, reason)
 
-    async def _detach_all(self, machine_id: str, host: str) -> None:
-        blocks = set(await _in_thread(self.ledger.held_by, machine_id))
+    async def _detach_all(self, machine_id: str, host: str, held: Sequence[str]) -> None:
+        blocks = set(held)  # what the machine held when release began: it takes no more
         tag, linked = await self.fabric.host_mark(host)
         if tag is None or tag.machine != machine_id or tag.hub != self.hub_id:
             # We mark a host before attaching anything, so a host without our mark

@@ -86,6 +86,13 @@ class ComposeMixin(Spawner):
         help="""Seconds one fabric operation (an attach, with its retries and task polling)
         may take. Raise it for fabrics whose attach takes long.""",
     )
+    fabric_max_requests = Integer(
+        64,
+        config=True,
+        help="""Most Redfish requests in flight to the fabric at once, over all spawns.
+        Lower it (8-16) for BMC-class services that fail under fan-out; raise it if
+        spawns queue behind each other during a rush (a class starting at once).""",
+    )
     hub_id = Unicode(
         config=True,
         help="""This hub's name in the fabric's composition tags. The reconciler only
@@ -152,6 +159,7 @@ class ComposeMixin(Spawner):
                 request=self.fabric_request_timeout, operation=self.fabric_operation_timeout
             ),
             log=self.log,
+            max_in_flight=self.fabric_max_requests,
         )
         return Composer(
             ledger=ledger,
@@ -201,7 +209,7 @@ class ComposeMixin(Spawner):
 
     async def _visible_model_ids(self) -> frozenset[str]:
         try:
-            offer = await self.composer.offer(self.user.name, self.groups)
+            return await self.composer.visible_models(self.groups)
         except FabricError as e:
             # Nothing is claimed before this read, so there is nothing to undo.
             self.log.warning("Fabric unreadable for %s's spawn: %s", self._log_name, e)
@@ -211,7 +219,6 @@ class ComposeMixin(Spawner):
                 reason="fabric",
                 status_code=503,
             ) from e
-        return frozenset(offer.free)
 
     # -- start -----------------------------------------------------------------
 

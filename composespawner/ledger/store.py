@@ -19,21 +19,38 @@ How the invariants hold:
   plus an event appended in the same transaction; entering a terminal state
   frees the machine's devices and writes their usage records in the same
   transaction too, so terminal always means holds nothing.
+
+Transactions are SQLAlchemy Core statements on a connection, not ORM
+sessions: the ledger sits on the hub's spawn path, and the unit of work and
+identity map cost several times more CPU than the statements themselves. The
+ORM models in ``models.py`` still define the tables and their types.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, and_, event, func, select, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Engine,
+    Row,
+    Table,
+    and_,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
 
 from composespawner.ledger import migrate
 from composespawner.ledger.database import create_ledger_engine, writing
@@ -83,8 +100,7 @@ class Ledger:
     ) -> None:
         self._clock = clock
         self._engine = create_ledger_engine(url, timeout=timeout, echo=echo)
-        self._reading = sessionmaker(self._engine)
-        self._writing = sessionmaker(writing(self._engine))
+        self._writing = writing(self._engine)
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
 
     @property
@@ -95,7 +111,7 @@ class Ledger:
 
     def upgrade(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with the packaged Alembic migrations."""
-        with writing(self._engine).begin() as connection:
+        with self._writing.begin() as connection:
             migrate.upgrade(connection, revision)
 
     def schema_revision(self) -> str | None:
@@ -117,12 +133,12 @@ class Ledger:
         rows = {device.block_id: _device_values(device, now) for device in devices}
         if not rows:
             return
-        with self._writing.begin() as session:
-            session.execute(_upsert_devices(self._engine.dialect.name), list(rows.values()))
+        with self._writing.begin() as connection:
+            connection.execute(_upsert_devices(self._engine.dialect.name), list(rows.values()))
 
     def devices(self) -> list[DeviceRecord]:
-        with self._reading.begin() as session:
-            rows = session.scalars(select(DeviceRow).order_by(DeviceRow.block_id))
+        with self._engine.begin() as connection:
+            rows = connection.execute(select(DEVICES).order_by(DEVICES.c.block_id))
             return [_device_record(row) for row in rows]
 
     # -- lifecycle --------------------------------------------------------------
@@ -136,13 +152,16 @@ class Ledger:
         now = self._now()
         machine_id = uuid.uuid4().hex
         try:
-            with self._writing.begin() as session:
-                live = _live_row(session, user, server)
+            with self._writing.begin() as connection:
+                live = _live_row(connection, user, server)
                 if live is not None:
                     raise ServerBusy(user, server, live.id, live.state)
-                session.add(_new_machine(machine_id, user, server, request, now))
-                session.flush()  # the event's foreign key needs the machine first
-                session.add(_event(machine_id, now, None, REQUESTED, "requested"))
+                connection.execute(
+                    insert(MACHINES), _new_machine(machine_id, user, server, request, now)
+                )
+                connection.execute(
+                    insert(EVENTS), _event(machine_id, now, None, REQUESTED, "requested")
+                )
         except IntegrityError as err:
             # A concurrent request won the unique index on live (user, server).
             live_machine = self.live_machine(user, server)
@@ -173,19 +192,20 @@ class Ledger:
         """
         wanted = _claim_set(block_ids, host_block)
         now = self._now()
-        with self._writing.begin() as session:
-            machine = _machine_row(session, machine_id)
+        with self._writing.begin() as connection:
+            machine = _machine_row(connection, machine_id)
             check_transition(machine.state, CLAIMED)
-            _lock_quota_account(session, machine.user_name, now)
-            devices = _lock_devices(session, wanted)
+            _lock_quota_account(connection, machine.user_name, now)
+            devices = _lock_devices(connection, wanted)
             _check_claimable(machine.user_name, wanted, devices, groups)
             asked = sum(1 for device in devices if device.kind == "gpu")
-            in_use = _gpu_use(session, machine.user_name)
+            in_use = _gpu_use(connection, machine.user_name)
             check_gpu_quota(machine.user_name, gpu_limit, asked, in_use)
-            _take_devices(session, machine_id, wanted, devices, now)
+            _take_devices(connection, machine_id, wanted, devices, now)
             message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
-            _move(session, machine, CLAIMED, now, message, host_id=host_id, zone=zone)
-            return _machine(session, machine_id)
+            changes = {"host_id": host_id, "zone": zone}
+            _move(connection, machine, CLAIMED, now, message, **changes)
+            return _moved(machine, CLAIMED, now, wanted, **changes)
 
     def transition(
         self, machine_id: str, to: str, message: str = "", *, failure: str | None = None
@@ -198,13 +218,13 @@ class Ledger:
         if to == CLAIMED:
             raise ValueError("a machine enters 'claimed' only through claim(), which takes devices")
         now = self._now()
-        with self._writing.begin() as session:
-            machine = _machine_row(session, machine_id)
+        with self._writing.begin() as connection:
+            machine = _machine_row(connection, machine_id)
             if to in TERMINAL:
-                _end(session, machine, to, now, message, failure)
-            else:
-                _move(session, machine, to, now, message, **_failure(failure))
-            return _machine(session, machine_id)
+                return _end(connection, machine, to, now, message, failure)
+            _move(connection, machine, to, now, message, **_failure(failure))
+            held = _held_blocks(connection, [machine_id]).get(machine_id, ())
+            return _moved(machine, to, now, held, **_failure(failure))
 
     def release(
         self,
@@ -231,80 +251,79 @@ class Ledger:
 
     def _release(self, machine_id: str, to: str, message: str, failure: str | None) -> Machine:
         now = self._now()
-        with self._writing.begin() as session:
-            machine = _machine_row(session, machine_id)
-            if machine.state not in TERMINAL:
-                _end(session, machine, to, now, message, failure)
-            return _machine(session, machine_id)
+        with self._writing.begin() as connection:
+            machine = _machine_row(connection, machine_id)
+            if machine.state in TERMINAL:
+                return _machine_record(machine, ())
+            return _end(connection, machine, to, now, message, failure)
 
     # -- queries ----------------------------------------------------------------
 
     def machine(self, machine_id: str) -> Machine | None:
-        with self._reading.begin() as session:
-            if session.get(MachineRow, machine_id) is None:
+        with self._engine.begin() as connection:
+            row = _find_machine(connection, machine_id)
+            if row is None:
                 return None
-            return _machine(session, machine_id)
+            return _machine_record(row, _held_blocks(connection, [machine_id]).get(machine_id, ()))
 
     def live_machine(self, user: str, server: str) -> Machine | None:
-        with self._reading.begin() as session:
-            row = _live_row(session, user, server)
-            return None if row is None else _machine(session, row.id)
+        with self._engine.begin() as connection:
+            row = _live_row(connection, user, server)
+            if row is None:
+                return None
+            return _machine_record(row, _held_blocks(connection, [row.id]).get(row.id, ()))
 
     def live_machines(self, user: str | None = None) -> list[Machine]:
-        query = select(MachineRow).where(MachineRow.state.not_in(TERMINAL))
+        query = select(MACHINES).where(MACHINES.c.state.not_in(TERMINAL))
         if user is not None:
-            query = query.where(MachineRow.user_name == user)
-        query = query.order_by(MachineRow.user_name, MachineRow.server_name)
-        with self._reading.begin() as session:
-            rows = session.scalars(query).all()
-            held = _held_blocks(session, [row.id for row in rows])
+            query = query.where(MACHINES.c.user_name == user)
+        query = query.order_by(MACHINES.c.user_name, MACHINES.c.server_name)
+        with self._engine.begin() as connection:
+            rows = connection.execute(query).all()
+            held = _held_blocks(connection, [row.id for row in rows])
             return [_machine_record(row, held.get(row.id, ())) for row in rows]
 
     def gpu_use(self, user: str) -> list[ServerUse]:
         """GPUs held by each of ``user``'s live servers (0 for a server holding none)."""
-        with self._reading.begin() as session:
-            return _gpu_use(session, user)
+        with self._engine.begin() as connection:
+            return _gpu_use(connection, user)
 
     def holders(self) -> dict[str, str]:
         """block_id → machine_id for every held block."""
-        query = select(DeviceRow.block_id, DeviceRow.machine_id).where(
-            DeviceRow.machine_id.is_not(None)
+        query = select(DEVICES.c.block_id, DEVICES.c.machine_id).where(
+            DEVICES.c.machine_id.is_not(None)
         )
-        with self._reading.begin() as session:
-            return {block: cast(str, holder) for block, holder in session.execute(query)}
+        with self._engine.begin() as connection:
+            return {block: cast(str, holder) for block, holder in connection.execute(query)}
 
     def held_by(self, machine_id: str) -> list[str]:
-        with self._reading.begin() as session:
-            return list(_held_blocks(session, [machine_id]).get(machine_id, ()))
+        with self._engine.begin() as connection:
+            return list(_held_blocks(connection, [machine_id]).get(machine_id, ()))
 
     def free_blocks(self) -> set[str]:
-        query = select(DeviceRow.block_id).where(DeviceRow.machine_id.is_(None))
-        with self._reading.begin() as session:
-            return set(session.scalars(query))
+        query = select(DEVICES.c.block_id).where(DEVICES.c.machine_id.is_(None))
+        with self._engine.begin() as connection:
+            return set(connection.scalars(query))
 
     def device_owners(self) -> dict[str, str]:
         """block_id → owner group, for co-located devices."""
-        query = select(DeviceRow.block_id, DeviceRow.owner_group).where(
-            DeviceRow.owner_group.is_not(None)
+        query = select(DEVICES.c.block_id, DEVICES.c.owner_group).where(
+            DEVICES.c.owner_group.is_not(None)
         )
-        with self._reading.begin() as session:
-            return {block: cast(str, group) for block, group in session.execute(query)}
+        with self._engine.begin() as connection:
+            return {block: cast(str, group) for block, group in connection.execute(query)}
 
     def events(self, machine_id: str) -> list[MachineEvent]:
-        query = (
-            select(MachineEventRow)
-            .where(MachineEventRow.machine_id == machine_id)
-            .order_by(MachineEventRow.id)
-        )
-        with self._reading.begin() as session:
-            return [_event_record(row) for row in session.scalars(query)]
+        query = select(EVENTS).where(EVENTS.c.machine_id == machine_id).order_by(EVENTS.c.id)
+        with self._engine.begin() as connection:
+            return [_event_record(row) for row in connection.execute(query)]
 
     def usage(self, user: str | None = None) -> list[UsageRecord]:
-        query = select(UsageRecordRow).order_by(UsageRecordRow.id)
+        query = select(USAGE).order_by(USAGE.c.id)
         if user is not None:
-            query = query.where(UsageRecordRow.user_name == user)
-        with self._reading.begin() as session:
-            return [_usage_record(row) for row in session.scalars(query)]
+            query = query.where(USAGE.c.user_name == user)
+        with self._engine.begin() as connection:
+            return [_usage_record(row) for row in connection.execute(query)]
 
     def _now(self) -> datetime:
         now = self._clock()
@@ -317,49 +336,62 @@ class Ledger:
 # Steps inside one transaction
 # ---------------------------------------------------------------------------
 
+MACHINES = cast(Table, MachineRow.__table__)
+DEVICES = cast(Table, DeviceRow.__table__)
+EVENTS = cast(Table, MachineEventRow.__table__)
+USAGE = cast(Table, UsageRecordRow.__table__)
+QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)
 
-def _machine_row(session: Session, machine_id: str) -> MachineRow:
-    row = session.get(MachineRow, machine_id)
+
+def _find_machine(connection: Connection, machine_id: str) -> Row[Any] | None:
+    return connection.execute(select(MACHINES).where(MACHINES.c.id == machine_id)).first()
+
+
+def _machine_row(connection: Connection, machine_id: str) -> Row[Any]:
+    row = _find_machine(connection, machine_id)
     if row is None:
         raise UnknownMachine(machine_id)
     return row
 
 
-def _live_row(session: Session, user: str, server: str) -> MachineRow | None:
-    query = select(MachineRow).where(
-        MachineRow.user_name == user,
-        MachineRow.server_name == server,
-        MachineRow.state.not_in(TERMINAL),
+def _live_row(connection: Connection, user: str, server: str) -> Row[Any] | None:
+    query = select(MACHINES).where(
+        MACHINES.c.user_name == user,
+        MACHINES.c.server_name == server,
+        MACHINES.c.state.not_in(TERMINAL),
     )
-    return session.scalars(query).first()
+    return connection.execute(query).first()
 
 
-def _lock_quota_account(session: Session, user: str, now: datetime) -> None:
+def _lock_quota_account(connection: Connection, user: str, now: datetime) -> None:
     """Create-if-absent, then lock, the user's account row: their claims queue up here."""
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    session.execute(
-        insert(QuotaAccountRow)
+    dialect = connection.dialect.name
+    insert_account = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    connection.execute(
+        insert_account(QUOTA_ACCOUNTS)
         .values(user_name=user, created_at=now)
         .on_conflict_do_nothing(index_elements=["user_name"])
     )
-    session.execute(
-        select(QuotaAccountRow.user_name).where(QuotaAccountRow.user_name == user).with_for_update()
-    )
-
-
-def _lock_devices(session: Session, wanted: Sequence[str]) -> list[DeviceRow]:
-    # Sorted: two claims wanting overlapping blocks lock them in the same order.
-    query = (
-        select(DeviceRow)
-        .where(DeviceRow.block_id.in_(wanted))
-        .order_by(DeviceRow.block_id)
+    connection.execute(
+        select(QUOTA_ACCOUNTS.c.user_name)
+        .where(QUOTA_ACCOUNTS.c.user_name == user)
         .with_for_update()
     )
-    return list(session.scalars(query))
+
+
+def _lock_devices(connection: Connection, wanted: Sequence[str]) -> list[Row[Any]]:
+    # Sorted: two claims wanting overlapping blocks lock them in the same order.
+    query = (
+        select(DEVICES)
+        .where(DEVICES.c.block_id.in_(wanted))
+        .order_by(DEVICES.c.block_id)
+        .with_for_update()
+    )
+    return list(connection.execute(query))
 
 
 def _check_claimable(
-    user: str, wanted: Sequence[str], devices: Sequence[DeviceRow], groups: frozenset[str]
+    user: str, wanted: Sequence[str], devices: Sequence[Row[Any]], groups: frozenset[str]
 ) -> None:
     unknown = set(wanted) - {device.block_id for device in devices}
     if unknown:
@@ -370,20 +402,19 @@ def _check_claimable(
 
 
 def _take_devices(
-    session: Session,
+    connection: Connection,
     machine_id: str,
     wanted: Sequence[str],
-    devices: Sequence[DeviceRow],
+    devices: Sequence[Row[Any]],
     now: datetime,
 ) -> None:
     taken = [device.block_id for device in devices if device.machine_id is not None]
     if taken:
         raise DevicesTaken(taken)
-    result = session.execute(
-        update(DeviceRow)
-        .where(DeviceRow.block_id.in_(wanted), DeviceRow.machine_id.is_(None))
+    result = connection.execute(
+        update(DEVICES)
+        .where(DEVICES.c.block_id.in_(wanted), DEVICES.c.machine_id.is_(None))
         .values(machine_id=machine_id, held_since=now)
-        .execution_options(synchronize_session=False)
     )
     if _rowcount(result) != len(wanted):
         # The compare-and-set is the guarantee; the check above only names the culprits.
@@ -391,77 +422,86 @@ def _take_devices(
 
 
 def _move(
-    session: Session, machine: MachineRow, to: str, now: datetime, message: str, **values: Any
+    connection: Connection,
+    machine: Row[Any],
+    to: str,
+    now: datetime,
+    message: str,
+    **values: Any,
 ) -> None:
     """Compare-and-set the machine's state and append the event for it."""
     from_state = machine.state
     check_transition(from_state, to)
-    result = session.execute(
-        update(MachineRow)
-        .where(MachineRow.id == machine.id, MachineRow.state == from_state)
+    result = connection.execute(
+        update(MACHINES)
+        .where(MACHINES.c.id == machine.id, MACHINES.c.state == from_state)
         .values(state=to, updated_at=now, **values)
-        .execution_options(synchronize_session=False)
     )
     if _rowcount(result) != 1:
         raise IllegalTransition(from_state, to, "the machine changed state meanwhile")
-    session.add(_event(machine.id, now, from_state, to, message))
+    connection.execute(insert(EVENTS), _event(machine.id, now, from_state, to, message))
 
 
 def _end(
-    session: Session,
-    machine: MachineRow,
+    connection: Connection,
+    machine: Row[Any],
     to: str,
     now: datetime,
     message: str,
     failure: str | None,
-) -> None:
+) -> Machine:
     """Enter a terminal state: free every device held and record who used it."""
-    user, server, machine_id = machine.user_name, machine.server_name, machine.id
-    _move(session, machine, to, now, message, ended_at=now, **_failure(failure))
-    held = session.scalars(
-        select(DeviceRow).where(DeviceRow.machine_id == machine_id).order_by(DeviceRow.block_id)
+    ended = {"ended_at": now, **_failure(failure)}
+    _move(connection, machine, to, now, message, **ended)
+    held = connection.execute(
+        select(DEVICES).where(DEVICES.c.machine_id == machine.id).order_by(DEVICES.c.block_id)
     ).all()
-    session.add_all(_usage_row(machine_id, user, server, device, now) for device in held)
-    session.execute(
-        update(DeviceRow)
-        .where(DeviceRow.machine_id == machine_id)
-        .values(machine_id=None, held_since=None)
-        .execution_options(synchronize_session=False)
-    )
+    if held:
+        connection.execute(insert(USAGE), [_usage_values(machine, d, now) for d in held])
+        connection.execute(
+            update(DEVICES)
+            .where(DEVICES.c.machine_id == machine.id)
+            .values(machine_id=None, held_since=None)
+        )
+    return _moved(machine, to, now, (), **ended)
 
 
-def _gpu_use(session: Session, user: str) -> list[ServerUse]:
+def _gpu_use(connection: Connection, user: str) -> list[ServerUse]:
     query = (
-        select(MachineRow.server_name, func.count(DeviceRow.block_id))
-        .outerjoin(DeviceRow, and_(DeviceRow.machine_id == MachineRow.id, DeviceRow.kind == "gpu"))
-        .where(MachineRow.user_name == user, MachineRow.state.not_in(TERMINAL))
-        .group_by(MachineRow.server_name)
-        .order_by(MachineRow.server_name)
+        select(MACHINES.c.server_name, func.count(DEVICES.c.block_id))
+        .outerjoin(DEVICES, and_(DEVICES.c.machine_id == MACHINES.c.id, DEVICES.c.kind == "gpu"))
+        .where(MACHINES.c.user_name == user, MACHINES.c.state.not_in(TERMINAL))
+        .group_by(MACHINES.c.server_name)
+        .order_by(MACHINES.c.server_name)
     )
-    return [ServerUse(server, gpus) for server, gpus in session.execute(query)]
+    return [ServerUse(server, gpus) for server, gpus in connection.execute(query)]
 
 
-def _held_blocks(session: Session, machine_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+def _held_blocks(connection: Connection, machine_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    if not machine_ids:
+        return {}
     query = (
-        select(DeviceRow.machine_id, DeviceRow.block_id)
-        .where(DeviceRow.machine_id.in_(machine_ids))
-        .order_by(DeviceRow.block_id)
+        select(DEVICES.c.machine_id, DEVICES.c.block_id)
+        .where(DEVICES.c.machine_id.in_(machine_ids))
+        .order_by(DEVICES.c.block_id)
     )
     held: dict[str, list[str]] = {}
-    for machine_id, block_id in session.execute(query):
+    for machine_id, block_id in connection.execute(query):
         held.setdefault(cast(str, machine_id), []).append(block_id)
     return {machine_id: tuple(blocks) for machine_id, blocks in held.items()}
 
 
-def _machine(session: Session, machine_id: str) -> Machine:
-    query = select(MachineRow).where(MachineRow.id == machine_id)
-    row = session.scalars(query.execution_options(populate_existing=True)).one()
-    return _machine_record(row, _held_blocks(session, [machine_id]).get(machine_id, ()))
+def _moved(
+    machine: Row[Any], to: str, now: datetime, held: Sequence[str], **values: Any
+) -> Machine:
+    """The record of ``machine`` after a move this transaction made: no need to read it back."""
+    record = _machine_record(machine, tuple(sorted(held)))
+    return dataclasses.replace(record, state=to, updated_at=now, **values)
 
 
 def _upsert_devices(dialect: str) -> Any:
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(DeviceRow)
+    insert_devices = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert_devices(DEVICES)
     inventory = ("kind", "model", "zone_ids", "chassis", "owner_group", "last_seen")
     return statement.on_conflict_do_update(
         index_elements=["block_id"], set_={name: statement.excluded[name] for name in inventory}
@@ -503,7 +543,7 @@ def _device_values(device: DeviceRecord, now: datetime) -> dict[str, Any]:
     }
 
 
-def _device_record(row: DeviceRow) -> DeviceRecord:
+def _device_record(row: Row[Any]) -> DeviceRecord:
     zones = frozenset(row.zone_ids.split(",")) if row.zone_ids else frozenset()
     kind = cast(HoldableKind, row.kind)
     return DeviceRecord(row.block_id, kind, row.model, zones, row.chassis, row.owner_group)
@@ -511,46 +551,48 @@ def _device_record(row: DeviceRow) -> DeviceRecord:
 
 def _new_machine(
     machine_id: str, user: str, server: str, request: dict[str, Any], now: datetime
-) -> MachineRow:
-    return MachineRow(
-        id=machine_id,
-        user_name=user,
-        server_name=server,
-        state=REQUESTED,
-        host_id=None,
-        zone=None,
-        request=copy.deepcopy(request),
-        failure=None,
-        created_at=now,
-        updated_at=now,
-        ended_at=None,
-    )
+) -> dict[str, Any]:
+    return {
+        "id": machine_id,
+        "user_name": user,
+        "server_name": server,
+        "state": REQUESTED,
+        "host_id": None,
+        "zone": None,
+        "request": copy.deepcopy(request),
+        "failure": None,
+        "created_at": now,
+        "updated_at": now,
+        "ended_at": None,
+    }
 
 
 def _event(
     machine_id: str, at: datetime, from_state: str | None, to_state: str, message: str
-) -> MachineEventRow:
-    return MachineEventRow(
-        machine_id=machine_id, at=at, from_state=from_state, to_state=to_state, message=message
-    )
+) -> dict[str, Any]:
+    return {
+        "machine_id": machine_id,
+        "at": at,
+        "from_state": from_state,
+        "to_state": to_state,
+        "message": message,
+    }
 
 
-def _usage_row(
-    machine_id: str, user: str, server: str, device: DeviceRow, now: datetime
-) -> UsageRecordRow:
-    return UsageRecordRow(
-        machine_id=machine_id,
-        user_name=user,
-        server_name=server,
-        block_id=device.block_id,
-        kind=device.kind,
-        model=device.model,
-        started_at=device.held_since or now,
-        ended_at=now,
-    )
+def _usage_values(machine: Row[Any], device: Row[Any], now: datetime) -> dict[str, Any]:
+    return {
+        "machine_id": machine.id,
+        "user_name": machine.user_name,
+        "server_name": machine.server_name,
+        "block_id": device.block_id,
+        "kind": device.kind,
+        "model": device.model,
+        "started_at": device.held_since or now,
+        "ended_at": now,
+    }
 
 
-def _machine_record(row: MachineRow, block_ids: tuple[str, ...]) -> Machine:
+def _machine_record(row: Row[Any], block_ids: tuple[str, ...]) -> Machine:
     return Machine(
         id=row.id,
         user_name=row.user_name,
@@ -567,11 +609,11 @@ def _machine_record(row: MachineRow, block_ids: tuple[str, ...]) -> Machine:
     )
 
 
-def _event_record(row: MachineEventRow) -> MachineEvent:
+def _event_record(row: Row[Any]) -> MachineEvent:
     return MachineEvent(row.id, row.machine_id, row.at, row.from_state, row.to_state, row.message)
 
 
-def _usage_record(row: UsageRecordRow) -> UsageRecord:
+def _usage_record(row: Row[Any]) -> UsageRecord:
     return UsageRecord(
         id=row.id,
         machine_id=row.machine_id,

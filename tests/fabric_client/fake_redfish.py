@@ -89,6 +89,9 @@ class FakeRedfish:
         self.versions: dict[str, int] = {"host-1": 1, "host-2": 1}
         self.oem: dict[str, dict[str, Any]] = {"host-1": {}, "host-2": {}}
         self.gpus = ("gpu-1", "gpu-2", "gpu-3")
+        self.latency = 0.0  # seconds each answer takes, as a busy service's would
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -353,6 +356,16 @@ class _Handler(RequestHandler):
         self.service = server.service
 
     async def _answer(self) -> None:
+        self.service.in_flight += 1
+        self.service.most_in_flight = max(self.service.most_in_flight, self.service.in_flight)
+        try:
+            if self.service.latency:
+                await asyncio.sleep(self.service.latency)
+            await self._answer_now()
+        finally:
+            self.service.in_flight -= 1
+
+    async def _answer_now(self) -> None:
         method, path = self.request.method or "", self.request.path
         self.service.requests.append((method, self.request.uri or ""))
         fault = self.service.take_fault(method, path)

@@ -96,6 +96,27 @@ async def test_wrong_password_is_an_auth_error(fake_service: FakeRedfishServer) 
     assert fake_service.service.logins == 0
 
 
+@pytest.mark.parametrize(("cap", "most"), [(2, 2), (64, 10)])
+async def test_requests_in_flight_never_exceed_the_cap(
+    fake_service: FakeRedfishServer, cap: int, most: int
+) -> None:
+    fabric = RedfishFabric(fake_service.url, username=USER, password=PASSWORD, max_in_flight=cap)
+    await fabric.host_mark("host-1")  # log in and discover first: only the reads race
+    fake_service.service.latency = 0.02
+    fake_service.service.most_in_flight = 0
+    try:
+        marks = await asyncio.gather(*(fabric.host_mark("host-1") for _ in range(10)))
+    finally:
+        await fabric.close()
+    assert len(marks) == 10
+    assert fake_service.service.most_in_flight == most
+
+
+def test_a_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_in_flight"):
+        RedfishFabric("http://127.0.0.1:1", username=USER, password=PASSWORD, max_in_flight=0)
+
+
 async def test_basic_auth_when_the_service_has_no_sessions() -> None:
     server = FakeRedfishServer(FakeRedfish(sessions=False))
     server.start()

@@ -31,6 +31,7 @@ from composespawner.fabric.redfish.errors import (
 )
 from composespawner.fabric.redfish.mapping import Document, dig
 from composespawner.fabric.redfish.transport import (
+    MAX_IN_FLIGHT,
     SERVICE_ROOT,
     Deadline,
     RedfishRetry,
@@ -108,6 +109,7 @@ class RedfishFabric:
         retry: RedfishRetry = DEFAULT_RETRY,
         verify_tls: bool = True,
         log: logging.Logger | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self._log = log or logging.getLogger(DEFAULT_LOGGER)
         self._timeouts = timeouts
@@ -120,6 +122,7 @@ class RedfishFabric:
             retry=retry,
             verify_tls=verify_tls,
             log=self._log,
+            max_in_flight=max_in_flight,
         )
         self._service: ServiceMap | None = None
         self._action_targets: dict[tuple[str, str], str] = {}

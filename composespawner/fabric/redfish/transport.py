@@ -42,9 +42,10 @@ Clock = Callable[[], float]
 
 SERVICE_ROOT = "/redfish/v1/"
 DEFAULT_SESSIONS = "/redfish/v1/SessionService/Sessions"
-# Bound on requests in flight to one service: BMC-class Redfish services fall
-# over under wide fan-out, and discovery fans out one request per member.
-MAX_IN_FLIGHT = 16
+# Default bound on requests in flight to one service. Discovery fans out one
+# request per member and a spawn storm sends several per spawn: too low a bound
+# queues every spawn behind it; BMC-class services want it lower (8-16).
+MAX_IN_FLIGHT = 64
 # Answers to POST Sessions that mean "this service has no sessions": fall back
 # to HTTP Basic, which every Redfish service must accept (DSP0266 §13.3).
 _NO_SESSIONS = frozenset({404, 405, 501})
@@ -207,7 +208,10 @@ class RedfishTransport:
         retry: RedfishRetry,
         verify_tls: bool,
         log: logging.Logger,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
         self._origin = origin_of(base_url)
         self._username = username
         self._password = password
@@ -217,7 +221,8 @@ class RedfishTransport:
         self._log = log
         self._session = _Session()
         self._login_lock = asyncio.Lock()
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._max_in_flight = max_in_flight
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._client: SimpleAsyncHTTPClient | None = None
 
     # -- requests ---------------------------------------------------------------
@@ -319,7 +324,9 @@ class RedfishTransport:
         # Made lazily: tornado binds a client to the event loop running when it
         # is made, and a fabric object is usually configured before any loop runs.
         if self._client is None:
-            self._client = SimpleAsyncHTTPClient(force_instance=True, max_clients=MAX_IN_FLIGHT)
+            self._client = SimpleAsyncHTTPClient(
+                force_instance=True, max_clients=self._max_in_flight
+            )
         return self._client
 
     # -- retries ----------------------------------------------------------------

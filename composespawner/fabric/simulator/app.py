@@ -170,7 +170,7 @@ class RedfishHandler(tornado.web.RequestHandler):
         if etag:
             self.set_header("ETag", etag)
         self.set_header("Allow", self.ALLOW)
-        self.finish(json.dumps(payload, indent=1))
+        self.finish(json.dumps(payload))
 
     def send_accepted(self, task: Task) -> None:
         """202 for a running task: where to poll and when."""
@@ -218,7 +218,7 @@ class RedfishHandler(tornado.web.RequestHandler):
         if isinstance(error, ServiceTemporarilyUnavailable):
             self.set_header("Retry-After", error.message_args[0])
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps(error.body(), indent=1))
+        self.finish(json.dumps(error.body()))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # A refusal is an answer, not a crash: the access log line says enough.
@@ -385,7 +385,7 @@ class SimHandler(tornado.web.RequestHandler):
     def send_json(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps(payload, indent=1))
+        self.finish(json.dumps(payload))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc_info = kwargs.get("exc_info")

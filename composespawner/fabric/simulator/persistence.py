@@ -41,7 +41,7 @@ class StateFile:
     def save(self, document: dict[str, Any]) -> None:
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            temporary.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+            temporary.write_text(json.dumps(document) + "\n", encoding="utf-8")
             os.replace(temporary, self.path)
         except OSError as err:
             raise StateFileError(f"cannot write {self.path}: {err}") from err
