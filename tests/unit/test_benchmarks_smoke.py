@@ -146,10 +146,13 @@ def test_percentiles() -> None:
 
 @pytest.mark.e2e
 def test_spawn_storm_on_three_users(tmp_path: Path) -> None:
-    """Both hubs at toy size (~10 s): everyone ready, nothing double-held or left after."""
-    spawn_storm.main(["--users", "3", "--out", str(tmp_path / "storm.json")])
+    """Both hubs at toy size, two rounds (~20 s): everyone ready, nothing double-held or left."""
+    spawn_storm.main(["--users", "3", "--rounds", "2", "--out", str(tmp_path / "storm.json")])
     storm = json.loads((tmp_path / "storm.json").read_text())
-    assert storm["compose"]["ready"] == storm["stock"]["ready"] == 3
+    assert storm["rounds"] == len(storm["per_round"]) == 2
+    assert all(r["compose"]["ready"] == r["stock"]["ready"] == 3 for r in storm["per_round"])
+    ratios = sorted(r["p95_ratio"] for r in storm["per_round"])
+    assert storm["p95_ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two
     assert storm["failures"] == storm["stock_failures"] == storm["http_429"] == 0
     assert storm["double_holders"] == storm["leaked_devices"] == 0
     assert storm["peak_live_machines"] == 3
