@@ -290,11 +290,7 @@ class Ledger:
 
     def holders(self) -> dict[str, str]:
         """block_id → machine_id for every held block."""
-        query = select(DEVICES.c.block_id, DEVICES.c.machine_id).where(
-            DEVICES.c.machine_id.is_not(None)
-        )
-        with self._engine.begin() as connection:
-            return {block: cast(str, holder) for block, holder in connection.execute(query)}
+        return self._blocks_with("machine_id")
 
     def held_by(self, machine_id: str) -> list[str]:
         with self._engine.begin() as connection:
@@ -307,11 +303,14 @@ class Ledger:
 
     def device_owners(self) -> dict[str, str]:
         """block_id → owner group, for co-located devices."""
-        query = select(DEVICES.c.block_id, DEVICES.c.owner_group).where(
-            DEVICES.c.owner_group.is_not(None)
-        )
+        return self._blocks_with("owner_group")
+
+    def _blocks_with(self, column: str) -> dict[str, str]:
+        """block_id → ``column`` for every device where it is set."""
+        value = DEVICES.c[column]
+        query = select(DEVICES.c.block_id, value).where(value.is_not(None))
         with self._engine.begin() as connection:
-            return {block: cast(str, group) for block, group in connection.execute(query)}
+            return {block: cast(str, found) for block, found in connection.execute(query)}
 
     def events(self, machine_id: str) -> list[MachineEvent]:
         query = select(EVENTS).where(EVENTS.c.machine_id == machine_id).order_by(EVENTS.c.id)
