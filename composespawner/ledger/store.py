@@ -592,35 +592,14 @@ def _usage_values(machine: Row[Any], device: Row[Any], now: datetime) -> dict[st
 
 
 def _machine_record(row: Row[Any], block_ids: tuple[str, ...]) -> Machine:
-    return Machine(
-        id=row.id,
-        user_name=row.user_name,
-        server_name=row.server_name,
-        state=row.state,
-        host_id=row.host_id,
-        zone=row.zone,
-        request=copy.deepcopy(row.request),
-        failure=row.failure,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        ended_at=row.ended_at,
-        block_ids=block_ids,
-    )
+    # The tables' column names are the records' field names.
+    columns = row._mapping
+    return Machine(**{**columns, "request": copy.deepcopy(columns["request"])}, block_ids=block_ids)
 
 
 def _event_record(row: Row[Any]) -> MachineEvent:
-    return MachineEvent(row.id, row.machine_id, row.at, row.from_state, row.to_state, row.message)
+    return MachineEvent(**row._mapping)
 
 
 def _usage_record(row: Row[Any]) -> UsageRecord:
-    return UsageRecord(
-        id=row.id,
-        machine_id=row.machine_id,
-        user_name=row.user_name,
-        server_name=row.server_name,
-        block_id=row.block_id,
-        kind=row.kind,
-        model=row.model,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-    )
+    return UsageRecord(**row._mapping)
