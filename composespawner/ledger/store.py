@@ -10,9 +10,10 @@ How the invariants hold:
 * one holder per device (1): ``devices.machine_id`` is the only holder column,
   and a claim sets it with ``UPDATE ... WHERE machine_id IS NULL``, checking
   the rowcount;
-* quota (3): a claim locks the user's ``quota_accounts`` row first (SQLite:
-  the whole database, by ``BEGIN IMMEDIATE``), so two claims of one user
-  cannot both count the GPUs in use before either takes its own;
+* quota (3): a claim locks the user's ``quota_accounts`` row first, so two
+  claims of one user cannot both count the GPUs in use before either takes
+  its own (SQLite needs no row: ``BEGIN IMMEDIATE`` already holds the whole
+  database's write lock for the transaction);
 * no deadlock between claims of different users on PostgreSQL: device rows are
   locked in ``block_id`` order;
 * one-way lifecycle (7): every state change is a compare-and-set on the state
@@ -23,7 +24,9 @@ How the invariants hold:
 Transactions are SQLAlchemy Core statements on a connection, not ORM
 sessions: the ledger sits on the hub's spawn path, and the unit of work and
 identity map cost several times more CPU than the statements themselves. The
-ORM models in ``models.py`` still define the tables and their types.
+statements every spawn runs are built once, with bind parameters, so each
+execution skips building and hashing them again. The ORM models in
+``models.py`` still define the tables and their types.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from sqlalchemy import (
     Row,
     Table,
     and_,
+    bindparam,
     event,
     func,
     insert,
@@ -153,17 +157,15 @@ class Ledger:
         machine_id = uuid.uuid4().hex
         try:
             with self._writing.begin() as connection:
-                live = _live_row(connection, user, server)
-                if live is not None:
-                    raise ServerBusy(user, server, live.id, live.state)
                 connection.execute(
-                    insert(MACHINES), _new_machine(machine_id, user, server, request, now)
+                    _INSERT_MACHINE, _new_machine(machine_id, user, server, request, now)
                 )
                 connection.execute(
-                    insert(EVENTS), _event(machine_id, now, None, REQUESTED, "requested")
+                    _INSERT_EVENT, _event(machine_id, now, None, REQUESTED, "requested")
                 )
         except IntegrityError as err:
-            # A concurrent request won the unique index on live (user, server).
+            # The unique index on live (user, server): that server has a live machine
+            # (ours from an earlier start, or a concurrent request's).
             live_machine = self.live_machine(user, server)
             if live_machine is None:
                 raise
@@ -217,14 +219,35 @@ class Ledger:
         """
         if to == CLAIMED:
             raise ValueError("a machine enters 'claimed' only through claim(), which takes devices")
+        if to not in TERMINAL:
+            return self.advance(machine_id, (to, message), failure=failure)
+        now = self._now()
+        with self._writing.begin() as connection:
+            return _end(connection, _machine_row(connection, machine_id), to, now, message, failure)
+
+    def advance(
+        self, machine_id: str, *steps: tuple[str, str], failure: str | None = None
+    ) -> Machine:
+        """Take several non-terminal steps (state, message) in one transaction.
+
+        Each step is checked and recorded as :meth:`transition` does it, with its
+        own event; either all are taken or none. For steps that follow each
+        other with nothing in between (``composed``, then ``launching``), this
+        is one commit instead of one per step.
+        """
+        if not steps:
+            raise ValueError("advance needs at least one step")
+        bad = [to for to, _ in steps if to == CLAIMED or to in TERMINAL]
+        if bad:
+            raise ValueError(f"advance takes non-terminal steps other than 'claimed', not {bad}")
         now = self._now()
         with self._writing.begin() as connection:
             machine = _machine_row(connection, machine_id)
-            if to in TERMINAL:
-                return _end(connection, machine, to, now, message, failure)
-            _move(connection, machine, to, now, message, **_failure(failure))
-            held = _held_blocks(connection, [machine_id]).get(machine_id, ())
-            return _moved(machine, to, now, held, **_failure(failure))
+            at = machine.state
+            for to, message in steps:
+                _move(connection, machine, to, now, message, at=at, **_failure(failure))
+                at = to
+            return _moved(machine, at, now, _held_by(connection, machine_id), **_failure(failure))
 
     def release(
         self,
@@ -264,7 +287,7 @@ class Ledger:
             row = _find_machine(connection, machine_id)
             if row is None:
                 return None
-            return _machine_record(row, _held_blocks(connection, [machine_id]).get(machine_id, ()))
+            return _machine_record(row, tuple(_held_by(connection, machine_id)))
 
     def live_machine(self, user: str, server: str) -> Machine | None:
         with self._engine.begin() as connection:
@@ -342,8 +365,57 @@ USAGE = cast(Table, UsageRecordRow.__table__)
 QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)
 
 
+# Statements every spawn runs, built once. Bind parameters named after a column
+# would clash with UPDATE's SET parameters, hence the b_ prefix.
+_MACHINE_BY_ID = select(MACHINES).where(MACHINES.c.id == bindparam("b_machine_id"))
+_HELD_BY_MACHINE = (
+    select(DEVICES.c.block_id)
+    .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
+    .order_by(DEVICES.c.block_id)
+)
+# SET comes from the execution's other parameters: state, updated_at and the rest.
+_MOVE_MACHINE = update(MACHINES).where(
+    MACHINES.c.id == bindparam("b_machine_id"), MACHINES.c.state == bindparam("b_from_state")
+)
+_INSERT_MACHINE = insert(MACHINES)
+_INSERT_EVENT = insert(EVENTS)
+_INSERT_USAGE = insert(USAGE)
+_DEVICES_HELD_BY = (
+    select(DEVICES)
+    .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
+    .order_by(DEVICES.c.block_id)
+)
+_FREE_DEVICES_OF = (
+    update(DEVICES)
+    .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
+    .values(machine_id=None, held_since=None)
+)
+# Sorted: two claims wanting overlapping blocks lock them in the same order.
+_LOCK_DEVICES = (
+    select(DEVICES)
+    .where(DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)))
+    .order_by(DEVICES.c.block_id)
+    .with_for_update()
+)
+_TAKE_FREE_DEVICES = (
+    update(DEVICES)
+    .where(
+        DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
+        DEVICES.c.machine_id.is_(None),
+    )
+    .values(machine_id=bindparam("b_machine_id"), held_since=bindparam("b_now"))
+)
+_GPU_USE = (
+    select(MACHINES.c.server_name, func.count(DEVICES.c.block_id))
+    .outerjoin(DEVICES, and_(DEVICES.c.machine_id == MACHINES.c.id, DEVICES.c.kind == "gpu"))
+    .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
+    .group_by(MACHINES.c.server_name)
+    .order_by(MACHINES.c.server_name)
+)
+
+
 def _find_machine(connection: Connection, machine_id: str) -> Row[Any] | None:
-    return connection.execute(select(MACHINES).where(MACHINES.c.id == machine_id)).first()
+    return connection.execute(_MACHINE_BY_ID, {"b_machine_id": machine_id}).first()
 
 
 def _machine_row(connection: Connection, machine_id: str) -> Row[Any]:
@@ -365,6 +437,8 @@ def _live_row(connection: Connection, user: str, server: str) -> Row[Any] | None
 def _lock_quota_account(connection: Connection, user: str, now: datetime) -> None:
     """Create-if-absent, then lock, the user's account row: their claims queue up here."""
     dialect = connection.dialect.name
+    if dialect == "sqlite":
+        return  # BEGIN IMMEDIATE took the database's write lock: every claim queues already
     insert_account = postgresql.insert if dialect == "postgresql" else sqlite.insert
     connection.execute(
         insert_account(QUOTA_ACCOUNTS)
@@ -379,14 +453,7 @@ def _lock_quota_account(connection: Connection, user: str, now: datetime) -> Non
 
 
 def _lock_devices(connection: Connection, wanted: Sequence[str]) -> list[Row[Any]]:
-    # Sorted: two claims wanting overlapping blocks lock them in the same order.
-    query = (
-        select(DEVICES)
-        .where(DEVICES.c.block_id.in_(wanted))
-        .order_by(DEVICES.c.block_id)
-        .with_for_update()
-    )
-    return list(connection.execute(query))
+    return list(connection.execute(_LOCK_DEVICES, {"b_blocks": list(wanted)}))
 
 
 def _check_claimable(
@@ -411,9 +478,7 @@ def _take_devices(
     if taken:
         raise DevicesTaken(taken)
     result = connection.execute(
-        update(DEVICES)
-        .where(DEVICES.c.block_id.in_(wanted), DEVICES.c.machine_id.is_(None))
-        .values(machine_id=machine_id, held_since=now)
+        _TAKE_FREE_DEVICES, {"b_blocks": list(wanted), "b_machine_id": machine_id, "b_now": now}
     )
     if _rowcount(result) != len(wanted):
         # The compare-and-set is the guarantee; the check above only names the culprits.
@@ -426,19 +491,30 @@ def _move(
     to: str,
     now: datetime,
     message: str,
+    *,
+    at: str | None = None,
     **values: Any,
 ) -> None:
-    """Compare-and-set the machine's state and append the event for it."""
-    from_state = machine.state
+    """Compare-and-set the machine's state and append the event for it.
+
+    ``at``: the state this transaction already moved the machine to, if any
+    (the row was read before).
+    """
+    from_state = machine.state if at is None else at
     check_transition(from_state, to)
     result = connection.execute(
-        update(MACHINES)
-        .where(MACHINES.c.id == machine.id, MACHINES.c.state == from_state)
-        .values(state=to, updated_at=now, **values)
+        _MOVE_MACHINE,
+        {
+            "b_machine_id": machine.id,
+            "b_from_state": from_state,
+            "state": to,
+            "updated_at": now,
+            **values,
+        },
     )
     if _rowcount(result) != 1:
         raise IllegalTransition(from_state, to, "the machine changed state meanwhile")
-    connection.execute(insert(EVENTS), _event(machine.id, now, from_state, to, message))
+    connection.execute(_INSERT_EVENT, _event(machine.id, now, from_state, to, message))
 
 
 def _end(
@@ -450,30 +526,23 @@ def _end(
     failure: str | None,
 ) -> Machine:
     """Enter a terminal state: free every device held and record who used it."""
-    ended = {"ended_at": now, **_failure(failure)}
+    ended: dict[str, Any] = {"ended_at": now, **_failure(failure)}
     _move(connection, machine, to, now, message, **ended)
-    held = connection.execute(
-        select(DEVICES).where(DEVICES.c.machine_id == machine.id).order_by(DEVICES.c.block_id)
-    ).all()
+    held = connection.execute(_DEVICES_HELD_BY, {"b_machine_id": machine.id}).all()
     if held:
-        connection.execute(insert(USAGE), [_usage_values(machine, d, now) for d in held])
-        connection.execute(
-            update(DEVICES)
-            .where(DEVICES.c.machine_id == machine.id)
-            .values(machine_id=None, held_since=None)
-        )
+        connection.execute(_INSERT_USAGE, [_usage_values(machine, d, now) for d in held])
+        connection.execute(_FREE_DEVICES_OF, {"b_machine_id": machine.id})
     return _moved(machine, to, now, (), **ended)
 
 
 def _gpu_use(connection: Connection, user: str) -> list[ServerUse]:
-    query = (
-        select(MACHINES.c.server_name, func.count(DEVICES.c.block_id))
-        .outerjoin(DEVICES, and_(DEVICES.c.machine_id == MACHINES.c.id, DEVICES.c.kind == "gpu"))
-        .where(MACHINES.c.user_name == user, MACHINES.c.state.not_in(TERMINAL))
-        .group_by(MACHINES.c.server_name)
-        .order_by(MACHINES.c.server_name)
-    )
-    return [ServerUse(server, gpus) for server, gpus in connection.execute(query)]
+    return [
+        ServerUse(server, gpus) for server, gpus in connection.execute(_GPU_USE, {"b_user": user})
+    ]
+
+
+def _held_by(connection: Connection, machine_id: str) -> list[str]:
+    return list(connection.scalars(_HELD_BY_MACHINE, {"b_machine_id": machine_id}))
 
 
 def _held_blocks(connection: Connection, machine_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:

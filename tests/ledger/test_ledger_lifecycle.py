@@ -79,6 +79,42 @@ def test_failure_reason_is_kept_on_the_machine(ledger: Ledger, machine_in: Machi
     assert failed.ended_at is not None
 
 
+def test_advance_takes_several_steps_in_one_transaction(
+    ledger: Ledger, gpus: list[str], machine_in: MachineMaker
+) -> None:
+    machine_id = machine_in("claimed", blocks=gpus[:2])
+    moved = ledger.advance(
+        machine_id, ("composed", "all devices attached"), ("launching", "starting notebook")
+    )
+    assert moved.state == "launching"
+    assert moved.block_ids == tuple(sorted(gpus[:2]))
+    assert ledger.machine(machine_id) == moved
+    last_two = [(e.from_state, e.to_state, e.message) for e in ledger.events(machine_id)[-2:]]
+    assert last_two == [
+        ("claimed", "composed", "all devices attached"),
+        ("composed", "launching", "starting notebook"),
+    ]
+
+
+def test_advance_is_all_or_nothing(ledger: Ledger, machine_in: MachineMaker) -> None:
+    machine_id = machine_in("claimed")
+    before, events = ledger.machine(machine_id), ledger.events(machine_id)
+    with pytest.raises(IllegalTransition, match="composed may go to"):
+        ledger.advance(machine_id, ("composed", "attached"), ("running", "skips launching"))
+    assert ledger.machine(machine_id) == before
+    assert ledger.events(machine_id) == events
+
+
+@pytest.mark.parametrize("step", ["claimed", "released", "failed"])
+def test_advance_refuses_claims_and_endings(
+    ledger: Ledger, machine_in: MachineMaker, step: str
+) -> None:
+    machine_id = machine_in("requested")
+    with pytest.raises(ValueError, match="non-terminal"):
+        ledger.advance(machine_id, (step, "not through advance"))
+    assert ledger.machine(machine_id).state == "requested"  # type: ignore[union-attr]
+
+
 def test_only_claim_enters_claimed(ledger: Ledger, machine_in: MachineMaker) -> None:
     machine_id = machine_in("requested")
     with pytest.raises(ValueError, match="claim"):
