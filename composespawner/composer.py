@@ -135,17 +135,28 @@ class Composer:
         # apart, across processes too.
         self._reserved: dict[str, int | None] = {}
         self._claims_committed = 0
+        # The ledger's holders as placement last read them, with _claims_committed
+        # and the clock when that read began; None: read again before placing.
+        self._holders: tuple[Mapping[str, str], int, float] | None = None
+        self._holders_lock = asyncio.Lock()
 
     # -- reading ---------------------------------------------------------
 
     async def inventory(self, *, fresh: bool = False) -> Inventory:
-        """The fabric's inventory, cached for ``snapshot_ttl`` seconds."""
+        """The fabric's inventory, cached for ``snapshot_ttl`` seconds.
+
+        ``fresh``: read after this call began; a read that began meanwhile (for
+        another spawn waiting on the lock) will do.
+        """
+        asked = time.monotonic()
         async with self._inventory_lock:
-            stale = time.monotonic() - self._inventory_at > self.snapshot_ttl
-            if fresh or stale or self._inventory is None:
+            began = self._inventory_at
+            stale = asked - began > self.snapshot_ttl or (fresh and began < asked)
+            if stale or self._inventory is None:
+                began = time.monotonic()
                 inventory = await self.fabric.inventory()
                 await self._sync_ledger(inventory)
-                self._inventory, self._inventory_at = inventory, time.monotonic()
+                self._inventory, self._inventory_at = inventory, began
             return self._inventory
 
     def owners(self, inventory: Inventory) -> dict[str, str]:
@@ -197,8 +208,13 @@ class Composer:
         request: MachineRequest,
         gpu_limit: int | None,
         progress: Progress,
+        then: tuple[str, str] | None = None,
     ) -> ComposedMachine:
-        """Claim, then attach; all-or-nothing. Raises ComposeRefused or ComposeFailed."""
+        """Claim, then attach; all-or-nothing. Raises ComposeRefused or ComposeFailed.
+
+        ``then``: a next lifecycle step (state, message) the caller takes at once,
+        recorded in the same ledger transaction as ``composed``.
+        """
         ask = self._ask(request)
         try:
             machine_id = await _write_in_thread(
@@ -222,7 +238,8 @@ class Composer:
             raise
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
-        await _in_thread(self.ledger.transition, machine_id, "composed", "all devices attached")
+        steps = [("composed", "all devices attached"), *([then] if then else [])]
+        await _in_thread(self.ledger.advance, machine_id, *steps)
         return ComposedMachine(
             machine_id=machine_id,
             host=plan.host.system_id,
@@ -254,12 +271,17 @@ class Composer:
         gpu_limit: int | None,
         progress: Progress,
     ) -> Plan:
+        fresh = False
         for attempt in range(CLAIM_ATTEMPTS):
-            inventory = await self.inventory(fresh=attempt > 0)
-            read_after = self._claims_committed
-            held = await _in_thread(self.ledger.holders)
+            inventory = await self.inventory(fresh=fresh)
+            held, read_after = await self._held(fresh=fresh)
             # From here to the reservation nothing awaits: no other spawn interleaves.
             plan = place(self._pool(inventory, held, read_after, groups), ask)
+            if isinstance(plan, NoFit) and not fresh and attempt + 1 < CLAIM_ATTEMPTS:
+                # Our snapshot may predate another hub's release: look again
+                # before telling the user nothing fits.
+                fresh = True
+                continue
             if isinstance(plan, NoFit):
                 await self._fail_unclaimed(machine_id, plan.reason)
                 raise ComposeRefused(plan.reason, status=409)
@@ -283,6 +305,7 @@ class Composer:
             except DevicesTaken:
                 self._unreserve(blocks)
                 self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
+                fresh = True
                 continue
             except BaseException:
                 self._unreserve(blocks)
@@ -293,6 +316,28 @@ class Composer:
         reason = "The devices you chose were taken by other users while we claimed them. Try again."
         await self._fail_unclaimed(machine_id, reason)
         raise ComposeRefused(reason, status=409)
+
+    async def _held(self, *, fresh: bool) -> tuple[Mapping[str, str], int]:
+        """The ledger's holders for placement, and how many of our claims it includes.
+
+        Read once per inventory snapshot, not per claim: in a rush every spawn
+        would otherwise read the whole holder table. A stale read cannot cause a
+        double holder: our own claims since it are reserved in-process, and the
+        claim's compare-and-set refuses devices another hub took meanwhile (then
+        we read again). Our releases drop it, so freed devices show at once.
+        """
+        asked = time.monotonic()
+        async with self._holders_lock:  # one read at a time serves every spawn waiting
+            cached = self._holders
+            if (
+                cached is None
+                or (fresh and cached[2] < asked)
+                or asked - cached[2] > self.snapshot_ttl
+            ):
+                started, read_after = time.monotonic(), self._claims_committed
+                held = await _in_thread(self.ledger.holders)
+                cached = self._holders = (held, read_after, started)
+        return cached[0], cached[1]
 
     def _pool(
         self, inventory: Inventory, held: Mapping[str, str], read_after: int, groups: frozenset[str]
@@ -376,6 +421,7 @@ class Composer:
             failure=reason if failed else None,
         )
         self._inventory_at = 0.0  # the next form should see these devices free
+        self._holders = None  # and the next placement
         self.log.info("Released machine %s (%s): %s", machine_id, end, reason)
 
     async def _detach_all(self, machine_id: str, host: str, held: Sequence[str]) -> None:

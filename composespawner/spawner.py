@@ -255,6 +255,7 @@ class ComposeMixin(Spawner):
                 request=request,
                 gpu_limit=self.max_gpus_per_user or None,
                 progress=self._progress,
+                then=("launching", "starting notebook"),
             )
         except ComposeRefused as e:
             raise ComposeRefusal(str(e), reason="no-capacity", status_code=e.status) from e
@@ -262,13 +263,8 @@ class ComposeMixin(Spawner):
             raise ComposeRefusal(str(e), reason="fabric", status_code=503) from e
 
     async def _launch(self) -> Any:
+        """Start the notebook on the composed machine (the ledger says ``launching``)."""
         assert self.machine is not None
-        await asyncio.to_thread(
-            self.composer.ledger.transition,
-            self.machine.machine_id,
-            "launching",
-            "starting notebook",
-        )
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
         await asyncio.to_thread(

@@ -573,3 +573,73 @@ async def test_compose_cancelled_during_the_claim_holds_nothing(
         what="the claim released",
         within=2.0,
     )
+
+
+# ---------------------------------------------------------------------------
+# Two hubs on one ledger and fabric: placement reads holders once per snapshot
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def two_hubs(tmp_path: Path) -> AsyncIterator[tuple[Composer, Composer, Ledger]]:
+    """Hubs A and B sharing a ledger and a fabric, each caching for a minute."""
+    url = f"sqlite:///{tmp_path}/shared.sqlite"
+    Ledger(url).upgrade()
+    fabric = InProcessFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml")
+    hubs = [
+        Composer(
+            ledger=Ledger(url),
+            fabric=InProcessFabric(fabric.state),
+            catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
+            hub_id=f"hub-{name}",
+            snapshot_ttl=60,
+        )
+        for name in "ab"
+    ]
+    yield hubs[0], hubs[1], Ledger(url)
+    for hub in hubs:
+        await hub.close()
+
+
+async def compose_on(hub: Composer, user: str, request: MachineRequest) -> ComposedMachine:
+    return await hub.compose(
+        user=user,
+        groups=frozenset(),
+        server="",
+        request=request,
+        gpu_limit=None,
+        progress=ignore_progress,
+    )
+
+
+async def test_a_stale_holders_read_never_refuses_what_another_hub_freed(
+    two_hubs: tuple[Composer, Composer, Ledger],
+) -> None:
+    a, b, ledger = two_hubs
+    first = await compose_on(a, "alice", ask("h100", 2))
+    await compose_on(a, "amir", ask("h100", 2))
+    with pytest.raises(ComposeRefused):
+        await compose_on(b, "bo", ask("h100", 2))  # B's cached read: every H100 held
+
+    await a.release(first.machine_id, reason="done")
+    again = await compose_on(b, "bea", ask("h100", 2))
+
+    assert {g.block_id for g in again.gpus} == {g.block_id for g in first.gpus}
+    assert {ledger.holders()[g.block_id] for g in again.gpus} == {again.machine_id}
+
+
+async def test_a_stale_holders_read_never_makes_a_double_holder(
+    two_hubs: tuple[Composer, Composer, Ledger],
+) -> None:
+    a, b, ledger = two_hubs
+    await compose_on(b, "bo", ask("t4", 1))  # B reads holders while almost all is free
+    t4s_left = [d for d in (await a.inventory()).devices if d.model == "NVIDIA T4"][1:]
+    taken = [await compose_on(a, f"a{i}", ask("t4", 1)) for i in range(len(t4s_left) - 1)]
+
+    late = await compose_on(b, "bea", ask("t4", 1))  # B's read still shows them free
+
+    holders = ledger.holders()
+    assert holders[late.gpus[0].block_id] == late.machine_id
+    assert late.gpus[0].block_id not in {m.gpus[0].block_id for m in taken}
+    with pytest.raises(ComposeRefused):
+        await compose_on(b, "bex", ask("t4", 1))  # and now every T4 is held
