@@ -89,6 +89,8 @@ class FakeRedfish:
         self.versions: dict[str, int] = {"host-1": 1, "host-2": 1}
         self.oem: dict[str, dict[str, Any]] = {"host-1": {}, "host-2": {}}
         self.gpus = ("gpu-1", "gpu-2", "gpu-3")
+        # A PATCH answers 204 by default; with this, 200 and the system as it left it.
+        self.patch_answers_resource = False
         self.latency = 0.0  # seconds each answer takes, as a busy service's would
         self.in_flight = 0
         self.most_in_flight = 0
@@ -270,6 +272,8 @@ class FakeRedfish:
             return Reply(409, error_body("Composition.1.1.3.ResourceBlockInUse", block_id))
         self.attached[system_id].append(block_id)
         self.versions[system_id] += 1
+        if self.patch_answers_resource:
+            return Reply(200, self.system(system_id), {"ETag": self.etag(system_id)})
         return Reply(204)
 
     def remove(self, system_id: str, block_id: str) -> Reply:
@@ -277,6 +281,8 @@ class FakeRedfish:
             return Reply(400, error_body("Composition.1.1.3.ResourceBlockNotFound", block_id))
         self.attached[system_id].remove(block_id)
         self.versions[system_id] += 1
+        if self.patch_answers_resource:
+            return Reply(200, self.system(system_id), {"ETag": self.etag(system_id)})
         return Reply(204)
 
     def patch_system(self, system_id: str, headers: dict[str, str], payload: Any) -> Reply:
@@ -292,6 +298,8 @@ class FakeRedfish:
             else:
                 self.oem[system_id][key] = value
         self.versions[system_id] += 1
+        if self.patch_answers_resource:
+            return Reply(200, self.system(system_id), {"ETag": self.etag(system_id)})
         return Reply(204)
 
     # -- tasks -----------------------------------------------------------------------------

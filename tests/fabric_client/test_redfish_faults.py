@@ -471,6 +471,53 @@ async def test_tag_retries_a_stale_etag(
     assert count(fake_service.service, "PATCH", HOST1) == 2
 
 
+async def test_attach_after_tagging_starts_from_the_tag_answer(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.patch_answers_resource = True
+    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    # One read, before the PATCH; the attach used the PATCH's answer and its ETag.
+    assert count(fake_service.service, "GET", HOST1) == 1
+    await fabric.attach("host-1", "gpu-2")  # nothing remembered now: read first
+    assert count(fake_service.service, "GET", HOST1) == 2
+
+
+async def test_a_remembered_etag_gone_stale_is_read_again(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    fake_service.service.patch_answers_resource = True
+    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    fake_service.service.versions["host-1"] += 1  # someone else changed the system
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "POST", ADD1) == 2  # stale, then fresh
+
+
+async def test_remembered_answers_never_say_done(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.attach("host-1", "gpu-1")
+    await fabric.host_mark("host-1")  # remembers host-1 with gpu-1 attached
+    fake_service.service.attached["host-1"].clear()  # detached behind our back
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "POST", ADD1) == 2
+
+
+async def test_detach_after_reading_the_mark_starts_from_that_read(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    await fabric.attach("host-1", "gpu-1")
+    reads = count(fake_service.service, "GET", HOST1)
+    _, linked = await fabric.host_mark("host-1")
+    assert "gpu-1" in linked
+    await fabric.detach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == []
+    assert count(fake_service.service, "GET", HOST1) == reads + 1
+
+
 def test_timeouts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="operation"):
         RedfishTimeouts(operation=0)

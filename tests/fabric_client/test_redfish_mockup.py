@@ -17,6 +17,7 @@ import pytest
 from composespawner.fabric.base import Device, Fabric, FabricAuthError, FabricRefused, Host
 from composespawner.fabric.mockserver import MockupServer
 from composespawner.fabric.redfish import RedfishFabric
+from composespawner.fabric.redfish import client as redfish_client
 
 from .conftest import COMPOSABILITY_MOCKUP, FAST_RETRY, FAST_TIMEOUTS, MOCKUP_CREDENTIALS
 
@@ -163,3 +164,43 @@ def test_the_client_is_a_fabric() -> None:
     fabric = RedfishFabric("http://127.0.0.1:1", username="u", password="p")
     assert isinstance(fabric, Fabric)
     assert COMPOSABILITY_MOCKUP.is_dir()
+
+
+def _part_reads(server: MockupServer) -> list[str]:
+    """GETs of single resources below a block: the device parts."""
+    gets = [uri for method, uri in server.requests if method == "GET"]
+    return [u for u in gets if "/ResourceBlocks/" in u and "$expand" not in u]
+
+
+async def test_device_parts_are_read_once_then_remembered(mockup_server: MockupServer) -> None:
+    fabric = client_for(mockup_server)
+    try:
+        first = await fabric.inventory()
+        assert _part_reads(mockup_server), "the first inventory reads every device's parts"
+        mockup_server.requests.clear()
+        again = await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert again == first
+    assert _part_reads(mockup_server) == []
+    collections = sorted(u.split("?")[0] for m, u in mockup_server.requests if m == "GET")
+    assert collections == [
+        "/redfish/v1/CompositionService/ResourceBlocks",
+        "/redfish/v1/CompositionService/ResourceZones",
+        "/redfish/v1/Systems",
+    ]
+
+
+async def test_remembered_parts_are_read_again_when_old(
+    mockup_server: MockupServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redfish_client, "_PART_MAX_AGE_S", 0.0)
+    fabric = client_for(mockup_server)
+    try:
+        await fabric.inventory()
+        read_first = sorted(_part_reads(mockup_server))
+        mockup_server.requests.clear()
+        await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert sorted(_part_reads(mockup_server)) == read_first

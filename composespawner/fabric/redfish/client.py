@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,6 +59,16 @@ _OPERATION_REFUSALS = frozenset(
 )
 # How long to wait between task polls when the monitor gives no Retry-After.
 _DEFAULT_TASK_POLL = 1.0
+# A device's parts (a GPU's Processor, a NIC's EthernetInterfaces, a Storage and
+# its Drives) describe the hardware, which does not change while its block is in
+# the fabric: an inventory reads each once, then only the three collections.
+# They are read again after this long, in case hardware was swapped behind an
+# unchanged URI.
+_PART_MAX_AGE_S = 300.0
+# A write's answer (the system as our tag PATCH left it, or the read of its
+# mark) may stand in for the GET the next change on that system starts with, for
+# this long: on a BMC-class service every round trip counts.
+_RECENT_SYSTEM_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +137,11 @@ class RedfishFabric:
         )
         self._service: ServiceMap | None = None
         self._action_targets: dict[tuple[str, str], str] = {}
+        self._parts: dict[str, tuple[Document, float]] = {}  # URI → (part, when read)
+        # system id → (its latest answer carrying an ETag, when it came); used once.
+        # The ETag guards it: if the system changed since, the service refuses the
+        # change as stale and we read the system afresh.
+        self._recent: dict[str, tuple[Response, float]] = {}
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -147,6 +163,7 @@ class RedfishFabric:
     async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
         async def read(deadline: Deadline) -> tuple[CompositionTag | None, tuple[str, ...]]:
             _, system = await self._system(system_id, deadline)
+            self._remember(system_id, system)
             document = system.document()
             return mapping.composition_tag(document), tuple(mapping.system_block_ids(document))
 
@@ -201,11 +218,28 @@ class RedfishFabric:
                 self._members(service.systems, service.expand, deadline),
             ]
         )
-        parts = await self._fetch_existing(
+        parts = await self._device_parts(
             (uri for block in blocks for uri in mapping.device_part_uris(block)), deadline
         )
-        parts |= await self._fetch_existing(mapping.storage_drive_uris(parts), deadline)
+        parts |= await self._device_parts(mapping.storage_drive_uris(parts), deadline)
+        # Forget parts of devices that left the fabric.
+        self._parts = {uri: self._parts[uri] for uri in parts}
         return mapping.build_inventory(blocks=blocks, zones=zones, systems=systems, parts=parts)
+
+    async def _device_parts(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
+        """Part documents by normalized URI: remembered ones, the rest fetched."""
+        now = time.monotonic()
+        known: dict[str, Document] = {}
+        missing = []
+        for uri in dict.fromkeys(mapping.normalized(u) for u in uris):
+            remembered = self._parts.get(uri)
+            if remembered is not None and now - remembered[1] < _PART_MAX_AGE_S:
+                known[uri] = remembered[0]
+            else:
+                missing.append(uri)
+        fetched = await self._fetch_existing(missing, deadline)
+        self._parts.update((uri, (part, now)) for uri, part in fetched.items())
+        return known | fetched
 
     async def _members(self, collection: str, expand: str | None, deadline: Deadline) -> list[Any]:
         """All members of a collection, expanded where the service can, else fetched."""
@@ -259,17 +293,30 @@ class RedfishFabric:
     ) -> None:
         service = await self._service_map(deadline)
         block_uri = f"{service.resource_blocks}/{quote(block_id, safe='')}"
-        for attempt in range(1, self._retry.etag_attempts + 1):
-            _, system = await self._system(system_id, deadline)
-            if (block_id in mapping.system_block_ids(system.document())) == change.attach:
-                self._log.info("%s %s / %s: already done", change.verb, block_id, system_id)
-                return
+        recent = self._recall(system_id)
+        if recent is not None and _is_done(recent, block_id, change):
+            recent = None  # only a fresh read may tell us it is done already
+        attempt = 0
+        while True:
+            if recent is not None:
+                system, recent, fresh = recent, None, False
+            else:
+                attempt += 1
+                _, system = await self._system(system_id, deadline)
+                fresh = True
+                if _is_done(system, block_id, change):
+                    self._log.info("%s %s / %s: already done", change.verb, block_id, system_id)
+                    return
             try:
                 await self._request_change(system_id, system, block_uri, change, deadline)
             except StaleETag:
-                if attempt == self._retry.etag_attempts:
+                if fresh and attempt >= self._retry.etag_attempts:
                     raise
-                self._log.warning("%s %s / %s: ETag went stale", change.verb, block_id, system_id)
+                # A remembered answer going stale is expected now and then: no warning.
+                level = logging.WARNING if fresh else logging.DEBUG
+                self._log.log(
+                    level, "%s %s / %s: ETag went stale", change.verb, block_id, system_id
+                )
                 continue
             except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
                 await self._settle(system_id, block_id, change, exc, deadline)
@@ -318,6 +365,7 @@ class RedfishFabric:
 
     async def _tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
         wanted = _tag_object(tag)
+        self._recent.pop(system_id, None)  # this write changes its ETag
         for attempt in range(1, self._retry.etag_attempts + 1):
             path, system = await self._system(system_id, deadline)
             document = system.document()
@@ -327,18 +375,21 @@ class RedfishFabric:
             if tag is not None:
                 _refuse_if_taken(system_id, document, tag)
             try:
-                await self._write_tag(path, system, wanted, deadline)
+                written = await self._write_tag(path, system, wanted, deadline)
             except StaleETag:
                 if attempt == self._retry.etag_attempts:
                     raise
                 self._log.warning("tag %s: ETag went stale", system_id)
                 continue
             self._log.info("tag %s: %s", system_id, _describe_tag(tag))
+            if written is not None:
+                self._remember(system_id, written)
             return
 
     async def _write_tag(
         self, path: str, system: Response, wanted: dict[str, str] | None, deadline: Deadline
-    ) -> None:
+    ) -> Response | None:
+        """PATCH the mark; returns the answer if it is the system as the PATCH left it."""
         etag = system.etag()
         headers = {"If-Match": etag} if etag else {}
         payload = {"Oem": {OEM_KEY: wanted}}
@@ -350,6 +401,20 @@ class RedfishFabric:
         except _OutcomeUnknown as unknown:
             if dig(await self._document(path, deadline), "Oem", OEM_KEY) != wanted:
                 raise FabricUnreachable(f"PATCH {path}: {unknown}") from unknown
+            return None
+        return response if response.status == 200 else None
+
+    def _remember(self, system_id: str, system: Response) -> None:
+        """Keep a system's answer for the next change on it, if it carries an ETag."""
+        if system.ok and system.body and system.etag():
+            self._recent[system_id] = (system, time.monotonic())
+
+    def _recall(self, system_id: str) -> Response | None:
+        """The system's latest answer, once, if recent enough to start a change with."""
+        recent = self._recent.pop(system_id, None)
+        if recent is None or time.monotonic() - recent[1] > _RECENT_SYSTEM_S:
+            return None
+        return recent[0]
 
     # -- answers and tasks -----------------------------------------------------------------
 
@@ -377,6 +442,10 @@ class RedfishFabric:
         if delay >= deadline.remaining():
             raise FabricDeadlineExceeded(f"task {answer.path} still running at the deadline")
         return delay
+
+
+def _is_done(system: Response, block_id: str, change: _Change) -> bool:
+    return (block_id in mapping.system_block_ids(system.document())) == change.attach
 
 
 def _task_state(answer: Response) -> Any:
