@@ -240,6 +240,15 @@ class Composer:
         await self._attach(machine_id, plan, tag, progress)
         steps = [("composed", "all devices attached"), *([then] if then else [])]
         await _in_thread(self.ledger.advance, machine_id, *steps)
+        self.log.info(
+            "Composed machine %s for %s/%s on %s in %s: %s",
+            machine_id,
+            user,
+            server,
+            plan.host.system_id,
+            plan.zone,
+            ", ".join(plan.block_ids),
+        )
         return ComposedMachine(
             machine_id=machine_id,
             host=plan.host.system_id,

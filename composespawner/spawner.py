@@ -332,7 +332,8 @@ class ComposeMixin(Spawner):
     # -- progress ------------------------------------------------------------
 
     def _progress(self, message: str) -> None:
-        self.log.info("%s: %s", self._log_name, message)
+        # The user sees these; the log gets one line per compose (Composer.compose).
+        self.log.debug("%s: %s", self._log_name, message)
         self._events.append({"progress": _percent(len(self._events)), "message": message})
         self._notify()
 

@@ -305,7 +305,7 @@ class RedfishFabric:
                 _, system = await self._system(system_id, deadline)
                 fresh = True
                 if _is_done(system, block_id, change):
-                    self._log.info("%s %s / %s: already done", change.verb, block_id, system_id)
+                    self._log.debug("%s %s / %s: already done", change.verb, block_id, system_id)
                     return
             try:
                 await self._request_change(system_id, system, block_uri, change, deadline)
@@ -320,7 +320,7 @@ class RedfishFabric:
                 continue
             except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
                 await self._settle(system_id, block_id, change, exc, deadline)
-            self._log.info("%s %s / %s: done", change.verb, block_id, system_id)
+            self._log.debug("%s %s / %s: done", change.verb, block_id, system_id)
             return
 
     async def _request_change(
@@ -370,7 +370,7 @@ class RedfishFabric:
             path, system = await self._system(system_id, deadline)
             document = system.document()
             if dig(document, "Oem", OEM_KEY) == wanted:
-                self._log.info("tag %s: already %s", system_id, _describe_tag(tag))
+                self._log.debug("tag %s: already %s", system_id, _describe_tag(tag))
                 return
             if tag is not None:
                 _refuse_if_taken(system_id, document, tag)
@@ -381,7 +381,7 @@ class RedfishFabric:
                     raise
                 self._log.warning("tag %s: ETag went stale", system_id)
                 continue
-            self._log.info("tag %s: %s", system_id, _describe_tag(tag))
+            self._log.debug("tag %s: %s", system_id, _describe_tag(tag))
             if written is not None:
                 self._remember(system_id, written)
             return
