@@ -231,6 +231,7 @@ class FakeRedfish:
         blocks = [f"{system_id}-block", *self.attached[system_id]]
         document: dict[str, Any] = {
             "@odata.id": uri,
+            "@odata.etag": self.etag(system_id),
             "Id": system_id,
             "Composition": {"UseCases": ["ExpandableSystem"]},
             "ProcessorSummary": {"Count": 32},

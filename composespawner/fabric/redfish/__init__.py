@@ -3,8 +3,8 @@
 Shape, from the wire up (data flows one way; only ``client`` does I/O on
 purpose, through ``transport``)::
 
-    transport.py   RedfishTransport: tornado AsyncHTTPClient, sessions (X-Auth-Token,
-                   HTTP Basic where the service has no sessions), per-request timeouts,
+    transport.py   RedfishTransport: aiohttp with kept-alive connections, sessions
+                   (X-Auth-Token; HTTP Basic where the service has none), per-request timeouts,
                    retries with jittered backoff, the per-operation Deadline.
                    RedfishTimeouts / RedfishRetry: the knobs.
     errors.py      pure: Redfish error bodies (MessageIds) and statuses → base.py errors.

@@ -65,10 +65,10 @@ _DEFAULT_TASK_POLL = 1.0
 # They are read again after this long, in case hardware was swapped behind an
 # unchanged URI.
 _PART_MAX_AGE_S = 300.0
-# A write's answer (the system as our tag PATCH left it, or the read of its
-# mark) may stand in for the GET the next change on that system starts with, for
-# this long: on a BMC-class service every round trip counts.
-_RECENT_SYSTEM_S = 2.0
+# A system's latest answer (the inventory's expanded listing, our tag PATCH's
+# answer, the read of its mark) may stand in for the GET the next change on that
+# system starts with, for this long: on a BMC-class service every round trip counts.
+_RECENT_SYSTEM_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,20 @@ _ATTACH = _Change(
     "attach", "#ComputerSystem.AddResourceBlock", True, frozenset({"ResourceBlockInUse"})
 )
 _DETACH = _Change("detach", "#ComputerSystem.RemoveResourceBlock", False, NOT_ATTACHED_IDS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A system as one of its answers showed it: the document and its ETag."""
+
+    body: Document
+    tag: str
+
+    def document(self) -> Document:
+        return self.body
+
+    def etag(self) -> str:
+        return self.tag
 
 
 class _OutcomeUnknown(Exception):
@@ -138,10 +152,10 @@ class RedfishFabric:
         self._service: ServiceMap | None = None
         self._action_targets: dict[tuple[str, str], str] = {}
         self._parts: dict[str, tuple[Document, float]] = {}  # URI → (part, when read)
-        # system id → (its latest answer carrying an ETag, when it came); used once.
-        # The ETag guards it: if the system changed since, the service refuses the
-        # change as stale and we read the system afresh.
-        self._recent: dict[str, tuple[Response, float]] = {}
+        # system id → (how its latest answer with an ETag showed it, when); used
+        # once. The ETag guards it: if the system changed since, the service
+        # refuses the change as stale and we read the system afresh.
+        self._recent: dict[str, tuple[_Seen, float]] = {}
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -224,6 +238,11 @@ class RedfishFabric:
         parts |= await self._device_parts(mapping.storage_drive_uris(parts), deadline)
         # Forget parts of devices that left the fabric.
         self._parts = {uri: self._parts[uri] for uri in parts}
+        now = time.monotonic()
+        for system in systems:
+            etag = system.get("@odata.etag")
+            if isinstance(etag, str) and etag:
+                self._recent[mapping.resource_id(system)] = (_Seen(system, etag), now)
         return mapping.build_inventory(blocks=blocks, zones=zones, systems=systems, parts=parts)
 
     async def _device_parts(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
@@ -278,9 +297,12 @@ class RedfishFabric:
             self._log.debug("%s vanished during discovery", path)
             return None
 
-    async def _system(self, system_id: str, deadline: Deadline) -> tuple[str, Response]:
+    async def _system_path(self, system_id: str, deadline: Deadline) -> str:
         service = await self._service_map(deadline)
-        path = f"{service.systems}/{quote(system_id, safe='')}"
+        return f"{service.systems}/{quote(system_id, safe='')}"
+
+    async def _system(self, system_id: str, deadline: Deadline) -> tuple[str, Response]:
+        path = await self._system_path(system_id, deadline)
         response = await self._transport.request("GET", path, deadline)
         if not response.ok:
             raise response.refusal()
@@ -298,6 +320,7 @@ class RedfishFabric:
             recent = None  # only a fresh read may tell us it is done already
         attempt = 0
         while True:
+            system: _Seen | Response
             if recent is not None:
                 system, recent, fresh = recent, None, False
             else:
@@ -324,7 +347,12 @@ class RedfishFabric:
             return
 
     async def _request_change(
-        self, system_id: str, system: Response, block_uri: str, change: _Change, deadline: Deadline
+        self,
+        system_id: str,
+        system: _Seen | Response,
+        block_uri: str,
+        change: _Change,
+        deadline: Deadline,
     ) -> None:
         target = self._action_target(system_id, system.document(), change.action)
         payload: dict[str, Any] = {"ResourceBlock": {"@odata.id": block_uri}}
@@ -365,21 +393,31 @@ class RedfishFabric:
 
     async def _tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
         wanted = _tag_object(tag)
-        self._recent.pop(system_id, None)  # this write changes its ETag
-        for attempt in range(1, self._retry.etag_attempts + 1):
-            path, system = await self._system(system_id, deadline)
-            document = system.document()
-            if dig(document, "Oem", OEM_KEY) == wanted:
-                self._log.debug("tag %s: already %s", system_id, _describe_tag(tag))
-                return
-            if tag is not None:
-                _refuse_if_taken(system_id, document, tag)
+        recent = self._recall(system_id)
+        if recent is not None and not _may_write_tag(system_id, recent, tag, wanted):
+            recent = None  # only a fresh read may say it is done, or taken
+        path = await self._system_path(system_id, deadline)
+        attempt = 0
+        while True:
+            system: _Seen | Response
+            if recent is not None:
+                system, recent, fresh = recent, None, False
+            else:
+                attempt += 1
+                path, system = await self._system(system_id, deadline)
+                fresh = True
+                if dig(system.document(), "Oem", OEM_KEY) == wanted:
+                    self._log.debug("tag %s: already %s", system_id, _describe_tag(tag))
+                    return
+                if tag is not None:
+                    _refuse_if_taken(system_id, system.document(), tag)
             try:
                 written = await self._write_tag(path, system, wanted, deadline)
             except StaleETag:
-                if attempt == self._retry.etag_attempts:
+                if fresh and attempt >= self._retry.etag_attempts:
                     raise
-                self._log.warning("tag %s: ETag went stale", system_id)
+                level = logging.WARNING if fresh else logging.DEBUG
+                self._log.log(level, "tag %s: ETag went stale", system_id)
                 continue
             self._log.debug("tag %s: %s", system_id, _describe_tag(tag))
             if written is not None:
@@ -387,7 +425,7 @@ class RedfishFabric:
             return
 
     async def _write_tag(
-        self, path: str, system: Response, wanted: dict[str, str] | None, deadline: Deadline
+        self, path: str, system: _Seen | Response, wanted: dict[str, str] | None, deadline: Deadline
     ) -> Response | None:
         """PATCH the mark; returns the answer if it is the system as the PATCH left it."""
         etag = system.etag()
@@ -406,10 +444,11 @@ class RedfishFabric:
 
     def _remember(self, system_id: str, system: Response) -> None:
         """Keep a system's answer for the next change on it, if it carries an ETag."""
-        if system.ok and system.body and system.etag():
-            self._recent[system_id] = (system, time.monotonic())
+        etag = system.etag() if system.ok and system.body else None
+        if etag:
+            self._recent[system_id] = (_Seen(system.document(), etag), time.monotonic())
 
-    def _recall(self, system_id: str) -> Response | None:
+    def _recall(self, system_id: str) -> _Seen | None:
         """The system's latest answer, once, if recent enough to start a change with."""
         recent = self._recent.pop(system_id, None)
         if recent is None or time.monotonic() - recent[1] > _RECENT_SYSTEM_S:
@@ -444,7 +483,7 @@ class RedfishFabric:
         return delay
 
 
-def _is_done(system: Response, block_id: str, change: _Change) -> bool:
+def _is_done(system: _Seen | Response, block_id: str, change: _Change) -> bool:
     return (block_id in mapping.system_block_ids(system.document())) == change.attach
 
 
@@ -507,6 +546,20 @@ def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> N
     )
     if holder:
         raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+
+
+def _may_write_tag(
+    system_id: str, seen: _Seen, tag: CompositionTag | None, wanted: dict[str, str] | None
+) -> bool:
+    """Whether an older answer lets us write the mark: not already there, not taken."""
+    if dig(seen.document(), "Oem", OEM_KEY) == wanted:
+        return False
+    if tag is not None:
+        try:
+            _refuse_if_taken(system_id, seen.document(), tag)
+        except DeviceInUse:
+            return False
+    return True
 
 
 def _describe_tag(tag: CompositionTag | None) -> str:

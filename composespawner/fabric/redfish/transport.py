@@ -5,7 +5,7 @@ the :class:`Deadline` of the protocol method it serves. Transport failures
 (refused, reset, dropped, timed out) and 5xx answers are retried with jittered
 exponential backoff inside that deadline; 401 logs in again once. What comes
 out is either a :class:`Response` (any HTTP status: the caller decides what an
-error status means) or a fabric error from ``base.py``: no tornado or socket
+error status means) or a fabric error from ``base.py``: no aiohttp or socket
 exception escapes.
 
 The password and the session token are never logged and never put into an
@@ -26,8 +26,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tornado.httpclient import HTTPClientError, HTTPRequest
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
+import aiohttp
+import yarl
 
 from composespawner.fabric.base import (
     FabricAuthError,
@@ -223,7 +223,8 @@ class RedfishTransport:
         self._login_lock = asyncio.Lock()
         self._max_in_flight = max_in_flight
         self._in_flight = asyncio.Semaphore(max_in_flight)
-        self._client: SimpleAsyncHTTPClient | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._basic_auth = aiohttp.encode_basic_auth(username, password)
 
     # -- requests ---------------------------------------------------------------
 
@@ -269,63 +270,59 @@ class RedfishTransport:
         session: _Session | None,
     ) -> Response:
         async with self._in_flight:
-            request = self._http_request(method, path, deadline, payload, headers, session)
+            remaining = deadline.remaining()
+            if remaining <= 0:
+                raise FabricDeadlineExceeded(f"{method} {path}: deadline passed before sending")
+            all_headers = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
+            body = None
+            if payload is not None:
+                body = json.dumps(payload).encode()
+                all_headers["Content-Type"] = "application/json"
+            if session is not None and session.mode == "basic":
+                all_headers["Authorization"] = self._basic_auth
+            if session is not None and session.mode == "token":
+                all_headers["X-Auth-Token"] = session.token
+            timeout = aiohttp.ClientTimeout(
+                total=min(self.timeouts.request, remaining),
+                sock_connect=min(self.timeouts.connect, remaining),
+            )
             started = time.monotonic()
             try:
-                answer = await self._http().fetch(request, raise_error=False)
+                async with self._http().request(
+                    method,
+                    # As given: our paths are already quoted, and Redfish queries
+                    # ($expand=.($levels=1)) must reach the service unchanged.
+                    yarl.URL(self._origin + path, encoded=True),
+                    headers=all_headers,
+                    data=body,
+                    timeout=timeout,
+                    allow_redirects=False,
+                    ssl=self._verify_tls,  # True: verify certificates (the default)
+                ) as answer:
+                    content = await answer.read()
             except Exception as exc:
-                # Tornado re-raises whatever broke the exchange: OSError (refused,
-                # reset, TLS), StreamClosedError, HTTPClientError 599 (its timeouts),
-                # HTTPInputError (a malformed answer)... none of them is an answer.
+                # aiohttp raises whatever broke the exchange: ClientConnectorError
+                # (refused, TLS), ServerDisconnectedError (dropped), TimeoutError,
+                # ClientResponseError (a malformed answer)... none of them is an answer.
                 self._log.debug("%s %s: no answer (%s)", method, path, _describe(exc))
                 if deadline.remaining() <= 0:
                     raise FabricDeadlineExceeded(f"{method} {path}: deadline passed") from exc
                 raise _NoAnswer(_describe(exc)) from exc
         elapsed_ms = (time.monotonic() - started) * 1000
-        self._log.debug("%s %s -> %d in %.0f ms", method, path, answer.code, elapsed_ms)
-        # answer.headers stays case-insensitive: tornado spells "ETag" as "Etag".
-        return Response(method, path, answer.code, answer.headers, answer.body or b"")
+        self._log.debug("%s %s -> %d in %.0f ms", method, path, answer.status, elapsed_ms)
+        # answer.headers is case-insensitive, like HTTP: "ETag" finds "Etag".
+        return Response(method, path, answer.status, answer.headers, content)
 
-    def _http_request(
-        self,
-        method: str,
-        path: str,
-        deadline: Deadline,
-        payload: Any,
-        headers: Mapping[str, str] | None,
-        session: _Session | None,
-    ) -> HTTPRequest:
-        remaining = deadline.remaining()
-        if remaining <= 0:
-            raise FabricDeadlineExceeded(f"{method} {path}: deadline passed before sending")
-        all_headers = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
-        body = None
-        if payload is not None:
-            body = json.dumps(payload).encode()
-            all_headers["Content-Type"] = "application/json"
-        basic = session is not None and session.mode == "basic"
-        if session is not None and session.mode == "token":
-            all_headers["X-Auth-Token"] = session.token
-        return HTTPRequest(
-            self._origin + path,
-            method=method,
-            headers=all_headers,
-            body=body,
-            auth_username=self._username if basic else None,
-            auth_password=self._password if basic else None,
-            auth_mode="basic" if basic else None,
-            connect_timeout=min(self.timeouts.connect, remaining),
-            request_timeout=min(self.timeouts.request, remaining),
-            follow_redirects=False,
-            validate_cert=self._verify_tls,
-        )
-
-    def _http(self) -> SimpleAsyncHTTPClient:
-        # Made lazily: tornado binds a client to the event loop running when it
-        # is made, and a fabric object is usually configured before any loop runs.
+    def _http(self) -> aiohttp.ClientSession:
+        # Made lazily: a session belongs to the event loop running when it is
+        # made, and a fabric object is usually configured before any loop runs.
+        # One session keeps connections alive between requests: a spawn sends
+        # several, and a new TCP connection for each cost the hub (and a BMC) more
+        # than the request.
         if self._client is None:
-            self._client = SimpleAsyncHTTPClient(
-                force_instance=True, max_clients=self._max_in_flight
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_in_flight),
+                cookie_jar=aiohttp.DummyCookieJar(),  # Redfish sessions use X-Auth-Token
             )
         return self._client
 
@@ -430,11 +427,11 @@ class RedfishTransport:
             except (FabricUnreachable, _NoAnswer) as exc:
                 self._log.warning("could not log out of %s: %s", self._origin, exc)
         if self._client is not None:
-            self._client.close()
+            await self._client.close()
             self._client = None
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, HTTPClientError) and exc.code == 599:
-        return exc.message or "no answer"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
