@@ -315,36 +315,64 @@ class RedfishFabric:
     ) -> None:
         service = await self._service_map(deadline)
         block_uri = f"{service.resource_blocks}/{quote(block_id, safe='')}"
-        recent = self._recall(system_id)
-        if recent is not None and _is_done(recent, block_id, change):
-            recent = None  # only a fresh read may tell us it is done already
-        attempt = 0
-        while True:
-            system: _Seen | Response
-            if recent is not None:
-                system, recent, fresh = recent, None, False
-            else:
-                attempt += 1
-                _, system = await self._system(system_id, deadline)
-                fresh = True
-                if _is_done(system, block_id, change):
-                    self._log.debug("%s %s / %s: already done", change.verb, block_id, system_id)
-                    return
+        what = f"{change.verb} {block_id} / {system_id}"
+
+        def done(system: _Seen | Response) -> bool:
+            return (block_id in mapping.system_block_ids(system.document())) == change.attach
+
+        async def request(path: str, system: _Seen | Response) -> None:
             try:
                 await self._request_change(system_id, system, block_uri, change, deadline)
             except StaleETag:
-                if fresh and attempt >= self._retry.etag_attempts:
-                    raise
-                # A remembered answer going stale is expected now and then: no warning.
-                level = logging.WARNING if fresh else logging.DEBUG
-                self._log.log(
-                    level, "%s %s / %s: ETag went stale", change.verb, block_id, system_id
-                )
-                continue
+                raise
             except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
                 await self._settle(system_id, block_id, change, exc, deadline)
-            self._log.debug("%s %s / %s: done", change.verb, block_id, system_id)
-            return
+
+        wrote = await self._write_system(system_id, what, done, request, deadline)
+        self._log.debug("%s: %s", what, "done" if wrote else "already done")
+
+    async def _write_system(
+        self,
+        system_id: str,
+        what: str,
+        done: Callable[[_Seen | Response], bool],
+        write: Callable[[str, _Seen | Response], Awaitable[None]],
+        deadline: Deadline,
+    ) -> bool:
+        """Write to a system against its ETag; False if a fresh read says it is done.
+
+        The first try starts from the system's remembered answer, if one is
+        recent and ``done`` neither says it is done nor raises (it refuses a
+        taken host): only a fresh read may decide those. A stale ETag means
+        reading the system again, ``etag_attempts`` fresh reads at most.
+        """
+        path = await self._system_path(system_id, deadline)
+        system: _Seen | Response | None = self._recall(system_id)
+        try:
+            if system is not None and done(system):
+                system = None
+        except FabricRefused:
+            system = None
+        fresh_reads = 0
+        while True:
+            fresh = system is None
+            if system is None:
+                fresh_reads += 1
+                path, system = await self._system(system_id, deadline)
+                if done(system):
+                    return False
+            try:
+                await write(path, system)
+            except StaleETag:
+                if fresh and fresh_reads >= self._retry.etag_attempts:
+                    raise
+                # A remembered answer going stale is expected now and then: no warning.
+                self._log.log(
+                    logging.WARNING if fresh else logging.DEBUG, "%s: ETag went stale", what
+                )
+                system = None
+                continue
+            return True
 
     async def _request_change(
         self,
@@ -393,36 +421,22 @@ class RedfishFabric:
 
     async def _tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
         wanted = _tag_object(tag)
-        recent = self._recall(system_id)
-        if recent is not None and not _may_write_tag(system_id, recent, tag, wanted):
-            recent = None  # only a fresh read may say it is done, or taken
-        path = await self._system_path(system_id, deadline)
-        attempt = 0
-        while True:
-            system: _Seen | Response
-            if recent is not None:
-                system, recent, fresh = recent, None, False
-            else:
-                attempt += 1
-                path, system = await self._system(system_id, deadline)
-                fresh = True
-                if dig(system.document(), "Oem", OEM_KEY) == wanted:
-                    self._log.debug("tag %s: already %s", system_id, _describe_tag(tag))
-                    return
-                if tag is not None:
-                    _refuse_if_taken(system_id, system.document(), tag)
-            try:
-                written = await self._write_tag(path, system, wanted, deadline)
-            except StaleETag:
-                if fresh and attempt >= self._retry.etag_attempts:
-                    raise
-                level = logging.WARNING if fresh else logging.DEBUG
-                self._log.log(level, "tag %s: ETag went stale", system_id)
-                continue
-            self._log.debug("tag %s: %s", system_id, _describe_tag(tag))
+
+        def done(system: _Seen | Response) -> bool:
+            document = system.document()
+            if dig(document, "Oem", OEM_KEY) == wanted:
+                return True
+            if tag is not None:
+                _refuse_if_taken(system_id, document, tag)
+            return False
+
+        async def write(path: str, system: _Seen | Response) -> None:
+            written = await self._write_tag(path, system, wanted, deadline)
             if written is not None:
                 self._remember(system_id, written)
-            return
+
+        wrote = await self._write_system(system_id, f"tag {system_id}", done, write, deadline)
+        self._log.debug("tag %s: %s%s", system_id, "" if wrote else "already ", _describe_tag(tag))
 
     async def _write_tag(
         self, path: str, system: _Seen | Response, wanted: dict[str, str] | None, deadline: Deadline
@@ -481,10 +495,6 @@ class RedfishFabric:
         if delay >= deadline.remaining():
             raise FabricDeadlineExceeded(f"task {answer.path} still running at the deadline")
         return delay
-
-
-def _is_done(system: _Seen | Response, block_id: str, change: _Change) -> bool:
-    return (block_id in mapping.system_block_ids(system.document())) == change.attach
 
 
 def _task_state(answer: Response) -> Any:
@@ -546,20 +556,6 @@ def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> N
     )
     if holder:
         raise DeviceInUse(f"host {system_id} is already composed for {holder}")
-
-
-def _may_write_tag(
-    system_id: str, seen: _Seen, tag: CompositionTag | None, wanted: dict[str, str] | None
-) -> bool:
-    """Whether an older answer lets us write the mark: not already there, not taken."""
-    if dig(seen.document(), "Oem", OEM_KEY) == wanted:
-        return False
-    if tag is not None:
-        try:
-            _refuse_if_taken(system_id, seen.document(), tag)
-        except DeviceInUse:
-            return False
-    return True
 
 
 def _describe_tag(tag: CompositionTag | None) -> str:
