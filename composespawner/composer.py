@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .catalog import Catalog, GpuModel
 from .fabric.base import (
@@ -123,9 +124,7 @@ class Composer:
         self.snapshot_ttl = snapshot_ttl
         self.release_retry_max = release_retry_max
         self.log = log or logging.getLogger(__name__)
-        self._inventory: Inventory | None = None
-        self._inventory_at = 0.0
-        self._inventory_lock = asyncio.Lock()
+        self._inventory = _Snapshot[Inventory](snapshot_ttl)
         self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
         self._releases: dict[str, asyncio.Task[None]] = {}
         # Devices this process placed a claim on, so concurrent spawns do not all
@@ -136,28 +135,19 @@ class Composer:
         self._reserved: dict[str, int | None] = {}
         self._claims_committed = 0
         # The ledger's holders as placement last read them, with _claims_committed
-        # and the clock when that read began; None: read again before placing.
-        self._holders: tuple[Mapping[str, str], int, float] | None = None
-        self._holders_lock = asyncio.Lock()
+        # when that read began.
+        self._holders = _Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
 
     # -- reading ---------------------------------------------------------
 
     async def inventory(self, *, fresh: bool = False) -> Inventory:
-        """The fabric's inventory, cached for ``snapshot_ttl`` seconds.
+        """The fabric's inventory, cached for ``snapshot_ttl`` seconds (see _Snapshot)."""
+        return await self._inventory.get(self._read_inventory, fresh=fresh)
 
-        ``fresh``: read after this call began; a read that began meanwhile (for
-        another spawn waiting on the lock) will do.
-        """
-        asked = time.monotonic()
-        async with self._inventory_lock:
-            began = self._inventory_at
-            stale = asked - began > self.snapshot_ttl or (fresh and began < asked)
-            if stale or self._inventory is None:
-                began = time.monotonic()
-                inventory = await self.fabric.inventory()
-                await self._sync_ledger(inventory)
-                self._inventory, self._inventory_at = inventory, began
-            return self._inventory
+    async def _read_inventory(self) -> Inventory:
+        inventory = await self.fabric.inventory()
+        await self._sync_ledger(inventory)
+        return inventory
 
     def owners(self, inventory: Inventory) -> dict[str, str]:
         """Co-located devices and the group that owns each."""
@@ -335,18 +325,11 @@ class Composer:
         claim's compare-and-set refuses devices another hub took meanwhile (then
         we read again). Our releases drop it, so freed devices show at once.
         """
-        asked = time.monotonic()
-        async with self._holders_lock:  # one read at a time serves every spawn waiting
-            cached = self._holders
-            if (
-                cached is None
-                or (fresh and cached[2] < asked)
-                or asked - cached[2] > self.snapshot_ttl
-            ):
-                started, read_after = time.monotonic(), self._claims_committed
-                held = await _in_thread(self.ledger.holders)
-                cached = self._holders = (held, read_after, started)
-        return cached[0], cached[1]
+        return await self._holders.get(self._read_holders, fresh=fresh)
+
+    async def _read_holders(self) -> tuple[Mapping[str, str], int]:
+        read_after = self._claims_committed
+        return await _in_thread(self.ledger.holders), read_after
 
     def _pool(
         self, inventory: Inventory, held: Mapping[str, str], read_after: int, groups: frozenset[str]
@@ -429,8 +412,8 @@ class Composer:
             message=reason,
             failure=reason if failed else None,
         )
-        self._inventory_at = 0.0  # the next form should see these devices free
-        self._holders = None  # and the next placement
+        self._inventory.forget()  # the next form should see these devices free
+        self._holders.forget()  # and the next placement
         self.log.info("Released machine %s (%s): %s", machine_id, end, reason)
 
     async def _detach_all(self, machine_id: str, host: str, held: Sequence[str]) -> None:
@@ -442,7 +425,7 @@ class Composer:
             self.log.info("Host %s has no mark of %s: nothing of ours on it", host, machine_id)
             return
         # A host's own block never changes: any snapshot, however old, knows it.
-        inventory = self._inventory or await self.inventory()
+        inventory = self._inventory.value or await self.inventory()
         known = inventory.host(host)
         own_block = known.block_id if known else ""
         for block in sorted((blocks & set(linked)) - {own_block}):
@@ -486,6 +469,33 @@ class Composer:
         if fingerprint != self._synced_blocks:
             await _in_thread(self.ledger.sync_devices, records)
             self._synced_blocks = fingerprint
+
+
+class _Snapshot(Generic[T]):
+    """A value read at most once per ``ttl`` seconds; one read at a time serves all waiting.
+
+    ``fresh``: a read that began after the call did; one that began meanwhile,
+    for another caller waiting on the lock, will do.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.value: T | None = None
+        self._began = -math.inf  # when the read behind ``value`` began
+        self._lock = asyncio.Lock()
+
+    def forget(self) -> None:
+        """The next get() reads again (``value`` stays for who can use any snapshot)."""
+        self._began = -math.inf
+
+    async def get(self, read: Callable[[], Awaitable[T]], *, fresh: bool = False) -> T:
+        asked = time.monotonic()
+        async with self._lock:
+            stale = asked - self._began > self.ttl or (fresh and self._began < asked)
+            if stale or self.value is None:
+                began = time.monotonic()
+                self.value, self._began = await read(), began
+            return self.value
 
 
 @dataclass(frozen=True, slots=True)
