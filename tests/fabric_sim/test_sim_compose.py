@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from tests.hubharness import wait_for
+
 from .harness import BLOCKS, SYSTEMS, RedfishClient, SimulatorProcess, action, block_ref
 from .sim_cases import ADD, REFUSALS, RefusalCase
 
@@ -175,7 +177,11 @@ def test_the_access_log_shows_writes_and_refusals_not_reads(
     assert client.get(f"{SYSTEMS}/host-02").status == 200
     assert client.attach("host-02", "r1-t4-1").status == 204
     assert client.get(f"{BLOCKS}/no-such-block").status == 404
-    log = simulator.log()
+    refusal = f"404 GET {BLOCKS}/no-such-block "
+    # The simulator writes a request's log line after answering it: wait for the last.
+    log = wait_for(
+        lambda: text if refusal in (text := simulator.log()) else None, 10, "the 404 logged"
+    )
     assert f"GET {SYSTEMS}/host-02 " not in log
     assert f"204 POST {action('host-02', 'AddResourceBlock')} " in log
-    assert f"404 GET {BLOCKS}/no-such-block " in log
+    assert refusal in log
