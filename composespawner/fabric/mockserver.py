@@ -12,8 +12,9 @@ It is static: every write (POST, PATCH, PUT, DELETE) is answered ``405`` with a
 Redfish error body, as a service that forbids the method would. Two optional
 behaviours make it usable as a test double for a client:
 
-- ``expand``: answer ``$expand`` on a collection by inlining its members (one
-  level), as the mockup's service root says the service can;
+- ``expand``: answer ``$expand=.($levels=N)`` by inlining subordinate
+  resources N levels deep (collection members first), as the mockup's service
+  root says the service can;
 - ``credentials``: require HTTP Basic auth everywhere except the service root,
   ``/redfish`` and ``$metadata`` (which Redfish serves unauthenticated).
 
@@ -27,6 +28,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from typing import Any
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
+
+from composespawner.fabric.redfish.mapping import expand_subordinates
 
 BASE_REGISTRY = "Base.1.22.1"
 _UNAUTHENTICATED = frozenset({"", "$metadata", "odata"})
@@ -157,8 +161,9 @@ class MockupHandler(_RedfishHandler):
             self.finish(path.read_bytes())
         else:
             document = json.loads(path.read_bytes())
-            if self.mockup.expand and self.get_query_argument("$expand", None):
-                document = self._expanded(document)
+            expand = self.get_query_argument("$expand", None)
+            if self.mockup.expand and expand:
+                document = expand_subordinates(document, self._resource, _levels(expand))
             self.send_json(document)
 
     def _authorized(self, resource: str) -> bool:
@@ -168,19 +173,20 @@ class MockupHandler(_RedfishHandler):
         expected = base64.b64encode(f"{user}:{password}".encode()).decode()
         return self.request.headers.get("Authorization", "") == f"Basic {expected}"
 
-    def _expanded(self, document: dict[str, Any]) -> dict[str, Any]:
-        members = document.get("Members")
-        if not isinstance(members, list):
-            return document
-        inlined = [self._member(m) for m in members]
-        return {**document, "Members": inlined}
-
-    def _member(self, reference: Any) -> Any:
-        uri = reference.get("@odata.id") if isinstance(reference, dict) else None
-        if not isinstance(uri, str) or not uri.startswith("/redfish/v1/"):
-            return reference
+    def _resource(self, uri: str) -> dict[str, Any] | None:
+        if not uri.startswith("/redfish/v1/"):
+            return None
         path = mockup_file(self.mockup.root, uri.removeprefix("/redfish/v1/"))
-        return json.loads(path.read_bytes()) if path is not None else reference
+        if path is None or path.suffix != ".json":
+            return None
+        document: dict[str, Any] = json.loads(path.read_bytes())
+        return document
+
+
+def _levels(expand: str) -> int:
+    """N of ``$expand=.($levels=N)`` (1 when not given)."""
+    found = re.search(r"\(\$levels=(\d+)\)", expand)
+    return int(found.group(1)) if found else 1
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,6 +11,7 @@ mock server here demands on every resource but the service root.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -98,16 +99,18 @@ async def test_expand_is_used_when_the_service_root_offers_it(
         await fabric.inventory()
     finally:
         await fabric.close()
-    gets = [uri for method, uri in mockup_server.requests if method == "GET"]
-    expanded = [uri for uri in gets if "$expand=.($levels=1)" in uri]
-    assert sorted(u.split("?")[0] for u in expanded) == [
-        "/redfish/v1/CompositionService/ResourceBlocks",
-        "/redfish/v1/CompositionService/ResourceZones",
-        "/redfish/v1/Systems",
+    # The mockup allows 6 levels: blocks come with their parts and the drives
+    # behind Storage (3 levels), zones and systems with their members (1).
+    assert _listings(mockup_server) == [
+        "/redfish/v1/CompositionService/ResourceBlocks?$expand=.($levels=3)",
+        "/redfish/v1/CompositionService/ResourceZones?$expand=.($levels=1)",
+        "/redfish/v1/Systems?$expand=.($levels=1)",
     ]
-    # Members came inline: no block or system was fetched on its own.
+    gets = [uri for method, uri in mockup_server.requests if method == "GET"]
+    # Members and parts came inline: no block, part or system was fetched on its own.
     assert "/redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9" not in gets
     assert "/redfish/v1/Systems/ComposedSystem" not in gets
+    assert _part_reads(mockup_server) == []
 
 
 async def test_member_by_member_when_expand_is_ignored(mockup_server: MockupServer) -> None:
@@ -169,10 +172,37 @@ def test_the_client_is_a_fabric() -> None:
 def _part_reads(server: MockupServer) -> list[str]:
     """GETs of single resources below a block: the device parts."""
     gets = [uri for method, uri in server.requests if method == "GET"]
-    return [u for u in gets if "/ResourceBlocks/" in u and "$expand" not in u]
+    return [u for u in gets if re.search(r"/ResourceBlocks/[^/?]+/", u)]
+
+
+def _listings(server: MockupServer) -> list[str]:
+    """The expanded collection GETs, sorted."""
+    return sorted(uri for method, uri in server.requests if method == "GET" and "$expand" in uri)
 
 
 async def test_device_parts_are_read_once_then_remembered(mockup_server: MockupServer) -> None:
+    fabric = client_for(mockup_server)
+    try:
+        first = await fabric.inventory()
+        mockup_server.requests.clear()
+        again = await fabric.inventory()
+    finally:
+        await fabric.close()
+    assert again == first
+    assert _part_reads(mockup_server) == []
+    # Only the three collections, one level deep: the parts are known.
+    assert _listings(mockup_server) == [
+        "/redfish/v1/CompositionService/ResourceBlocks?$expand=.($levels=1)",
+        "/redfish/v1/CompositionService/ResourceZones?$expand=.($levels=1)",
+        "/redfish/v1/Systems?$expand=.($levels=1)",
+    ]
+    assert len(mockup_server.requests) == 3
+
+
+async def test_parts_are_fetched_once_where_the_service_cannot_expand(
+    mockup_server: MockupServer,
+) -> None:
+    mockup_server.expand = False
     fabric = client_for(mockup_server)
     try:
         first = await fabric.inventory()
@@ -183,24 +213,22 @@ async def test_device_parts_are_read_once_then_remembered(mockup_server: MockupS
         await fabric.close()
     assert again == first
     assert _part_reads(mockup_server) == []
-    collections = sorted(u.split("?")[0] for m, u in mockup_server.requests if m == "GET")
-    assert collections == [
-        "/redfish/v1/CompositionService/ResourceBlocks",
-        "/redfish/v1/CompositionService/ResourceZones",
-        "/redfish/v1/Systems",
-    ]
 
 
+@pytest.mark.parametrize("expand", [True, False], ids=["expanded", "member-by-member"])
 async def test_remembered_parts_are_read_again_when_old(
-    mockup_server: MockupServer, monkeypatch: pytest.MonkeyPatch
+    mockup_server: MockupServer, monkeypatch: pytest.MonkeyPatch, expand: bool
 ) -> None:
+    mockup_server.expand = expand
     monkeypatch.setattr(redfish_client, "_PART_MAX_AGE_S", 0.0)
     fabric = client_for(mockup_server)
     try:
         await fabric.inventory()
-        read_first = sorted(_part_reads(mockup_server))
+        read_first = (sorted(_part_reads(mockup_server)), _listings(mockup_server))
         mockup_server.requests.clear()
         await fabric.inventory()
     finally:
         await fabric.close()
-    assert sorted(_part_reads(mockup_server)) == read_first
+    assert (sorted(_part_reads(mockup_server)), _listings(mockup_server)) == read_first
+    # Expanded: the parts come inline again; else each is fetched again.
+    assert bool(read_first[0]) != expand

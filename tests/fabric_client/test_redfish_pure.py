@@ -22,10 +22,13 @@ from composespawner.fabric.redfish import RedfishRetry
 from composespawner.fabric.redfish.errors import refusal, short_message_id
 from composespawner.fabric.redfish.mapping import (
     composition_tag,
+    deep_expand_query,
     device_from_block,
     device_state,
     expand_query,
+    expand_subordinates,
     gpu_memory_gib,
+    inline_parts,
     nvme_drives,
 )
 from composespawner.fabric.redfish.transport import (
@@ -123,6 +126,69 @@ def test_links_stay_on_the_configured_service() -> None:
 )
 def test_expand_query(features: dict[str, Any], expected: str | None) -> None:
     assert expand_query({"ProtocolFeaturesSupported": features}) == expected
+
+
+@pytest.mark.parametrize(
+    ("expand", "expected"),
+    [
+        ({"NoLinks": True, "Levels": True, "MaxLevels": 6}, "$expand=.($levels=3)"),
+        ({"NoLinks": True, "Levels": True, "MaxLevels": 2}, "$expand=.($levels=2)"),
+        ({"ExpandAll": True, "Levels": True, "MaxLevels": 3}, "$expand=*($levels=3)"),
+        ({"NoLinks": True, "Levels": True, "MaxLevels": 1}, None),
+        ({"NoLinks": True, "Levels": True}, None),  # MaxLevels unsaid: 1
+        ({"NoLinks": True, "Levels": False, "MaxLevels": 6}, None),  # no ($levels=N) at all
+    ],
+)
+def test_deep_expand_query(expand: dict[str, Any], expected: str | None) -> None:
+    root = {"ProtocolFeaturesSupported": {"ExpandQuery": expand}}
+    assert deep_expand_query(root) == expected
+
+
+RESOURCES: dict[str, dict[str, Any]] = {
+    "/c": {"@odata.id": "/c", "Members": [{"@odata.id": "/c/b"}, {"@odata.id": "/c/gone"}]},
+    "/c/b": {
+        "@odata.id": "/c/b",
+        "Storage": [{"@odata.id": "/c/b/s"}],
+        "Links": {"Zones": [{"@odata.id": "/z"}]},
+        "Status": {"Health": "OK", "Sensor": {"@odata.id": "/c/b/t"}},
+    },
+    "/c/b/s": {"@odata.id": "/c/b/s", "Drives": [{"@odata.id": "/c/b/s/d"}]},
+    "/c/b/s/d": {"@odata.id": "/c/b/s/d", "CapacityBytes": 1},
+    "/c/b/t": {"@odata.id": "/c/b/t", "Reading": 40},
+    "/z": {"@odata.id": "/z"},
+}
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_expand_subordinates_goes_levels_deep_and_leaves_links(levels: int) -> None:
+    expanded = expand_subordinates(RESOURCES["/c"], RESOURCES.get, levels)
+    member, missing = expanded["Members"]
+    assert missing == {"@odata.id": "/c/gone"}  # not found: stays a reference
+    assert member["Links"] == {"Zones": [{"@odata.id": "/z"}]}
+    storage = member["Storage"][0]
+    sensor = member["Status"]["Sensor"]  # inside an embedded object: still subordinate
+    if levels == 1:
+        assert (storage, sensor) == ({"@odata.id": "/c/b/s"}, {"@odata.id": "/c/b/t"})
+    else:
+        assert sensor == RESOURCES["/c/b/t"]
+        drive = RESOURCES["/c/b/s/d"] if levels == 3 else {"@odata.id": "/c/b/s/d"}
+        assert storage == {"@odata.id": "/c/b/s", "Drives": [drive]}
+
+
+def test_inline_parts_are_found_in_device_blocks_only() -> None:
+    gpu = {"@odata.id": "/b/g/Processors/0/", "ProcessorType": "GPU"}
+    drive = {"@odata.id": "/b/n/Drives/0", "Protocol": "NVMe"}
+    storage = {"@odata.id": "/b/n/Storage/0", "Drives": [drive, {"@odata.id": "/b/n/Drives/1"}]}
+    blocks = [
+        block(Processors=[gpu]),
+        block(Storage=[storage], EthernetInterfaces=[{"@odata.id": "/b/n/Eth/0"}]),
+        block(ResourceBlockType=["Compute"], Processors=[{"@odata.id": "/b/c/P/0", "x": 1}]),
+    ]
+    assert inline_parts(blocks) == {
+        "/b/g/Processors/0": gpu,
+        "/b/n/Storage/0": storage,
+        "/b/n/Drives/0": drive,
+    }
 
 
 def block(state: str = "Enabled", composition: str = "Unused", **extra: Any) -> dict[str, Any]:

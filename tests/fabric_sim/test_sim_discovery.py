@@ -23,7 +23,7 @@ def test_versions_document_and_service_root_need_no_login(client: RedfishClient)
     assert service["Links"]["Sessions"] == {"@odata.id": "/redfish/v1/SessionService/Sessions"}
     assert service["UUID"] == "3f0f7c5e-5d3a-4c6e-9b1e-2c1a9d6f0a01"
     expand = service["ProtocolFeaturesSupported"]["ExpandQuery"]
-    assert (expand["NoLinks"], expand["MaxLevels"]) == (True, 1)
+    assert (expand["NoLinks"], expand["MaxLevels"]) == (True, 3)
 
 
 def test_metadata_references_schemas_that_exist(client: RedfishClient) -> None:
@@ -62,11 +62,26 @@ def test_expand_inlines_blocks_and_systems_in_one_request(client: RedfishClient)
     assert [s["Id"] for s in systems] == [f"host-0{n}" for n in range(1, 9)]
 
 
+def test_two_levels_bring_each_device_with_its_parts(client: RedfishClient) -> None:
+    shallow = client.get(f"{BLOCKS}?$expand=.($levels=1)").json["Members"]
+    deep = client.get(f"{BLOCKS}?$expand=.($levels=2)").json["Members"]
+    gpu = next(b for b in deep if b["Id"] == "r1-a100-1")
+    (processor,) = gpu["Processors"]
+    assert processor == client.get(processor["@odata.id"]).json
+    assert processor["ProcessorType"] == "GPU"
+    assert next(b for b in shallow if b["Id"] == "r1-a100-1")["Processors"] == [
+        {"@odata.id": processor["@odata.id"]}
+    ]
+    # Links are not subordinate: they stay references at any depth.
+    assert all(set(z) == {"@odata.id"} for z in gpu["Links"]["Zones"])
+
+
 @pytest.mark.parametrize(
     ("query", "status", "message"),
     [
         ("$expand=*", 400, "QueryParameterValueFormatError"),
-        ("$expand=.($levels=2)", 400, "QueryParameterValueFormatError"),
+        ("$expand=.($levels=4)", 400, "QueryParameterValueFormatError"),
+        ("$expand=.($levels=0)", 400, "QueryParameterValueFormatError"),
         ("$top=2", 501, "QueryParameterUnsupported"),
     ],
 )

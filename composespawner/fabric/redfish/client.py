@@ -61,9 +61,10 @@ _OPERATION_REFUSALS = frozenset(
 _DEFAULT_TASK_POLL = 1.0
 # A device's parts (a GPU's Processor, a NIC's EthernetInterfaces, a Storage and
 # its Drives) describe the hardware, which does not change while its block is in
-# the fabric: an inventory reads each once, then only the three collections.
-# They are read again after this long, in case hardware was swapped behind an
-# unchanged URI.
+# the fabric: an inventory reads them all once (inline in the block listing,
+# where the service can expand that deep), then only the three collections and
+# the parts of devices new since. All are read again after this long, in case
+# hardware was swapped behind an unchanged URI.
 _PART_MAX_AGE_S = 300.0
 # A system's latest answer (the inventory's expanded listing, our tag PATCH's
 # answer, the read of its mark) may stand in for the GET the next change on that
@@ -79,6 +80,7 @@ class ServiceMap:
     resource_blocks: str
     resource_zones: str
     expand: str | None  # query string that inlines collection members, if supported
+    expand_parts: str | None  # ... and the blocks' device parts with them, if supported
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,8 @@ class RedfishFabric:
         )
         self._service: ServiceMap | None = None
         self._action_targets: dict[tuple[str, str], str] = {}
-        self._parts: dict[str, tuple[Document, float]] = {}  # URI → (part, when read)
+        self._parts: dict[str, Document] = {}  # device parts by URI, all read at:
+        self._parts_read_at: float | None = None
         # system id → (how its latest answer with an ETag showed it, when); used
         # once. The ETag guards it: if the system changed since, the service
         # refuses the change as stale and we read the system afresh.
@@ -220,25 +223,36 @@ class RedfishFabric:
                 resource_blocks=_link(composition, "ResourceBlocks"),
                 resource_zones=_link(composition, "ResourceZones"),
                 expand=mapping.expand_query(root),
+                expand_parts=mapping.deep_expand_query(root),
             )
         return self._service
 
     async def _inventory(self, deadline: Deadline) -> Inventory:
         service = await self._service_map(deadline)
+        now = time.monotonic()
+        read_all_parts = self._parts_read_at is None or now - self._parts_read_at >= _PART_MAX_AGE_S
+        if read_all_parts:
+            self._parts = {}
         blocks, zones, systems = await _all(
             [
-                self._members(service.resource_blocks, service.expand, deadline),
+                self._members(
+                    service.resource_blocks,
+                    (read_all_parts and service.expand_parts) or service.expand,
+                    deadline,
+                ),
                 self._members(service.resource_zones, service.expand, deadline),
                 self._members(service.systems, service.expand, deadline),
             ]
         )
+        self._parts |= mapping.inline_parts(blocks)
         parts = await self._device_parts(
             (uri for block in blocks for uri in mapping.device_part_uris(block)), deadline
         )
         parts |= await self._device_parts(mapping.storage_drive_uris(parts), deadline)
         # Forget parts of devices that left the fabric.
-        self._parts = {uri: self._parts[uri] for uri in parts}
-        now = time.monotonic()
+        self._parts = parts
+        if read_all_parts:
+            self._parts_read_at = now
         for system in systems:
             etag = system.get("@odata.etag")
             if isinstance(etag, str) and etag:
@@ -246,18 +260,11 @@ class RedfishFabric:
         return mapping.build_inventory(blocks=blocks, zones=zones, systems=systems, parts=parts)
 
     async def _device_parts(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
-        """Part documents by normalized URI: remembered ones, the rest fetched."""
-        now = time.monotonic()
-        known: dict[str, Document] = {}
-        missing = []
-        for uri in dict.fromkeys(mapping.normalized(u) for u in uris):
-            remembered = self._parts.get(uri)
-            if remembered is not None and now - remembered[1] < _PART_MAX_AGE_S:
-                known[uri] = remembered[0]
-            else:
-                missing.append(uri)
-        fetched = await self._fetch_existing(missing, deadline)
-        self._parts.update((uri, (part, now)) for uri, part in fetched.items())
+        """Part documents by normalized URI: known ones, the rest fetched."""
+        wanted = dict.fromkeys(mapping.normalized(u) for u in uris)
+        known = {uri: self._parts[uri] for uri in wanted if uri in self._parts}
+        fetched = await self._fetch_existing((u for u in wanted if u not in known), deadline)
+        self._parts |= fetched
         return known | fetched
 
     async def _members(self, collection: str, expand: str | None, deadline: Deadline) -> list[Any]:

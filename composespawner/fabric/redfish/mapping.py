@@ -21,7 +21,7 @@ defensively: a missing field means "unknown", never an exception.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -40,6 +40,8 @@ Document = Mapping[str, Any]
 DEVICE_PART_LINKS = ("Processors", "EthernetInterfaces", "Drives", "Storage")
 _NOT_DEVICE_TYPES = frozenset({"Compute", "ComputerSystem"})
 _ATTACHED_STATES = frozenset({"Composed", "ComposedAndAvailable"})
+# Properties whose references $expand=. leaves alone: they are not subordinate.
+NOT_SUBORDINATE = frozenset({"Links", "Actions", "Oem"})
 
 
 def dig(document: Any, *keys: str) -> Any:
@@ -89,21 +91,93 @@ def is_reference(member: Any) -> bool:
     return isinstance(member, Mapping) and set(member) == {"@odata.id"}
 
 
-def expand_query(service_root: Document) -> str | None:
-    """The ``$expand`` query that inlines a collection's members, if supported.
+def expand_query(service_root: Document, levels: int = 1) -> str | None:
+    """The ``$expand`` query that inlines subordinate resources, if supported.
 
     ``.`` (expand without following Links) needs ``NoLinks``; ``*`` needs
-    ``ExpandAll``; ``($levels=1)`` needs ``Levels`` (ServiceRoot ``Expand``).
+    ``ExpandAll``; ``($levels=N)`` needs ``Levels`` (ServiceRoot ``Expand``),
+    and N above 1 needs ``MaxLevels`` of N or more. None when the service
+    cannot expand ``levels`` deep.
     """
     expand = dig(service_root, "ProtocolFeaturesSupported", "ExpandQuery")
     if not isinstance(expand, Mapping):
         return None
-    levels = "($levels=1)" if expand.get("Levels") is True else ""
+    if expand.get("Levels") is True:
+        max_levels = expand.get("MaxLevels")
+        most = max_levels if isinstance(max_levels, int) and max_levels >= 1 else 1
+        if levels > most:
+            return None
+        suffix = f"($levels={levels})"
+    elif levels > 1:
+        return None
+    else:
+        suffix = ""
     if expand.get("NoLinks") is True:
-        return f"$expand=.{levels}"
+        return f"$expand=.{suffix}"
     if expand.get("ExpandAll") is True:
-        return f"$expand=*{levels}"
+        return f"$expand=*{suffix}"
     return None
+
+
+def deep_expand_query(service_root: Document) -> str | None:
+    """``$expand`` that brings device blocks with their parts inline, if supported.
+
+    A block's Processors and EthernetInterfaces are one level below it, Drives
+    behind Storage two: three levels from the collection where the service
+    allows that many, else two (Storage then brings its Drives as references).
+    """
+    return expand_query(service_root, 3) or expand_query(service_root, 2)
+
+
+def expand_subordinates(
+    document: Document, resolve: Callable[[str], Document | None], levels: int = 1
+) -> dict[str, Any]:
+    """``$expand=.($levels=N)`` of ``document``: what a service answers.
+
+    Subordinate references (``{"@odata.id": ...}`` outside ``Links``,
+    ``Actions`` and ``Oem``) are replaced by ``resolve(uri)``, and those
+    expanded in turn, ``levels`` deep. A reference ``resolve`` cannot find
+    stays a reference.
+    """
+    return {
+        key: value
+        if key in NOT_SUBORDINATE or key.startswith("@")
+        else _expanded_value(value, resolve, levels)
+        for key, value in document.items()
+    }
+
+
+def _expanded_value(value: Any, resolve: Callable[[str], Document | None], levels: int) -> Any:
+    if isinstance(value, list):
+        return [_expanded_value(item, resolve, levels) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    if not is_reference(value):  # an embedded object: its references are still ours
+        return expand_subordinates(value, resolve, levels)
+    found = resolve(value["@odata.id"])
+    if found is None:
+        return value
+    return expand_subordinates(found, resolve, levels - 1) if levels > 1 else found
+
+
+def inline_parts(blocks: Iterable[Document]) -> dict[str, Document]:
+    """Device parts that came expanded inside ``blocks``, by normalized URI."""
+    parts = [
+        part
+        for block in blocks
+        if not block_types(block) & _NOT_DEVICE_TYPES
+        for name in DEVICE_PART_LINKS
+        for part in _documents(block.get(name))
+    ]
+    drives = [drive for part in parts for drive in _documents(part.get("Drives"))]
+    return {uri: document for document in parts + drives if (uri := uri_of(document))}
+
+
+def _documents(value: Any) -> list[Document]:
+    """The expanded members of a list (references and junk left out)."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping) and not is_reference(item)]
 
 
 def block_types(block: Document) -> frozenset[str]:

@@ -45,7 +45,10 @@ from .tasks import Outcome, Task, TaskStore
 log = logging.getLogger("composespawner.fabric.simulator")
 
 WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
-EXPAND_VALUES = frozenset({".", ".($levels=1)"})
+# "$expand" values we answer, and how many levels deep each expands.
+EXPAND_LEVELS = {".": 1} | {
+    f".($levels={n})": n for n in range(1, resources.EXPAND_FEATURES["MaxLevels"] + 1)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,19 +197,22 @@ class RedfishHandler(tornado.web.RequestHandler):
         """Answer a GET with ``payload`` (None: 404), expanded if asked to."""
         if payload is None:
             raise ResourceMissing(self.request.path)
-        if self.expand_requested():
-            payload = resources.expand(self.sim.view, payload)
+        levels = self.expand_levels()
+        if levels:
+            payload = resources.expand(self.sim.view, payload, levels)
         self.send_json(payload)
 
-    def expand_requested(self) -> bool:
-        """Check the query: ``$expand=.`` / ``.($levels=1)`` is all we support."""
+    def expand_levels(self) -> int:
+        """Check the query: levels to expand (0: none); ``.`` up to MaxLevels deep."""
         for name in self.request.query_arguments:
             if name != "$expand" and name.startswith("$"):
                 raise QueryParameterUnsupported(name)
         value = self.get_query_argument("$expand", None)
-        if value is not None and value not in EXPAND_VALUES:
+        if value is None:
+            return 0
+        if value not in EXPAND_LEVELS:
             raise QueryParameterValueFormatError(value, "$expand")
-        return value is not None
+        return EXPAND_LEVELS[value]
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = _as_simulator_error(kwargs.get("exc_info"), status_code, self.request.path)

@@ -1,8 +1,8 @@
 """Redfish representations of the simulated fabric (pure).
 
 :func:`render` maps a URI to its resource as a JSON-ready dict (or None when
-there is no such resource); :func:`expand` implements ``$expand=.($levels=1)``
-by rendering subordinate references in place. Schema versions are the newest
+there is no such resource); :func:`expand` implements ``$expand=.($levels=N)``
+by rendering subordinate references in place, N levels deep. Schema versions are the newest
 of DMTF's 2025.4 bundle, which the service validator checks them against.
 """
 
@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from composespawner.fabric.base import OEM_KEY, CompositionTag
+from composespawner.fabric.redfish.mapping import expand_subordinates
 
 from . import uris
 from .inventory import DeviceSpec, HostSpec
@@ -39,10 +40,10 @@ EXPAND_FEATURES = {
     "Levels": True,
     "Links": False,
     "NoLinks": True,
-    "MaxLevels": 1,
+    # Three reach a block's parts and their drives from the collection, the
+    # deepest a client needs (composespawner asks for it on a cold inventory).
+    "MaxLevels": 3,
 }
-# Properties that hold references which $expand=. must leave alone.
-NOT_SUBORDINATE = frozenset({"Links", "Actions", "Oem"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +70,9 @@ def render(view: ServiceView, path: str) -> dict[str, Any] | None:
     return None
 
 
-def expand(view: ServiceView, payload: dict[str, Any]) -> dict[str, Any]:
-    """``$expand=.($levels=1)``: subordinate references replaced by their resources."""
-    return {
-        key: value if key in NOT_SUBORDINATE or key.startswith("@") else _expand(view, value)
-        for key, value in payload.items()
-    }
-
-
-def _expand(view: ServiceView, value: Any) -> Any:
-    if isinstance(value, list):
-        return [_expand(view, item) for item in value]
-    if not isinstance(value, dict):
-        return value
-    if set(value) == {"@odata.id"}:
-        return render(view, value["@odata.id"]) or value
-    return expand(view, value)
+def expand(view: ServiceView, payload: dict[str, Any], levels: int = 1) -> dict[str, Any]:
+    """``$expand=.($levels=N)``: subordinate references replaced by their resources."""
+    return expand_subordinates(payload, lambda uri: render(view, uri), levels)
 
 
 # --- service-wide resources ---------------------------------------------------
