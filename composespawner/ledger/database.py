@@ -61,6 +61,11 @@ def _sqlite_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             cursor.execute("PRAGMA journal_mode = WAL")
+            # In WAL mode, NORMAL syncs the log at checkpoints, not at every
+            # commit (SQLite's advice for WAL). A crash of the hub loses
+            # nothing; a power cut may lose the last commits, and the
+            # reconciler then frees what our tags show but the ledger lacks.
+            cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

@@ -34,8 +34,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -105,17 +107,35 @@ class Ledger:
         self._clock = clock
         self._engine = create_ledger_engine(url, timeout=timeout, echo=echo)
         self._writing = writing(self._engine)
+        # SQLite has one write lock per file, and a writer that finds it taken
+        # polls for it with sleeps of up to 100 ms. Our own threads take turns
+        # on a lock of ours instead, which hands over at once; the busy timeout
+        # still covers other processes (the reconciler, another hub).
+        self._write_turn: AbstractContextManager[Any] = (
+            threading.Lock() if self._engine.dialect.name == "sqlite" else nullcontext()
+        )
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
 
     @property
     def engine(self) -> Engine:
         return self._engine
 
+    @property
+    def is_local_file(self) -> bool:
+        """SQLite: calls are local transactions, with no network round trip."""
+        return self._engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A writing transaction, committed on leaving (rolled back on an exception)."""
+        with self._write_turn, self._writing.begin() as connection:
+            yield connection
+
     # -- schema ---------------------------------------------------------------
 
     def upgrade(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with the packaged Alembic migrations."""
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             migrate.upgrade(connection, revision)
 
     def schema_revision(self) -> str | None:
@@ -137,7 +157,7 @@ class Ledger:
         rows = {device.block_id: _device_values(device, now) for device in devices}
         if not rows:
             return
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             connection.execute(_upsert_devices(self._engine.dialect.name), list(rows.values()))
 
     def devices(self) -> list[DeviceRecord]:
@@ -156,7 +176,7 @@ class Ledger:
         now = self._now()
         machine_id = uuid.uuid4().hex
         try:
-            with self._writing.begin() as connection:
+            with self._write() as connection:
                 connection.execute(
                     _INSERT_MACHINE, _new_machine(machine_id, user, server, request, now)
                 )
@@ -194,7 +214,7 @@ class Ledger:
         """
         wanted = _claim_set(block_ids, host_block)
         now = self._now()
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             machine = _machine_row(connection, machine_id)
             check_transition(machine.state, CLAIMED)
             _lock_quota_account(connection, machine.user_name, now)
@@ -222,7 +242,7 @@ class Ledger:
         if to not in TERMINAL:
             return self.advance(machine_id, (to, message), failure=failure)
         now = self._now()
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             return _end(connection, _machine_row(connection, machine_id), to, now, message, failure)
 
     def advance(
@@ -241,7 +261,7 @@ class Ledger:
         if bad:
             raise ValueError(f"advance takes non-terminal steps other than 'claimed', not {bad}")
         now = self._now()
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             machine = _machine_row(connection, machine_id)
             at = machine.state
             for to, message in steps:
@@ -274,7 +294,7 @@ class Ledger:
 
     def _release(self, machine_id: str, to: str, message: str, failure: str | None) -> Machine:
         now = self._now()
-        with self._writing.begin() as connection:
+        with self._write() as connection:
             machine = _machine_row(connection, machine_id)
             if machine.state in TERMINAL:
                 return _machine_record(machine, ())
