@@ -55,7 +55,12 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     assert any(m.startswith("starting notebook on host-") for m in messages)
     hub.wait_ready("student1")
 
-    env = process_env(notebook_pid(hub, "student1"))
+    pid = notebook_pid(hub, "student1")
+    env = process_env(pid)
+    # The demo's shared account: the notebook runs in the user's own home.
+    home = hub.state / "homes" / "student1"
+    assert env["HOME"] == str(home)
+    assert Path(f"/proc/{pid}/cwd").resolve() == home.resolve()
     gpus = json.loads(env["COMPOSE_GPUS"])
     assert [g["model"] for g in gpus] == ["NVIDIA T4", "NVIDIA T4"]
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
