@@ -137,6 +137,23 @@ class Composer:
         # The ledger's holders as placement last read them, with _claims_committed
         # when that read began.
         self._holders = _Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
+        # An SQLite ledger is a local file and each call a short transaction
+        # (well under a millisecond): it runs on the event loop, as JupyterHub's
+        # own database does. In a worker thread it cost more than the call
+        # itself: handing over and back, and the GIL that the thread and the
+        # event loop then pass back and forth (every hub commit waited for it).
+        # A database server's round trips go to a worker thread.
+        self._ledger_inline = ledger.is_local_file
+
+    async def _ledger_call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call a ledger method (see _ledger_inline); it lands or fails as a whole."""
+        if self._ledger_inline:
+            return func(*args, **kwargs)
+        return await _whole_in_thread(func, *args, **kwargs)
+
+    async def record(self, machine_id: str, to: str, message: str) -> None:
+        """Record a non-terminal lifecycle step the spawner took (``running``)."""
+        await self._ledger_call(self.ledger.transition, machine_id, to, message)
 
     # -- reading ---------------------------------------------------------
 
@@ -162,13 +179,13 @@ class Composer:
         """What the spawn form shows one user: models they may use, what is free, quota."""
         inventory = await self.inventory()
         owners = self.owners(inventory)
-        held = await _in_thread(self.ledger.holders)
+        held = await self._ledger_call(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=owners, groups=groups)
         free = {
             m.id: availability(pool, m.fabric_models, self.catalog.max_gpus_per_machine)
             for m in self._visible_catalog_models(inventory, owners, groups)
         }
-        in_use = sum(use.gpus for use in await _in_thread(self.ledger.gpu_use, user))
+        in_use = sum(use.gpus for use in await self._ledger_call(self.ledger.gpu_use, user))
         return Offer(free=free, gpus_in_use=in_use)
 
     async def visible_models(self, groups: frozenset[str]) -> frozenset[str]:
@@ -207,7 +224,7 @@ class Composer:
         """
         ask = self._ask(request)
         try:
-            machine_id = await _write_in_thread(
+            machine_id = await self._ledger_call(
                 self.ledger.request_machine, user, server, request.to_options()
             )
         except ServerBusy as e:
@@ -229,7 +246,7 @@ class Composer:
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
         steps = [("composed", "all devices attached"), *([then] if then else [])]
-        await _in_thread(self.ledger.advance, machine_id, *steps)
+        await self._ledger_call(self.ledger.advance, machine_id, *steps)
         self.log.info(
             "Composed machine %s for %s/%s on %s in %s: %s",
             machine_id,
@@ -288,7 +305,7 @@ class Composer:
             self._reserved.update(dict.fromkeys(blocks))
             progress(f"claiming {ask.gpu_count} × {ask.label} in {plan.zone}")
             try:
-                await _write_in_thread(
+                await self._ledger_call(
                     self.ledger.claim,
                     machine_id,
                     host_id=plan.host.system_id,
@@ -329,7 +346,7 @@ class Composer:
 
     async def _read_holders(self) -> tuple[Mapping[str, str], int]:
         read_after = self._claims_committed
-        return await _in_thread(self.ledger.holders), read_after
+        return await self._ledger_call(self.ledger.holders), read_after
 
     def _pool(
         self, inventory: Inventory, held: Mapping[str, str], read_after: int, groups: frozenset[str]
@@ -350,12 +367,14 @@ class Composer:
             self._reserved.pop(block, None)
 
     async def _end_cancelled_request(self, user: str, server: str) -> None:
-        live = await _in_thread(self.ledger.live_machine, user, server)
+        live = await self._ledger_call(self.ledger.live_machine, user, server)
         if live is not None and live.state == "requested":
             await self._fail_unclaimed(live.id, _why_compose_failed(asyncio.CancelledError()))
 
     async def _fail_unclaimed(self, machine_id: str, reason: str) -> None:
-        await _in_thread(self.ledger.transition, machine_id, "failed", reason, failure=reason)
+        await self._ledger_call(
+            self.ledger.transition, machine_id, "failed", reason, failure=reason
+        )
 
     async def _attach(
         self, machine_id: str, plan: Plan, tag: CompositionTag, progress: Progress
@@ -394,18 +413,18 @@ class Composer:
         Idempotent. Raises FabricError if the fabric did not confirm; the
         devices then stay held in the ledger (unknown is not dead).
         """
-        machine = await _in_thread(self.ledger.machine, machine_id)
+        machine = await self._ledger_call(self.ledger.machine, machine_id)
         if machine is None or machine.state in ("released", "failed"):
             return
         if machine.state == "requested":
             await self._fail_unclaimed(machine_id, reason)
             return
         if machine.state != "stopping":
-            await _in_thread(self.ledger.transition, machine_id, "stopping", reason)
+            await self._ledger_call(self.ledger.transition, machine_id, "stopping", reason)
         if machine.host_id:
             await self._detach_all(machine_id, machine.host_id, machine.block_ids)
         end = "failed" if failed else "released"
-        await _in_thread(
+        await self._ledger_call(
             self.ledger.release,
             machine_id,
             to=end,
@@ -456,7 +475,7 @@ class Composer:
         for task in self._releases.values():
             task.cancel()
         await self.fabric.close()
-        await _in_thread(self.ledger.close)
+        await self._ledger_call(self.ledger.close)
 
     # -- helpers ---------------------------------------------------------
 
@@ -467,7 +486,7 @@ class Composer:
         records += [DeviceRecord.from_host(h) for h in inventory.hosts]
         fingerprint = frozenset((r.block_id, repr(r)) for r in records)
         if fingerprint != self._synced_blocks:
-            await _in_thread(self.ledger.sync_devices, records)
+            await self._ledger_call(self.ledger.sync_devices, records)
             self._synced_blocks = fingerprint
 
 
@@ -551,15 +570,11 @@ def _device_from_state(state: Mapping[str, Any]) -> Device:
     )
 
 
-async def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.to_thread(func, *args, **kwargs)
-
-
-async def _write_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """A ledger write that lands (or fails) as a whole, even if the caller is cancelled.
+async def _whole_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func`` in a worker thread; it lands (or fails) as a whole even if the caller is cancelled.
 
     Cancelling a coroutine does not stop its worker thread. Without waiting for
-    the thread, the caller's undo could run before the write commits, miss it,
+    the thread, the caller's undo could run before a write commits, miss it,
     and leave devices claimed by a machine nobody will ever release.
     """
     future = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -122,6 +123,12 @@ class HeldClaimLedger(Ledger):
         super().__init__(url)
         self.claim_entered = threading.Event()
         self.claim_may_go = threading.Event()
+
+    @property
+    def is_local_file(self) -> bool:
+        # A claim that waits is a database server's: the composer calls it in a
+        # worker thread, which is the path under test (SQLite runs on the loop).
+        return False
 
     def claim(
         self,
@@ -551,6 +558,34 @@ async def test_unreachable_fabric_before_the_claim_leaves_no_live_machine(rig: R
     rig.fabric.heal()
     machine = await rig.compose("u", ask("t4", 1))  # not refused as "already starting"
     assert rig.machine(machine.machine_id).state == "composed"
+
+
+class ThreadNotingLedger(Ledger):
+    """Notes which thread each lifecycle write ran on."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.threads: set[int] = set()
+
+    def request_machine(self, user: str, server: str, request: dict[str, Any]) -> str:
+        self.threads.add(threading.get_ident())
+        return super().request_machine(user, server, request)
+
+    def advance(
+        self, machine_id: str, *steps: tuple[str, str], failure: str | None = None
+    ) -> Machine:
+        self.threads.add(threading.get_ident())
+        return super().advance(machine_id, *steps, failure=failure)
+
+
+async def test_an_sqlite_ledger_is_called_on_the_event_loop(make_rig: Callable[..., Rig]) -> None:
+    rig = make_rig(ThreadNotingLedger)
+    ledger = rig.ledger
+    assert isinstance(ledger, ThreadNotingLedger)
+    machine = await rig.compose("u", ask("t4", 1))
+    await rig.composer.record(machine.machine_id, "launching", "starting notebook")
+    assert rig.machine(machine.machine_id).state == "launching"
+    assert ledger.threads == {threading.get_ident()}
 
 
 async def test_compose_cancelled_during_the_claim_holds_nothing(
