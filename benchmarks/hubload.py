@@ -29,6 +29,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from composespawner.ledger import Ledger
 from tests.hubharness import ADMIN_TOKEN, Hub
@@ -140,7 +141,10 @@ def load_env(inventory: Path) -> dict[str, str]:
 def api_session(connections: int) -> requests.Session:
     """An admin-token session whose pool keeps ``connections`` connections (one per thread)."""
     session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(connections, 10))
+    # A kept-alive connection the proxy closes just as we reuse it fails with no
+    # answer; GET and DELETE of a server are safe to send again (never POST).
+    retry = Retry(total=3, allowed_methods=frozenset({"GET", "DELETE"}), status_forcelist=())
+    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(connections, 10), max_retries=retry)
     session.mount("http://", adapter)
     session.headers["Authorization"] = f"token {ADMIN_TOKEN}"
     return session
