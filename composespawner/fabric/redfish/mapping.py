@@ -125,8 +125,14 @@ def deep_expand_query(service_root: Document) -> str | None:
     A block's Processors and EthernetInterfaces are one level below it, Drives
     behind Storage two: three levels from the collection where the service
     allows that many, else two (Storage then brings its Drives as references).
+    Only with ``.``: ``*`` would follow every Link that deep too (each block's
+    zones and systems, and theirs).
     """
-    return expand_query(service_root, 3) or expand_query(service_root, 2)
+    for levels in (3, 2):
+        query = expand_query(service_root, levels)
+        if query is not None and query.startswith("$expand=."):
+            return query
+    return None
 
 
 def expand_subordinates(
