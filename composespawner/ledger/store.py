@@ -112,7 +112,7 @@ class Ledger:
         # on a lock of ours instead, which hands over at once; the busy timeout
         # still covers other processes (the reconciler, another hub).
         self._write_turn: AbstractContextManager[Any] = (
-            threading.Lock() if self._engine.dialect.name == "sqlite" else nullcontext()
+            threading.Lock() if self.is_local_file else nullcontext()
         )
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
 
