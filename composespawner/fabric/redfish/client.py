@@ -231,15 +231,13 @@ class RedfishFabric:
         service = await self._service_map(deadline)
         now = time.monotonic()
         read_all_parts = self._parts_read_at is None or now - self._parts_read_at >= _PART_MAX_AGE_S
+        blocks_query = service.expand
         if read_all_parts:
             self._parts = {}
+            blocks_query = service.expand_parts or service.expand
         blocks, zones, systems = await _all(
             [
-                self._members(
-                    service.resource_blocks,
-                    (read_all_parts and service.expand_parts) or service.expand,
-                    deadline,
-                ),
+                self._members(service.resource_blocks, blocks_query, deadline),
                 self._members(service.resource_zones, service.expand, deadline),
                 self._members(service.systems, service.expand, deadline),
             ]
@@ -331,7 +329,7 @@ class RedfishFabric:
             try:
                 await self._request_change(system_id, system, block_uri, change, deadline)
             except StaleETag:
-                raise
+                raise  # a FabricRefused, but _write_system's to handle: read again
             except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
                 await self._settle(system_id, block_id, change, exc, deadline)
 

@@ -102,16 +102,12 @@ def expand_query(service_root: Document, levels: int = 1) -> str | None:
     expand = dig(service_root, "ProtocolFeaturesSupported", "ExpandQuery")
     if not isinstance(expand, Mapping):
         return None
-    if expand.get("Levels") is True:
-        max_levels = expand.get("MaxLevels")
-        most = max_levels if isinstance(max_levels, int) and max_levels >= 1 else 1
-        if levels > most:
-            return None
-        suffix = f"($levels={levels})"
-    elif levels > 1:
+    with_levels = expand.get("Levels") is True
+    max_levels = expand.get("MaxLevels")
+    most = max_levels if with_levels and isinstance(max_levels, int) and max_levels > 1 else 1
+    if levels > most:
         return None
-    else:
-        suffix = ""
+    suffix = f"($levels={levels})" if with_levels else ""
     if expand.get("NoLinks") is True:
         return f"$expand=.{suffix}"
     if expand.get("ExpandAll") is True:
