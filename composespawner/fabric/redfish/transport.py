@@ -273,15 +273,7 @@ class RedfishTransport:
             remaining = deadline.remaining()
             if remaining <= 0:
                 raise FabricDeadlineExceeded(f"{method} {path}: deadline passed before sending")
-            all_headers = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
-            body = None
-            if payload is not None:
-                body = json.dumps(payload).encode()
-                all_headers["Content-Type"] = "application/json"
-            if session is not None and session.mode == "basic":
-                all_headers["Authorization"] = self._basic_auth
-            if session is not None and session.mode == "token":
-                all_headers["X-Auth-Token"] = session.token
+            all_headers, body = self._message(payload, headers, session)
             timeout = aiohttp.ClientTimeout(
                 total=min(self.timeouts.request, remaining),
                 sock_connect=min(self.timeouts.connect, remaining),
@@ -312,6 +304,21 @@ class RedfishTransport:
         self._log.debug("%s %s -> %d in %.0f ms", method, path, answer.status, elapsed_ms)
         # answer.headers is case-insensitive, like HTTP: "ETag" finds "Etag".
         return Response(method, path, answer.status, answer.headers, content)
+
+    def _message(
+        self, payload: Any, headers: Mapping[str, str] | None, session: _Session | None
+    ) -> tuple[dict[str, str], bytes | None]:
+        """A request's headers (with its credentials) and JSON body."""
+        all_headers = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            all_headers["Content-Type"] = "application/json"
+        if session is not None and session.mode == "basic":
+            all_headers["Authorization"] = self._basic_auth
+        if session is not None and session.mode == "token":
+            all_headers["X-Auth-Token"] = session.token
+        return all_headers, body
 
     def _http(self) -> aiohttp.ClientSession:
         # Made lazily: a session belongs to the event loop running when it is
