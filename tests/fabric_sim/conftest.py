@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tls import TLSFiles, make_tls_files
+
 from .harness import RedfishClient, SimulatorProcess, StartSimulator
 
 
@@ -15,9 +17,9 @@ def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
     """Start simulators with extra CLI arguments; all are stopped in teardown."""
     started: list[SimulatorProcess] = []
 
-    def start(*args: str) -> SimulatorProcess:
+    def start(*args: str, tls: TLSFiles | None = None) -> SimulatorProcess:
         log_path = tmp_path / f"simulator-{len(started)}.log"
-        simulator = SimulatorProcess([*args], log_path)
+        simulator = SimulatorProcess(args, log_path, tls=tls)
         started.append(simulator)
         simulator.start()
         return simulator
@@ -25,6 +27,12 @@ def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
     yield start
     for simulator in started:
         simulator.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A CA and a certificate for 127.0.0.1, for simulators serving https."""
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture

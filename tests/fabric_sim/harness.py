@@ -1,8 +1,8 @@
 """Test harness for the fabric simulator: a real simulator process and a small HTTP client.
 
 The simulator runs as a subprocess on a free port, exactly as the hub would
-start it; readiness is polled with a deadline, and the fixtures in
-``conftest.py`` stop every process they start.
+start it (tests/support/simulator.py polls its readiness with a deadline), and
+the fixtures in ``conftest.py`` stop every process they start.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import socket
-import subprocess
-import sys
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,26 +18,18 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.paths import SHARED
+from tests.support import simulator as support
+from tests.support.simulator import CREDENTIALS
 
-from tests.paths import HUB_CONFIG, SHARED
-
-INVENTORY = HUB_CONFIG / "fabric_inventory.toml"
-USERNAME, PASSWORD = "admin", "fabric-password"
+USERNAME, PASSWORD = CREDENTIALS
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 SYSTEMS = "/redfish/v1/Systems"
-READY_TIMEOUT_S = 20.0
 
 
 def shared_dir() -> Path:
     """The ``shared`` folder beside the repository root (DMTF schemas, registries)."""
     return SHARED
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def block_ref(block_id: str) -> dict[str, Any]:
@@ -69,8 +59,9 @@ class Response:
 class RedfishClient:
     """Just enough HTTP to poke the simulator: Basic auth unless told otherwise."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.port = port
+        self.tls = tls
 
     def request(
         self,
@@ -87,7 +78,11 @@ class RedfishClient:
             token = base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
             all_headers["Authorization"] = f"Basic {token}"
         payload = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        connection = (
+            http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=self.tls)
+            if self.tls
+            else http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        )
         try:
             connection.request(method, path, body=payload, headers=all_headers)
             answer = connection.getresponse()
@@ -137,55 +132,15 @@ def poll_monitor(client: RedfishClient, monitor: str, deadline_s: float = 10.0) 
     raise AssertionError(f"task monitor {monitor} still running after {deadline_s}s")
 
 
-class SimulatorProcess:
-    """One simulator subprocess; restartable with the same arguments."""
+class SimulatorProcess(support.SimulatorProcess):
+    """The shared simulator process (tests/support/simulator.py), with a client of its own.
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.args = ["--inventory", str(INVENTORY), "--port", str(self.port), *args]
-        self.log_path = log_path
-        self.client = RedfishClient(self.port)
-        self.process: subprocess.Popen[bytes] | None = None
+    With ``tls`` it serves https with that certificate, and its client trusts the CA.
+    """
 
-    def start(self) -> None:
-        command = [sys.executable, "-m", "composespawner.fabric.simulator", *self.args]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready()
-
-    def stop(self) -> int:
-        """SIGTERM, then SIGKILL if it lingers; the exit status."""
-        process, self.process = self.process, None
-        if process is None:
-            return 0
-        process.terminate()
-        try:
-            return process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-            raise
-
-    def restart(self) -> None:
-        assert self.stop() == 0
-        self.start()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                pytest.fail(f"simulator exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.02)  # polling the port, not standing in for a wait
-        self.stop()
-        pytest.fail(f"simulator not listening after {READY_TIMEOUT_S}s:\n{self.log()}")
+    @property
+    def client(self) -> RedfishClient:
+        return RedfishClient(self.port, self.tls.client_context() if self.tls else None)
 
 
 StartSimulator = Callable[..., SimulatorProcess]

@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from composespawner.fabric.base import (
-    DeviceInUse,
-    DeviceNotFound,
-    FabricRefused,
-    IncompatibleZone,
-)
+from composespawner.fabric.base import DeviceInUse, DeviceNotFound, FabricRefused, IncompatibleZone
 
 ADD, REMOVE = "AddResourceBlock", "RemoveResourceBlock"
 

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from composespawner.fabric.base import (
-    CompositionTag,
-    DeviceNotFound,
-    Fabric,
-    FabricUnreachable,
-)
-from composespawner.fabric.inprocess import InProcessFabric
+from composespawner.fabric.base import DeviceNotFound, Fabric, FabricUnreachable
+from composespawner.hardware import CompositionTag
+from tests.support.inprocess import InProcessFabric
+from tests.support.simulator import INVENTORY
 
-from .harness import INVENTORY
 from .sim_cases import ADD, REFUSALS, RefusalCase
 
 TAG = CompositionTag(hub="hub-a", machine="m-9", owner="dave/gpu")

@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 
-from composespawner.fabric.simulator.inventory import (
+from fabricsim.inventory import (
     InventoryError,
     load_inventory,
     parse_inventory,
 )
-
-from .harness import INVENTORY
+from tests.support.simulator import INVENTORY
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:

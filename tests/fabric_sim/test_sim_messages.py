@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from composespawner.fabric.simulator.__main__ import bind_address
-from composespawner.fabric.simulator.errors import MESSAGES, REGISTRY_VERSIONS, error_body
+from fabricsim.__main__ import bind_address
+from fabricsim.errors import MESSAGES, REGISTRY_VERSIONS, error_body
 
 from .harness import shared_dir
 

@@ -6,19 +6,18 @@ import json
 
 import pytest
 
-from composespawner.fabric.base import CompositionTag
-from composespawner.fabric.simulator import errors
-from composespawner.fabric.simulator.faults import FaultSettings, FaultSwitch
-from composespawner.fabric.simulator.inventory import load_inventory
-from composespawner.fabric.simulator.sessions import SessionStore
-from composespawner.fabric.simulator.state import (
+from fabricsim import errors
+from fabricsim.faults import FaultSettings, FaultSwitch
+from fabricsim.inventory import load_inventory
+from fabricsim.sessions import SessionStore
+from fabricsim.state import (
     FabricState,
     StateFileError,
     if_match_allows,
 )
-from composespawner.fabric.simulator.tasks import Outcome, TaskStore
-
-from .harness import INVENTORY
+from fabricsim.tasks import Outcome, TaskStore
+from fabricsim.wire import CompositionTag
+from tests.support.simulator import INVENTORY
 
 TAG = CompositionTag(hub="hub", machine="m-1", owner="carol/")
 
@@ -56,7 +55,9 @@ def test_etags_are_checked_after_idempotency(state: FabricState) -> None:
     current = state.block_etag("r1-t4-1")
     with pytest.raises(errors.ETagMismatch):
         state.add_resource_block("host-01", "r1-t4-1", block_etag='"e1-99"')
-    assert state.add_resource_block("host-01", "r1-t4-1", block_etag=f"W/{current}")
+    with pytest.raises(errors.ETagMismatch):  # a weak ETag never guards a write
+        state.add_resource_block("host-01", "r1-t4-1", block_etag=f"W/{current}")
+    assert state.add_resource_block("host-01", "r1-t4-1", block_etag=current)
     # The retry carries the ETag the first attempt made stale: still fine.
     assert not state.add_resource_block("host-01", "r1-t4-1", block_etag=current)
 
@@ -74,7 +75,7 @@ def test_tag_needs_if_match(state: FabricState) -> None:
 
 def test_if_match_forms() -> None:
     assert if_match_allows("*", '"a-1"')
-    assert if_match_allows('W/"a-1"', '"a-1"')
+    assert not if_match_allows('W/"a-1"', '"a-1"')  # If-Match compares strongly
     assert if_match_allows('"b-2", "a-1"', '"a-1"')
     assert not if_match_allows('"a-2"', '"a-1"')
     assert not if_match_allows("", '"a-1"')

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.simulator import INVENTORY, free_port
+
 from .harness import (
-    INVENTORY,
     SYSTEMS,
     RedfishClient,
     SimulatorProcess,
     StartSimulator,
-    free_port,
     poll_monitor,
 )
 
@@ -118,23 +116,17 @@ def test_bad_inventory_refuses_to_start(tmp_path: Path) -> None:
     assert "Spaceship" in result.stderr
 
 
-def test_binds_to_the_jupyterhub_service_url() -> None:
+def test_binds_to_the_jupyterhub_service_url(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}/services/fabric/"}
-    command = [sys.executable, "-m", "composespawner.fabric.simulator", "--inventory"]
-    process = subprocess.Popen(
-        [*command, str(INVENTORY)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    env = {"JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}/services/fabric/"}
+    simulator = SimulatorProcess(
+        [], tmp_path / "simulator.log", env=env, port_option=False, port=port
     )
+    simulator.start()  # waits until the service root answers on that port
     try:
-        client = RedfishClient(port)
-        deadline = time.monotonic() + 20
-        while not _answers(client):
-            assert process.poll() is None
-            assert time.monotonic() < deadline
-            time.sleep(0.05)  # polling the port, bounded by the deadline
+        assert simulator.client.get("/redfish/v1/", auth=False).status == 200
     finally:
-        process.terminate()
-        assert process.wait(timeout=10) == 0  # SIGTERM is a clean exit
+        assert simulator.stop() == 0  # SIGTERM is a clean exit
 
 
 def test_console_script_runs_the_simulator() -> None:
@@ -150,15 +142,8 @@ def test_console_script_runs_the_simulator() -> None:
     assert "--faults-api" in help_text
 
 
-def _answers(client: RedfishClient) -> bool:
-    try:
-        return client.get("/redfish/v1/", auth=False, timeout=1.0).status == 200
-    except OSError:
-        return False
-
-
 def run_cli(*args: str, inventory: Path = INVENTORY) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "composespawner.fabric.simulator"]
+    command = [sys.executable, "-m", "fabricsim"]
     return subprocess.run(
         [*command, "--inventory", str(inventory), "--port", str(free_port()), *args],
         capture_output=True,

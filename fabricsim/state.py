@@ -1,7 +1,7 @@
 """The simulated fabric's state: who holds which block, tags, ETags (pure).
 
 No tornado and no I/O here: the HTTP layer (:mod:`.app`) and the in-process
-fake (:mod:`composespawner.fabric.inprocess`) are thin adapters over this
+fake (``tests.support.inprocess``) are thin adapters over this
 model, so both accept and refuse exactly the same operations.
 
 Rules, as a composable PCIe fabric has them:
@@ -15,14 +15,22 @@ Rules, as a composable PCIe fabric has them:
   retrying after a lost answer is not refused for the ETag its own first
   attempt changed;
 * every write changes the ETags of the resources it touched.
+
+The composition mode says how systems come to be (:data:`COMPOSITION_MODES`):
+``expandable`` hosts are standing ComputerSystems that devices are added to;
+under ``specific`` and ``action`` a host is only a free compute block, and a
+system exists while it is composed, of one compute block and device blocks,
+all at once or not at all (:meth:`FabricState.compose_system`), until it is
+decomposed. That is what DMTF's composability mockup shows: its Systems
+collection lists composed systems only, and its compute blocks are Unused
+until a composition takes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
-
-from composespawner.fabric.base import CompositionTag
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from . import uris
 from .errors import (
@@ -32,12 +40,36 @@ from .errors import (
     ETagMismatch,
     ETagRequired,
     NotADeviceBlock,
+    NotOneComputeBlock,
     ResourceMissing,
+    SimulatorError,
     ZoneMismatch,
 )
 from .inventory import HostSpec, InventorySpec
+from .wire import CompositionTag, TagShape
 
 STATE_FORMAT = 1
+CompositionMode = Literal["expandable", "specific", "action"]
+COMPOSITION_MODES: tuple[CompositionMode, ...] = ("expandable", "specific", "action")
+COMPOSED_PREFIX = "composed-"
+_TAG_KEYS = ("Hub", "Machine", "Owner")
+
+
+@dataclass(frozen=True, slots=True)
+class ComposedSystem:
+    """A system made by specific composition: one compute block and devices."""
+
+    name: str
+    blocks: tuple[str, ...]  # the compute block first
+
+
+@dataclass(frozen=True, slots=True)
+class CompositionRequest:
+    """What a POST to Systems or a ComposeSystem stanza asks for."""
+
+    name: str
+    blocks: tuple[str, ...]
+    tag: TagShape | None = None
 
 
 class StateFileError(ValueError):
@@ -47,23 +79,65 @@ class StateFileError(ValueError):
 class FabricState:
     """Attachments, tags, disabled blocks and write counters of one fabric."""
 
-    def __init__(self, inventory: InventorySpec, *, epoch: str) -> None:
+    def __init__(
+        self,
+        inventory: InventorySpec,
+        *,
+        epoch: str,
+        composition: CompositionMode = "expandable",
+    ) -> None:
         self.inventory = inventory
+        self.composition = composition
         # Part of every ETag, so ETags from a previous run without a state
         # file never match by accident.
         self.epoch = epoch
         self._holder: dict[str, str] = {}  # device block id -> system id
         self._attached: dict[str, list[str]] = {h.id: [] for h in inventory.hosts}
-        self._tags: dict[str, CompositionTag] = {}
+        self._tags: dict[str, TagShape] = {}
         self._disabled: frozenset[str] = frozenset()
         self._versions: dict[str, int] = {}
+        self._composed: dict[str, ComposedSystem] = {}  # specific / action modes
+        self._next_system = 1
+
+    @property
+    def expandable(self) -> bool:
+        return self.composition == "expandable"
 
     # --- queries ------------------------------------------------------------
 
     def host(self, system_id: str) -> HostSpec:
-        host = self.inventory.host(system_id)
+        """An expandable host's system; under specific composition hosts are no systems."""
+        host = self.inventory.host(system_id) if self.expandable else None
         if host is None:
             raise ResourceMissing(uris.system_uri(system_id))
+        return host
+
+    def system_ids(self) -> list[str]:
+        """The ComputerSystems the service shows now."""
+        if self.expandable:
+            return [h.id for h in self.inventory.hosts]
+        return list(self._composed)
+
+    def has_system(self, system_id: str) -> bool:
+        return system_id in self.system_ids()
+
+    def composed(self, system_id: str) -> ComposedSystem | None:
+        return self._composed.get(system_id)
+
+    def system_blocks(self, system_id: str) -> tuple[str, ...]:
+        """Every block a system is made of, its compute block first."""
+        composed = self._composed.get(system_id)
+        if composed is not None:
+            return composed.blocks
+        return (self.host(system_id).block_id, *self.attached(system_id))
+
+    def system_host(self, system_id: str) -> HostSpec:
+        """The host whose compute block a system stands on."""
+        composed = self._composed.get(system_id)
+        if composed is None:
+            return self.host(system_id)
+        host = self.inventory.host_of_block(composed.blocks[0])
+        assert host is not None  # compose_system checked it
         return host
 
     def require_block(self, block_id: str) -> None:
@@ -76,7 +150,7 @@ class FabricState:
     def holder(self, block_id: str) -> str | None:
         """The system a block is composed into (a host block: its own host, once composed)."""
         host = self.inventory.host_of_block(block_id)
-        if host is not None:
+        if host is not None and self.expandable:
             return host.id if self._attached[host.id] else None
         return self._holder.get(block_id)
 
@@ -84,7 +158,7 @@ class FabricState:
         """Device blocks attached to a host, in the order they were attached."""
         return tuple(self._attached.get(system_id, ()))
 
-    def tag(self, system_id: str) -> CompositionTag | None:
+    def tag(self, system_id: str) -> TagShape | None:
         return self._tags.get(system_id)
 
     def is_enabled(self, block_id: str) -> bool:
@@ -155,9 +229,10 @@ class FabricState:
         self._touch_attachment(system_id, block_id)
         return True
 
-    def set_tag(self, system_id: str, tag: CompositionTag | None, *, if_match: str | None) -> None:
+    def set_tag(self, system_id: str, tag: TagShape | None, *, if_match: str | None) -> None:
         """PATCH of ``Oem.ComposeSpawner``: ``If-Match`` is required."""
-        self.host(system_id)
+        if not self.has_system(system_id):
+            raise ResourceMissing(uris.system_uri(system_id))
         if if_match is None:
             raise ETagRequired()
         if not if_match_allows(if_match, self.system_etag(system_id)):
@@ -167,6 +242,35 @@ class FabricState:
         else:
             self._tags[system_id] = tag
         self._touch(f"system:{system_id}")
+
+    def compose_system(self, request: CompositionRequest) -> str:
+        """Specific composition: a new system of exactly these blocks, or a refusal.
+
+        All or nothing: every block is checked before anything changes.
+        """
+        self._check_composition(request.blocks)
+        system_id = f"{COMPOSED_PREFIX}{self._next_system}"
+        self._next_system += 1
+        self._put_system(system_id, ComposedSystem(request.name, request.blocks), request.tag)
+        return system_id
+
+    def decompose_system(self, system_id: str) -> tuple[ComposedSystem, TagShape | None]:
+        """Give a composed system's blocks back to the free pool; what it was."""
+        composed = self._composed.get(system_id)
+        if composed is None:
+            raise ResourceMissing(uris.system_uri(system_id))
+        del self._composed[system_id]
+        for block_id in composed.blocks:
+            self._holder.pop(block_id, None)
+        tag = self._tags.pop(system_id, None)
+        self._touch(f"system:{system_id}", *(f"block:{b}" for b in composed.blocks))
+        return composed, tag
+
+    def restore_system(
+        self, system_id: str, composed: ComposedSystem, tag: TagShape | None
+    ) -> None:
+        """Undo :meth:`decompose_system` (a failed manifest puts back what it took apart)."""
+        self._put_system(system_id, composed, tag)
 
     def set_disabled(self, block_ids: Iterable[str]) -> None:
         """Mark exactly these blocks not Enabled (a fault switch; not persisted)."""
@@ -179,6 +283,8 @@ class FabricState:
 
     def reset(self) -> None:
         """Detach everything and clear tags; ETags keep counting up."""
+        for system_id in list(self._composed):
+            self.decompose_system(system_id)
         for system_id, blocks in self._attached.items():
             for block_id in list(blocks):
                 self.remove_resource_block(system_id, block_id)
@@ -201,6 +307,17 @@ class FabricState:
                 }
                 for host in self.inventory.hosts
             },
+            # Written in every mode, so a file shows what it holds; restored only
+            # under specific composition.
+            "composed": {
+                system_id: {
+                    "name": composed.name,
+                    "blocks": list(composed.blocks),
+                    "tag": _tag_json(self.tag(system_id)),
+                }
+                for system_id, composed in self._composed.items()
+            },
+            "next_system": self._next_system,
         }
 
     def restore(self, document: Any) -> list[str]:
@@ -216,9 +333,62 @@ class FabricState:
         problems: list[str] = []
         for system_id, entry in hosts.items():
             problems += self._restore_host(system_id, entry)
+        next_system = document.get("next_system", 1)
+        self._next_system = next_system if isinstance(next_system, int) else 1
+        composed = document.get("composed") or {}
+        if not isinstance(composed, dict):
+            return [*problems, "dropped composed systems: not an object"]
+        for system_id, entry in composed.items():
+            problem = self._restore_composed(system_id, entry)
+            if problem:
+                problems.append(problem)
         return problems
 
+    def _restore_composed(self, system_id: str, entry: Any) -> str | None:
+        if self.expandable:
+            return f"dropped composed system {system_id!r}: the service is in expandable mode"
+        blocks = entry.get("blocks") if isinstance(entry, dict) else None
+        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+            return f"dropped composed system {system_id!r}: `blocks` is not a list of block ids"
+        try:
+            self._check_composition(blocks)
+        except SimulatorError as err:
+            return f"dropped composed system {system_id!r}: {err}"
+        tag = entry.get("tag")
+        shape = None
+        if isinstance(tag, dict) and all(isinstance(tag.get(k), str) for k in _TAG_KEYS):
+            shape = CompositionTag(hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"])
+        name = entry.get("name")
+        composed = ComposedSystem(name if isinstance(name, str) else system_id, tuple(blocks))
+        self._put_system(system_id, composed, shape)
+        return None
+
     # --- internals ------------------------------------------------------------
+
+    def _check_composition(self, blocks: Sequence[str]) -> None:
+        for block_id in blocks:
+            self.require_block(block_id)
+        computes = [b for b in blocks if self.is_host_block(b)]
+        if len(computes) != 1 or blocks[0] != computes[0] or len(set(blocks)) != len(blocks):
+            # The compute block first is our own rule, so a system's first block names its host.
+            raise NotOneComputeBlock("Links/ResourceBlocks")
+        for block_id in blocks:
+            if block_id in self._holder:
+                raise BlockInUse(block_id)
+        zones = [set(self.inventory.block_zones(b)) for b in blocks]
+        if not set.intersection(*zones):
+            raise ZoneMismatch()
+        for block_id in blocks:
+            if not self.is_enabled(block_id):
+                raise BlockNotEnabled(block_id)
+
+    def _put_system(self, system_id: str, composed: ComposedSystem, tag: TagShape | None) -> None:
+        self._composed[system_id] = composed
+        for block_id in composed.blocks:
+            self._holder[block_id] = system_id
+        if tag is not None:
+            self._tags[system_id] = tag
+        self._touch(f"system:{system_id}", *(f"block:{b}" for b in composed.blocks))
 
     def _check_etags(
         self, system_id: str, block_id: str, block_etag: str | None, system_etag: str | None
@@ -242,6 +412,9 @@ class FabricState:
     def _restore_host(self, system_id: str, entry: Mapping[str, Any]) -> list[str]:
         if self.inventory.host(system_id) is None:
             return [f"dropped state of unknown host {system_id!r}"]
+        if not self.expandable:
+            held = entry.get("attached") or entry.get("tag")
+            return [f"dropped expandable state of host {system_id!r}"] if held else []
         problems = []
         for block_id in entry.get("attached", []):
             problem = self._restore_attachment(system_id, block_id)
@@ -265,17 +438,31 @@ class FabricState:
 
 
 def etags_equal(given: str, current: str) -> bool:
-    """ETag comparison that ignores the weak marker (``W/``)."""
-    return given.strip().removeprefix("W/") == current.removeprefix("W/")
+    """Strong comparison (RFC 9110 8.8.3.2), as writes need: a weak ETag never matches.
+
+    A weak ETag only says two representations are equivalent, not identical,
+    so it cannot guard a write against a lost update.
+    """
+    given = given.strip()
+    return not given.startswith("W/") and given == current
 
 
 def if_match_allows(header: str, current: str) -> bool:
     """Whether an ``If-Match`` header (``*`` or a list of ETags) matches ``current``."""
-    candidates = [part.strip() for part in header.split(",") if part.strip()]
-    return any(c == "*" or etags_equal(c, current) for c in candidates)
+    return any(c == "*" or etags_equal(c, current) for c in _etag_list(header))
 
 
-def _tag_json(tag: CompositionTag | None) -> dict[str, str] | None:
+def if_none_match_matches(header: str, current: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``current``: weak comparison, for reads."""
+    plain = current.removeprefix("W/")
+    return any(c == "*" or c.removeprefix("W/") == plain for c in _etag_list(header))
+
+
+def _etag_list(header: str) -> list[str]:
+    return [part.strip() for part in header.split(",") if part.strip()]
+
+
+def _tag_json(tag: TagShape | None) -> dict[str, str] | None:
     if tag is None:
         return None
     return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
@@ -300,7 +487,7 @@ def _check_host_entry(system_id: str, entry: Any) -> None:
     if not isinstance(attached, list) or not all(isinstance(b, str) for b in attached):
         raise StateFileError(f"host {system_id}: `attached` must be a list of block ids")
     tag = entry.get("tag")
-    keys = ("Hub", "Machine", "Owner")
+    keys = _TAG_KEYS
     if tag is not None and not (
         isinstance(tag, dict) and all(isinstance(tag.get(k), str) for k in keys)
     ):

@@ -5,7 +5,7 @@ DMTF publishes Redfish mockups as directory trees: ``/redfish/v1/X`` lives in
 document ``$metadata`` in ``<dir>/$metadata/index.xml``. This serves such a
 tree, for tests and for poking at a mockup by hand::
 
-    python -m composespawner.fabric.mockserver ../shared/redfish/mockups/public-composability \\
+    python -m tests.support.mockserver ../shared/redfish/mockups/public-composability \\
         --port 8000
 
 It is static: every write (POST, PATCH, PUT, DELETE) is answered ``405`` with a
@@ -37,7 +37,9 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
 
-from composespawner.fabric.redfish.mapping import expand_subordinates
+# The simulator's $expand, not the client's: a double sharing the client's code
+# could not catch the client's mistakes.
+from fabricsim.expand import expand_subordinates
 
 BASE_REGISTRY = "Base.1.22.1"
 _UNAUTHENTICATED = frozenset({"", "$metadata", "odata"})

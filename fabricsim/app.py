@@ -14,37 +14,49 @@ import base64
 import binascii
 import json
 import logging
+import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import tornado.web
 
 from . import resources, uris
-from .commands import BlockCommand, parse_block_command, parse_login, parse_tag_patch
+from .commands import (
+    Stanza,
+    parse_block_command,
+    parse_compose_action,
+    parse_login,
+    parse_system_create,
+    parse_tag_patch,
+)
 from .errors import (
     AccessUnauthorized,
     ETagMismatch,
     InternalError,
     NoValidSession,
+    ODataVersionUnsupported,
     OperationNotAllowed,
     QueryParameterUnsupported,
     QueryParameterValueFormatError,
     ResourceMissing,
     ServiceTemporarilyUnavailable,
     SimulatorError,
+    UnsupportedMediaType,
 )
 from .faults import FaultSettings, FaultSettingsError, FaultSwitch
-from .metadata import OEM_SCHEMA_DOCUMENT, metadata_document
+from .metadata import OEM_SCHEMA_DOCUMENT, json_schema_uri, metadata_document
 from .persistence import StateFile
 from .sessions import SessionStore
-from .state import FabricState
+from .state import CompositionRequest, FabricState, if_none_match_matches
 from .tasks import Outcome, Task, TaskStore
 
-log = logging.getLogger("composespawner.fabric.simulator")
+log = logging.getLogger("fabricsim")
 
+Work = Callable[[], Outcome]
 WRITE_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+ODATA_VERSION = "4.0"
 # "$expand" values we answer, and how many levels deep each expands.
 EXPAND_LEVELS = {".": 1} | {
     f".($levels={n})": n for n in range(1, resources.EXPAND_FEATURES["MaxLevels"] + 1)
@@ -55,7 +67,7 @@ EXPAND_LEVELS = {".": 1} | {
 class SimulatorConfig:
     username: str = "admin"
     password: str = "fabric-password"
-    async_tasks: bool = False  # answer attach/detach with 202 + task monitor
+    async_tasks: bool = False  # answer writes of blocks and systems with 202 + task monitor
     task_duration_s: float = 0.2
     faults_api: bool = False  # serve /sim/faults and /sim/state
     session_timeout_s: int = 1800
@@ -89,32 +101,77 @@ class Simulator:
         password_ok = secrets.compare_digest(password.encode(), self.config.password.encode())
         return user_ok and password_ok
 
-    def run(self, command: BlockCommand) -> Outcome:
-        """Apply a block command now; the answer it gets."""
+    def run(self, work: Work) -> Outcome:
+        """Do a write now; the answer it gets. Saves the state when it changed."""
         try:
-            changed = command.apply(self.state)
+            outcome = work()
         except SimulatorError as err:
             return Outcome.refused(err)
-        if changed:
-            self.save()
-        return Outcome(204)
+        self.save()
+        return outcome
 
-    def start_task(self, command: BlockCommand) -> Task:
-        """Run ``command`` after the task duration, as a Redfish task."""
-        task = self.tasks.create(
-            f"{command.action} {command.block_id}", self.config.task_duration_s
-        )
+    def start_task(self, name: str, work: Work) -> Task:
+        """Do ``work`` after the task duration, as a Redfish task."""
+        task = self.tasks.create(name, self.config.task_duration_s)
         asyncio.get_running_loop().call_later(
-            self.config.task_duration_s, self._finish_task, task, command
+            self.config.task_duration_s, self._finish_task, task, work
         )
         return task
 
-    def _finish_task(self, task: Task, command: BlockCommand) -> None:
+    def _finish_task(self, task: Task, work: Work) -> None:
         if self.faults.settings.task_failure:
             task.finish(Outcome.refused(InternalError()))
         else:
-            task.finish(self.run(command))
+            task.finish(self.run(work))
         log.info("task %s (%s) ended: %s", task.id, task.name, task.state)
+
+    def compose(self, request: CompositionRequest) -> Outcome:
+        system_id = self.state.compose_system(request)
+        created = resources.system(self.view, system_id)
+        return Outcome(201, created, location=uris.system_uri(system_id))
+
+    def decompose(self, system_id: str) -> Outcome:
+        self.state.decompose_system(system_id)
+        return Outcome(204)
+
+    def apply_manifest(self, stanzas: list[Stanza]) -> Outcome:
+        """CompositionService.Compose with RequestType Apply: every stanza, or none."""
+        undo: list[Callable[[], None]] = []
+        answers = []
+        try:
+            for stanza in stanzas:
+                answers.append(self._apply_stanza(stanza, undo))
+        except SimulatorError:
+            for step in reversed(undo):
+                step()
+            raise
+        return Outcome(200, resources.compose_response(answers))
+
+    def _apply_stanza(self, stanza: Stanza, undo: list[Callable[[], None]]) -> dict[str, Any]:
+        state = self.state
+        if stanza.compose is not None:
+            system_id = state.compose_system(stanza.compose)
+
+            def take_apart() -> None:
+                state.decompose_system(system_id)
+
+            undo.append(take_apart)
+            kind, response = "ComposeSystem", resources.system(self.view, system_id)
+        else:
+            assert stanza.decompose is not None
+            system_id = stanza.decompose
+            response = resources.system(self.view, system_id)
+            gone, tag = state.decompose_system(system_id)
+            undo.append(lambda: state.restore_system(system_id, gone, tag))
+            kind = "DecomposeSystem"
+        return {"StanzaType": kind, "StanzaId": stanza.stanza_id, "Response": response}
+
+    def write(self, handler: RedfishHandler, name: str, work: Work) -> None:
+        """Answer a write at once, or with 202 and a task monitor under --async-tasks."""
+        if self.config.async_tasks:
+            handler.send_accepted(self.start_task(name, work))
+        else:
+            handler.send_outcome(self.run(work))
 
     def save(self) -> None:
         if self.state_file is not None:
@@ -124,14 +181,14 @@ class Simulator:
 class RedfishHandler(tornado.web.RequestHandler):
     """Common ground: faults, authentication, Redfish errors, JSON answers."""
 
-    ALLOW: ClassVar[str] = "GET, HEAD"
+    ALLOW = "GET, HEAD"  # the Allow header; handlers may narrow or widen it per mode
     dropped = False  # closed unanswered by the drop_connections / unreachable faults
 
     def initialize(self, simulator: Simulator) -> None:
         self.sim = simulator
 
     def set_default_headers(self) -> None:
-        self.set_header("OData-Version", "4.0")
+        self.set_header("OData-Version", ODATA_VERSION)
         self.set_header("Cache-Control", "no-cache")
 
     async def prepare(self) -> None:
@@ -144,6 +201,7 @@ class RedfishHandler(tornado.web.RequestHandler):
             raise ServiceTemporarilyUnavailable(1)
         if not self.is_open():
             self._authenticate()
+        check_request_headers(self.request.method or "", self.request.headers, self.request.body)
 
     def is_open(self) -> bool:
         """Whether this request may be answered without credentials."""
@@ -173,7 +231,23 @@ class RedfishHandler(tornado.web.RequestHandler):
         if etag:
             self.set_header("ETag", etag)
         self.set_header("Allow", self.ALLOW)
+        odata_type = payload.get("@odata.type") if isinstance(payload, dict) else None
+        schema = json_schema_uri(odata_type) if isinstance(odata_type, str) else None
+        if schema and self.request.method in ("GET", "HEAD"):
+            self.set_header("Link", f"<{schema}>; rel=describedby")
+        if etag and status == 200 and self._not_modified(etag):
+            self.set_status(304)  # the client's copy is current: headers only
+            self.finish()
+            return
         self.finish(json.dumps(payload))
+
+    def _not_modified(self, etag: str) -> bool:
+        if_none_match = self.request.headers.get("If-None-Match")
+        return (
+            self.request.method in ("GET", "HEAD")
+            and if_none_match is not None
+            and if_none_match_matches(if_none_match, etag)
+        )
 
     def send_accepted(self, task: Task) -> None:
         """202 for a running task: where to poll and when."""
@@ -182,6 +256,8 @@ class RedfishHandler(tornado.web.RequestHandler):
         self.send_json(resources.task_resource(task), status=202)
 
     def send_outcome(self, outcome: Outcome) -> None:
+        if outcome.location is not None:
+            self.set_header("Location", outcome.location)
         if outcome.body is None:
             self.set_status(outcome.status)
             self.finish()
@@ -283,8 +359,47 @@ class ResourceHandler(RedfishHandler):
     post = put = patch = delete = _not_allowed
 
 
+class SystemsHandler(RedfishHandler):
+    """The Systems collection; POST composes a system under specific composition."""
+
+    def initialize(self, simulator: Simulator) -> None:
+        super().initialize(simulator)
+        self.ALLOW = "GET, HEAD, POST" if self._creates() else "GET, HEAD"
+
+    def _creates(self) -> bool:
+        return self.sim.state.composition == "specific"
+
+    def get(self) -> None:
+        self.send_resource(resources.system_collection(self.sim.view))
+
+    def post(self) -> None:
+        if not self._creates():
+            raise OperationNotAllowed()
+        request = parse_system_create(self.request.body)
+        check_attachments(self.sim, request.blocks)
+        self.sim.write(self, f"compose {request.name}", lambda: self.sim.compose(request))
+
+    def _not_allowed(self) -> None:
+        raise OperationNotAllowed()
+
+    put = patch = delete = _not_allowed
+
+
 class SystemHandler(RedfishHandler):
     ALLOW = "GET, HEAD, PATCH"
+
+    def initialize(self, simulator: Simulator) -> None:
+        super().initialize(simulator)
+        if not simulator.state.expandable:
+            self.ALLOW = "GET, HEAD, PATCH, DELETE"
+
+    def delete(self, system_id: str) -> None:
+        """Decompose a system of specific composition; hosts of expandable mode stay."""
+        if not self.sim.state.has_system(system_id):
+            raise ResourceMissing(self.request.path)
+        if self.sim.state.expandable:
+            raise OperationNotAllowed()
+        self.sim.write(self, f"decompose {system_id}", lambda: self.sim.decompose(system_id))
 
     def get(self, system_id: str) -> None:
         self.send_resource(resources.system(self.sim.view, system_id))
@@ -314,10 +429,34 @@ class ActionHandler(RedfishHandler):
             raise InternalError()
         if command.gives_etags and self.sim.faults.settings.stale_etags:
             raise ETagMismatch()
-        if self.sim.config.async_tasks:
-            self.send_accepted(self.sim.start_task(command))
-        else:
-            self.send_outcome(self.sim.run(command))
+
+        def work() -> Outcome:
+            command.apply(self.sim.state)
+            return Outcome(204)
+
+        self.sim.write(self, f"{command.action} {command.block_id}", work)
+
+
+class ComposeActionHandler(RedfishHandler):
+    """``POST .../Actions/CompositionService.Compose``, where the service offers it."""
+
+    ALLOW = "POST"
+
+    def post(self) -> None:
+        if self.sim.state.composition != "action":
+            raise ResourceMissing(self.request.path)
+        stanzas = parse_compose_action(self.request.body)
+        for stanza in stanzas:
+            if stanza.compose is not None:
+                check_attachments(self.sim, stanza.compose.blocks)
+        self.sim.write(self, "compose manifest", lambda: self.sim.apply_manifest(stanzas))
+
+
+def check_attachments(simulator: Simulator, blocks: tuple[str, ...]) -> None:
+    """The fail-after-k-attachments fault, counting each device a composition takes."""
+    for block_id in blocks:
+        if not simulator.state.is_host_block(block_id) and simulator.faults.attachment_fails():
+            raise InternalError()
 
 
 class TaskMonitorHandler(RedfishHandler):
@@ -352,6 +491,15 @@ class SessionsHandler(RedfishHandler):
         self.set_header("X-Auth-Token", session.token)
         self.set_header("Location", uris.session_uri(session.id))
         self.send_json(resources.session_resource(session), status=201)
+
+
+class SessionMembersHandler(SessionsHandler):
+    """``POST .../Sessions/Members``: the same as POST to the collection (DSP0266)."""
+
+    ALLOW = "POST"
+
+    def get(self) -> None:
+        raise OperationNotAllowed()
 
 
 class SessionHandler(RedfishHandler):
@@ -423,7 +571,14 @@ class FaultsHandler(SimHandler):
 class StateHandler(SimHandler):
     def get(self) -> None:
         state = self.sim.state
-        self.send_json({"hosts": state.to_json()["hosts"], "disabled_blocks": state.disabled()})
+        document = state.to_json()
+        self.send_json(
+            {
+                "hosts": document["hosts"],
+                "composed": document["composed"],
+                "disabled_blocks": state.disabled(),
+            }
+        )
 
     def delete(self) -> None:
         """Detach everything and clear tags (tests share one simulator)."""
@@ -441,8 +596,11 @@ def make_app(simulator: Simulator) -> tornado.web.Application:
         (r"/redfish/v1/\$metadata/?", MetadataHandler, args),
         (uris.OEM_SCHEMA, OemSchemaHandler, args),
         (rf"{uris.SESSIONS}/?", SessionsHandler, args),
+        (rf"{uris.SESSIONS}/Members/?", SessionMembersHandler, args),
         (rf"{uris.SESSIONS}/([^/]+)/?", SessionHandler, args),
+        (rf"{uris.SYSTEMS}/?", SystemsHandler, args),
         (rf"{uris.SYSTEMS}/([^/]+)/Actions/ComputerSystem\.([A-Za-z]+)/?", ActionHandler, args),
+        (rf"{re.escape(uris.COMPOSE_ACTION)}/?", ComposeActionHandler, args),
         (rf"{uris.SYSTEMS}/([^/]+)/?", SystemHandler, args),
         (rf"{uris.TASK_MONITORS}/([^/]+)/?", TaskMonitorHandler, args),
         (r"/redfish/v1(/.*)?", ResourceHandler, args),
@@ -472,6 +630,17 @@ def _log_request(handler: tornado.web.RequestHandler) -> None:
         request.remote_ip,
         1000.0 * request.request_time(),
     )
+
+
+def check_request_headers(method: str, headers: Mapping[str, str], body: bytes) -> None:
+    """Refuse an OData-Version we do not speak (412) and a body not typed JSON (415)."""
+    odata_version = headers.get("OData-Version")
+    if odata_version is not None and odata_version.strip() != ODATA_VERSION:
+        raise ODataVersionUnsupported(f"OData-Version: {odata_version}")
+    content_type = headers.get("Content-Type", "")
+    media_type = content_type.partition(";")[0].strip().lower()
+    if method in WRITE_METHODS and body and media_type != "application/json":
+        raise UnsupportedMediaType(f"Content-Type: {content_type}")
 
 
 def _basic_credentials(header: str) -> tuple[str, str] | None:

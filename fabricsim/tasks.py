@@ -30,6 +30,7 @@ class Outcome:
 
     status: int
     body: dict[str, Any] | None = None
+    location: str | None = None  # a created resource's URI
 
     @classmethod
     def refused(cls, error: SimulatorError) -> Outcome:

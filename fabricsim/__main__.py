@@ -1,7 +1,8 @@
-"""Command line: ``python -m composespawner.fabric.simulator --inventory FILE``.
+"""Command line: ``fabricsim --inventory FILE`` (or ``python -m fabricsim``).
 
 Also reached as ``composespawner fabric-simulator ...``. Serves the simulated
-fabric on 127.0.0.1 until SIGTERM or SIGINT. Run by JupyterHub as a managed
+fabric on 127.0.0.1 until SIGTERM or SIGINT, over https with ``--tls-cert`` and
+``--tls-key`` (as real fabric managers answer), else plain http. Run by JupyterHub as a managed
 service, it binds to ``JUPYTERHUB_SERVICE_URL`` unless ``--port`` is given.
 """
 
@@ -14,15 +15,16 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import sys
 from urllib.parse import urlsplit
 
 from .app import Simulator, SimulatorConfig, make_app
 from .inventory import InventoryError, load_inventory
 from .persistence import StateFile
-from .state import FabricState, StateFileError
+from .state import COMPOSITION_MODES, FabricState, StateFileError
 
-log = logging.getLogger("composespawner.fabric.simulator")
+log = logging.getLogger("fabricsim")
 
 DEFAULT_IP = "127.0.0.1"
 DEFAULT_PORT = 8010
@@ -38,11 +40,30 @@ def main(argv: list[str] | None = None) -> int:
     ip, port = bind_address(args.ip, args.port, os.environ.get("JUPYTERHUB_SERVICE_URL"))
     try:
         simulator = build_simulator(args)
-    except (InventoryError, StateFileError) as err:
+        tls = tls_context(args.tls_cert, args.tls_key)
+    except (InventoryError, StateFileError, TLSOptionError) as err:
         log.error("%s", err)
         return 2
-    asyncio.run(serve(simulator, ip, port))
+    asyncio.run(serve(simulator, ip, port, tls))
     return 0
+
+
+class TLSOptionError(ValueError):
+    """``--tls-cert`` / ``--tls-key`` given alone, or not a usable certificate and key."""
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The server's TLS context, or None for plain http."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise TLSOptionError("--tls-cert and --tls-key go together: give both or neither")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        raise TLSOptionError(f"cannot serve TLS with {cert} and {key}: {err}") from err
+    return context
 
 
 def bind_address(ip: str | None, port: int | None, service_url: str | None) -> tuple[str, int]:
@@ -55,7 +76,9 @@ def bind_address(ip: str | None, port: int | None, service_url: str | None) -> t
 
 
 def build_simulator(args: argparse.Namespace) -> Simulator:
-    state = FabricState(load_inventory(args.inventory), epoch=secrets.token_hex(4))
+    state = FabricState(
+        load_inventory(args.inventory), epoch=secrets.token_hex(4), composition=args.composition
+    )
     state_file = StateFile(args.state_file) if args.state_file else None
     if state_file is not None:
         for problem in state_file.load_into(state):
@@ -72,21 +95,23 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
     return Simulator(state, config, state_file=state_file)
 
 
-async def serve(simulator: Simulator, ip: str, port: int) -> None:
+async def serve(simulator: Simulator, ip: str, port: int, tls: ssl.SSLContext | None) -> None:
     """Listen until SIGTERM or SIGINT."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    server = make_app(simulator).listen(port, address=ip)
+    server = make_app(simulator).listen(port, address=ip, ssl_options=tls)
     inventory = simulator.state.inventory
     log.info(
-        "Redfish fabric simulator on http://%s:%d/redfish/v1/ (%d hosts, %d devices%s%s)",
+        "Redfish fabric simulator on %s://%s:%d/redfish/v1/ (%d hosts, %d devices%s%s%s)",
+        "https" if tls else "http",
         ip,
         port,
         len(inventory.hosts),
         len(inventory.devices),
         ", async tasks" if simulator.config.async_tasks else "",
+        f", {simulator.state.composition} composition",
         ", faults API" if simulator.config.faults_api else "",
     )
     await stop.wait()
@@ -100,7 +125,7 @@ async def serve(simulator: Simulator, ip: str, port: int) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="composespawner fabric-simulator",
+        prog="fabricsim",
         description="A Redfish composable-fabric simulator for composespawner's tests and demo.",
     )
     parser.add_argument("--inventory", required=True, help="inventory TOML file")
@@ -112,9 +137,17 @@ def _parser() -> argparse.ArgumentParser:
         "--password", default=os.environ.get("COMPOSE_FABRIC_PASSWORD", "fabric-password")
     )
     parser.add_argument(
+        "--composition",
+        choices=COMPOSITION_MODES,
+        default="expandable",
+        help="how systems are composed: devices added to standing hosts (expandable), "
+        "POST of whole systems to Systems (specific), or CompositionService.Compose "
+        "manifests (action); default expandable",
+    )
+    parser.add_argument(
         "--async-tasks",
         action="store_true",
-        help="answer AddResourceBlock/RemoveResourceBlock with 202 and a task monitor",
+        help="answer writes (attach, detach, compose, decompose) with 202 and a task monitor",
     )
     parser.add_argument(
         "--task-duration",
@@ -125,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--faults-api", action="store_true", help="serve the test-only /sim/faults and /sim/state"
     )
+    parser.add_argument("--tls-cert", help="PEM certificate (chain) to serve https with")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
     return parser
 

@@ -37,7 +37,24 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "TaskCollection": ("TaskCollection",),
     "Message": ("Message", "Message.v1_3_0"),
     "Resource": ("Resource", "Resource.v1_0_0"),
+    "ActionInfo": ("ActionInfo", "ActionInfo.v1_4_2"),
+    "CollectionCapabilities": ("CollectionCapabilities", "CollectionCapabilities.v1_4_1"),
 }
+
+
+def json_schema_uri(odata_type: str) -> str | None:
+    """The published JSON Schema of a resource type, for ``Link: <...>; rel=describedby``.
+
+    ``#ComputerSystem.v1_27_0.ComputerSystem`` is described by
+    ``ComputerSystem.v1_27_0.json``, the unversioned
+    ``#ComputerSystemCollection.ComputerSystemCollection`` by
+    ``ComputerSystemCollection.json``: the Link names the very version the
+    resource claims. None for anything that is not such a type.
+    """
+    parts = odata_type.removeprefix("#").split(".")
+    if not odata_type.startswith("#") or len(parts) not in (2, 3) or not all(parts):
+        return None
+    return f"{DMTF_SCHEMAS}/{'.'.join(parts[:-1])}.json"
 
 
 def metadata_document() -> str:

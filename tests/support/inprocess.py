@@ -1,7 +1,7 @@
 """``InProcessFabric``: the Fabric protocol straight over the simulator's state model.
 
 A strict fake for unit tests: no HTTP and no subprocess, but the very same
-:class:`~composespawner.fabric.simulator.state.FabricState` that the Redfish
+``fabricsim.state.FabricState`` that the Redfish
 simulator serves, so it accepts and refuses exactly what the simulator does
 (a block attached elsewhere, an unknown block or host, a block outside the
 host's zones, a host block, a disabled block), raising the error types of
@@ -14,25 +14,25 @@ a device "by someone else" or to disable a block.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from composespawner.fabric.base import (
-    CompositionTag,
-    Device,
     DeviceInUse,
     DeviceNotFound,
-    DeviceState,
     FabricRefused,
     FabricUnreachable,
-    Host,
     IncompatibleZone,
-    Inventory,
+    Progress,
     StaleETag,
+    compose_by_attaching,
+    decompose_by_detaching,
     host_taken_by,
 )
-from composespawner.fabric.simulator.errors import (
+from composespawner.hardware import CompositionTag, Device, DeviceState, Host, Inventory
+from fabricsim.errors import (
     BlockInUse,
     BlockNotFound,
     ETagMismatch,
@@ -41,13 +41,14 @@ from composespawner.fabric.simulator.errors import (
     SimulatorError,
     ZoneMismatch,
 )
-from composespawner.fabric.simulator.inventory import (
+from fabricsim.inventory import (
     DeviceSpec,
     HostSpec,
     InventorySpec,
     load_inventory,
 )
-from composespawner.fabric.simulator.state import FabricState
+from fabricsim.state import FabricState
+from fabricsim.wire import TagShape
 
 # Simulator refusals that have a more specific fabric error than FabricRefused.
 _REFUSALS: dict[type[SimulatorError], type[FabricRefused]] = {
@@ -68,7 +69,7 @@ class InProcessFabric:
         self._closed = False
 
     @classmethod
-    def from_inventory(cls, inventory: InventorySpec | str | Path) -> InProcessFabric:
+    def from_inventory(cls, inventory: InventorySpec | str | Path) -> Self:
         """A fresh fabric (nothing attached) from an inventory spec or TOML file."""
         spec = inventory if isinstance(inventory, InventorySpec) else load_inventory(inventory)
         return cls(FabricState(spec, epoch=secrets.token_hex(4)))
@@ -86,7 +87,10 @@ class InProcessFabric:
         self._check_open()
         with _refusals():
             host = self.state.host(system_id)
-            return self.state.tag(system_id), (host.block_id, *self.state.attached(system_id))
+            return _domain_tag(self.state.tag(system_id)), (
+                host.block_id,
+                *self.state.attached(system_id),
+            )
 
     async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
         self._check_open()
@@ -94,9 +98,10 @@ class InProcessFabric:
             # As a Redfish client does: read the system's ETag, PATCH with If-Match.
             etag = self.state.system_etag(self.state.host(system_id).id)
             if tag is not None:
+                current = _domain_tag(self.state.tag(system_id))
                 holder = host_taken_by(
-                    self.state.tag(system_id),
-                    marked=self.state.tag(system_id) is not None,
+                    current,
+                    marked=current is not None,
                     attached=self.state.attached(system_id),
                     wanted=tag,
                 )
@@ -114,9 +119,22 @@ class InProcessFabric:
         with _refusals():
             self.state.remove_resource_block(system_id, block_id)
 
+    async def compose(
+        self, host: str, devices: Sequence[Device], tag: CompositionTag, progress: Progress
+    ) -> str:
+        """Expandable composition, as the Redfish client does it on such a service."""
+        return await compose_by_attaching(self, host, devices, tag, progress)
+
+    async def decompose(self, host: str, blocks: Sequence[str], tag: CompositionTag) -> bool:
+        return await decompose_by_detaching(self, host, blocks, tag)
+
     async def close(self) -> None:
         """Further calls raise :class:`FabricUnreachable`, to catch use after close."""
         self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -131,7 +149,7 @@ class InProcessFabric:
             memory_gib=spec.memory_gib,
             state="enabled" if self.state.is_enabled(spec.block_id) else "unavailable",
             attached=self.state.attached(spec.id),
-            tag=self.state.tag(spec.id),
+            tag=_domain_tag(self.state.tag(spec.id)),
         )
 
     def _device(self, spec: DeviceSpec) -> Device:
@@ -153,6 +171,13 @@ class InProcessFabric:
             speed_gbps=spec.speed_gbps,
             capacity_gb=spec.capacity_gb,
         )
+
+
+def _domain_tag(tag: TagShape | None) -> CompositionTag | None:
+    """The simulator's tag as the domain's type (it keeps whatever shape it was given)."""
+    return (
+        None if tag is None else CompositionTag(hub=tag.hub, machine=tag.machine, owner=tag.owner)
+    )
 
 
 @contextmanager

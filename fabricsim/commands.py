@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from composespawner.fabric.base import OEM_KEY, CompositionTag
-
 from . import uris
 from .errors import (
     ActionParameterMissing,
     ActionParameterUnknown,
+    ActionParameterValueNotInList,
     ActionParameterValueTypeError,
     BlockNotFound,
     MalformedJSON,
@@ -27,11 +26,27 @@ from .errors import (
     PropertyValueTypeError,
     ResourceMissing,
 )
-from .state import FabricState
+from .state import CompositionRequest, FabricState
+from .wire import OEM_KEY, CompositionTag
 
 BLOCK_ACTIONS = (uris.ADD_RESOURCE_BLOCK, uris.REMOVE_RESOURCE_BLOCK)
 ETAG_PARAMETERS = ("ResourceBlockETag", "ComputerSystemETag")
 TAG_PROPERTIES = ("Hub", "Machine", "Owner")
+COMPOSE_ACTION = "CompositionService.Compose"
+# What a client may set when it creates a system (the Systems/Capabilities object).
+CREATE_PROPERTIES = ("Name", "Description", "Links", "Oem")
+# The Compose action's request types this service carries out; Preview and
+# PreviewReserve (reservations) are not offered.
+COMPOSE_REQUEST_TYPES = ("Apply",)
+
+
+@dataclass(frozen=True, slots=True)
+class Stanza:
+    """One stanza of a Compose manifest: compose a system, or decompose one."""
+
+    stanza_id: str
+    compose: CompositionRequest | None = None  # a ComposeSystem stanza
+    decompose: str | None = None  # a DecomposeSystem stanza: the system's id
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +190,97 @@ def parse_login(body: bytes) -> tuple[str, str]:
             raise PropertyValueTypeError(json.dumps(document[key]), key)
         credentials.append(document[key])
     return credentials[0], credentials[1]
+
+
+def parse_system_create(body: bytes) -> CompositionRequest:
+    """The body of ``POST /Systems``: a name, the blocks, and optionally our tag."""
+    document = parse_json(body)
+    if not isinstance(document, Mapping):
+        raise PropertyMissing("Name")
+    for key in document:
+        if key not in CREATE_PROPERTIES:
+            raise PropertyUnknown(f"/{key}")
+    return _composition_request(document, "")
+
+
+def _composition_request(document: Mapping[str, Any], where: str) -> CompositionRequest:
+    name = document.get("Name")
+    if not isinstance(name, str) or not name:
+        raise (
+            PropertyMissing(f"{where}/Name")
+            if name is None
+            else PropertyValueTypeError(json.dumps(name), f"{where}/Name")
+        )
+    links = document.get("Links")
+    references = links.get("ResourceBlocks") if isinstance(links, Mapping) else None
+    if not isinstance(references, list) or not references:
+        raise PropertyMissing(f"{where}/Links/ResourceBlocks")
+    blocks = tuple(_block_id(ref, f"{where}/Links/ResourceBlocks") for ref in references)
+    oem = document.get("Oem", {})
+    if not isinstance(oem, Mapping):
+        raise PropertyValueTypeError(json.dumps(oem), f"{where}/Oem")
+    for key in oem:
+        if key != OEM_KEY:
+            raise PropertyUnknown(f"{where}/Oem/{key}")
+    return CompositionRequest(name=name, blocks=blocks, tag=_tag(oem.get(OEM_KEY)))
+
+
+def _block_id(reference: Any, where: str) -> str:
+    uri = reference.get("@odata.id") if isinstance(reference, Mapping) else None
+    if not isinstance(uri, str):
+        raise PropertyValueTypeError(json.dumps(reference), where)
+    block_id = uris.block_id_from_uri(uri)
+    if block_id is None:
+        raise BlockNotFound(uri)
+    return block_id
+
+
+def parse_compose_action(body: bytes) -> list[Stanza]:
+    """The body of ``CompositionService.Compose``: an Apply manifest's stanzas."""
+    document = parse_json(body)
+    if not isinstance(document, Mapping):
+        raise ActionParameterMissing(COMPOSE_ACTION, "RequestFormat")
+    for key in document:
+        if key not in ("RequestFormat", "RequestType", "Manifest"):
+            raise ActionParameterUnknown(COMPOSE_ACTION, key)
+    for parameter, allowed in (
+        ("RequestFormat", ("Manifest",)),
+        ("RequestType", COMPOSE_REQUEST_TYPES),
+    ):
+        if parameter not in document:
+            raise ActionParameterMissing(COMPOSE_ACTION, parameter)
+        if document[parameter] not in allowed:
+            raise ActionParameterValueNotInList(
+                json.dumps(document[parameter]), parameter, COMPOSE_ACTION
+            )
+    stanzas = dig_list(document, "Manifest", "Stanzas")
+    if not stanzas:
+        raise ActionParameterMissing(COMPOSE_ACTION, "Manifest/Stanzas")
+    return [_stanza(stanza, index) for index, stanza in enumerate(stanzas)]
+
+
+def dig_list(document: Mapping[str, Any], *keys: str) -> list[Any]:
+    value: Any = document
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value if isinstance(value, list) else []
+
+
+def _stanza(stanza: Any, index: int) -> Stanza:
+    where = f"Manifest/Stanzas/{index}"
+    if not isinstance(stanza, Mapping):
+        raise ActionParameterValueTypeError(json.dumps(stanza), where, COMPOSE_ACTION)
+    kind, request = stanza.get("StanzaType"), stanza.get("Request")
+    stanza_id = stanza.get("StanzaId")
+    stanza_id = stanza_id if isinstance(stanza_id, str) else str(index)
+    if not isinstance(request, Mapping):
+        raise ActionParameterMissing(COMPOSE_ACTION, f"{where}/Request")
+    if kind == "ComposeSystem":
+        return Stanza(stanza_id, compose=_composition_request(request, f"/{where}/Request"))
+    if kind == "DecomposeSystem":
+        uri = request.get("@odata.id")
+        system_id = uris.system_id_from_uri(uri) if isinstance(uri, str) else None
+        if system_id is None:
+            raise ResourceMissing(str(uri))
+        return Stanza(stanza_id, decompose=system_id)
+    raise ActionParameterValueNotInList(json.dumps(kind), f"{where}/StanzaType", COMPOSE_ACTION)

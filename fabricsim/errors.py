@@ -57,12 +57,15 @@ MESSAGES: dict[str, RegistryMessage] = {m.key: m for m in (
     _m("Base", "ActionParameterValueTypeError", "The value '%1' for the parameter %2 in the action %3 is not a type that the parameter can accept.", "Warning", "Correct the value for the parameter in the request body and resubmit the request if the operation failed."),  # noqa: E501
     _m("Base", "ActionParameterValueError", "The value for the parameter %1 in the action %2 is invalid.", "Warning", "Correct the value for the parameter in the request body and resubmit the request if the operation failed."),  # noqa: E501
     _m("Base", "ActionParameterUnknown", "The action %1 was submitted with the invalid parameter %2.", "Warning", "Correct the invalid action parameter and resubmit the request if the operation failed."),  # noqa: E501
+    _m("Base", "PropertyValueError", "The value provided for the property %1 is not valid.", "Warning", "Correct the value for the property in the request body and resubmit the request if the operation failed."),  # noqa: E501
+    _m("Base", "ActionParameterValueNotInList", "The value '%1' for the parameter %2 in the action %3 is not in the list of acceptable values.", "Warning", "Choose a value from the enumeration list that the implementation can support and resubmit the request if the operation failed."),  # noqa: E501
     _m("Base", "MalformedJSON", "The request body submitted was malformed JSON and could not be parsed by the receiving service.", "Critical", "Ensure that the request body is valid JSON and resubmit the request."),  # noqa: E501
     _m("Base", "ServiceTemporarilyUnavailable", "The service is temporarily unavailable.  Retry in %1 seconds.", "Critical", "Wait for the indicated retry duration and retry the operation."),  # noqa: E501
     _m("Base", "InternalError", "The request failed due to an internal service error.  The service is still operational.", "Critical", "Resubmit the request.  If the problem persists, consider resetting the service."),  # noqa: E501
     _m("Base", "NoValidSession", "There is no valid session established with the implementation.", "Critical", "Establish a session before attempting any operations."),  # noqa: E501
     _m("Base", "AccessUnauthorized", "Unauthorized.", "Critical", "Resubmit the request with valid credentials."),  # noqa: E501
     _m("Base", "OperationNotAllowed", "The HTTP method is not allowed on this resource.", "Critical", "None."),  # noqa: E501
+    _m("Base", "HeaderInvalid", "Header '%1' is invalid.", "Critical", "Resubmit the request with a valid request header."),  # noqa: E501
     _m("Base", "QueryParameterUnsupported", "Query parameter '%1' is not supported.", "Warning", "Correct or remove the query parameter and resubmit the request."),  # noqa: E501
     _m("Base", "QueryParameterValueFormatError", "The value '%1' for the parameter %2 is not a format that the parameter can accept.", "Warning", "Correct the value for the query parameter in the request and resubmit the request if the operation failed."),  # noqa: E501
     _m("Base", "Success", "The request completed successfully.", "OK", "None."),
@@ -160,6 +163,12 @@ class NotADeviceBlock(SimulatorError):
     message_key = "ActionParameterValueError"
 
 
+class NotOneComputeBlock(SimulatorError):
+    """A composition request without exactly one compute block. Args: property path."""
+
+    message_key = "PropertyValueError"
+
+
 class ETagMismatch(SimulatorError):
     status = 412
     message_key = "PreconditionFailed"
@@ -193,6 +202,12 @@ class ActionParameterUnknown(SimulatorError):
     """Args: action, parameter."""
 
     message_key = "ActionParameterUnknown"
+
+
+class ActionParameterValueNotInList(SimulatorError):
+    """Args: value, parameter, action."""
+
+    message_key = "ActionParameterValueNotInList"
 
 
 class PropertyMissing(SimulatorError):
@@ -230,6 +245,20 @@ class QueryParameterValueFormatError(SimulatorError):
     """Args: value, parameter."""
 
     message_key = "QueryParameterValueFormatError"
+
+
+class ODataVersionUnsupported(SimulatorError):
+    """Args: the header as sent. DSP0266: an OData-Version we do not speak is a 412."""
+
+    status = 412
+    message_key = "HeaderInvalid"
+
+
+class UnsupportedMediaType(SimulatorError):
+    """Args: the header as sent. A request body that does not say it is JSON."""
+
+    status = 415
+    message_key = "HeaderInvalid"
 
 
 # --- Service-level answers --------------------------------------------------

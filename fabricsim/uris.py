@@ -27,7 +27,12 @@ OEM_SCHEMA = f"{ROOT}/Schemas/ComposeSpawner_v1.xml"
 ADD_RESOURCE_BLOCK = "AddResourceBlock"
 REMOVE_RESOURCE_BLOCK = "RemoveResourceBlock"
 
+COMPOSE_ACTION = f"{COMPOSITION_SERVICE}/Actions/CompositionService.Compose"
+COMPOSE_ACTION_INFO = f"{COMPOSITION_SERVICE}/ComposeActionInfo"
+SYSTEM_CAPABILITIES = f"{SYSTEMS}/Capabilities"
+
 _BLOCK_URI = re.compile(rf"^{re.escape(RESOURCE_BLOCKS)}/([^/]+)/?$")
+_SYSTEM_URI = re.compile(rf"^{re.escape(SYSTEMS)}/([^/]+)/?$")
 
 
 def block_uri(block_id: str) -> str:
@@ -65,6 +70,12 @@ def task_monitor_uri(task_id: str) -> str:
 def block_id_from_uri(uri: str) -> str | None:
     """The block Id of a ResourceBlock URI, or None if ``uri`` is not one."""
     match = _BLOCK_URI.match(uri)
+    return match.group(1) if match else None
+
+
+def system_id_from_uri(uri: str) -> str | None:
+    """The system Id of a ComputerSystem URI, or None if ``uri`` is not one."""
+    match = _SYSTEM_URI.match(uri)
     return match.group(1) if match else None
 
 

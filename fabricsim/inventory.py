@@ -16,9 +16,13 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from composespawner.fabric.base import DEVICE_KINDS, DeviceKind
+# The devices the simulated fabric can hold: each is served as the Redfish
+# resources a real fabric shows for it (a GPU Processor, a NIC's
+# EthernetInterface, an NVMe Drive behind Storage).
+DeviceKind = Literal["gpu", "nic", "nvme"]
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("gpu", "nic", "nvme")
 
 # Chassis types the inventory may use: the Redfish ChassisType values that
 # make sense for composable hardware.

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from composespawner.fabric.base import OEM_KEY, CompositionTag
-from composespawner.fabric.redfish.mapping import expand_subordinates
-
 from . import uris
+from .commands import COMPOSE_REQUEST_TYPES
+from .expand import expand_subordinates
 from .inventory import DeviceSpec, HostSpec
 from .sessions import Session, SessionStore
 from .state import FabricState
 from .tasks import Task, TaskStore
 from .uris import link
+from .wire import OEM_KEY, TagShape
 
 REDFISH_VERSION = "1.20.0"
 OEM_TYPE = "#ComposeSpawner.v1_0_0.ComposeSpawner"
@@ -131,7 +131,46 @@ def composition_service(view: ServiceView) -> dict[str, Any]:
         "AllowOverprovisioning": False,
         "ResourceBlocks": link(uris.RESOURCE_BLOCKS),
         "ResourceZones": link(uris.RESOURCE_ZONES),
+        **_compose_action(view),
     }
+
+
+def _compose_action(view: ServiceView) -> dict[str, Any]:
+    """The Compose action, advertised only where the service takes it."""
+    if view.state.composition != "action":
+        return {}
+    action = {"target": uris.COMPOSE_ACTION, "@Redfish.ActionInfo": uris.COMPOSE_ACTION_INFO}
+    return {"Actions": {"#CompositionService.Compose": action}}
+
+
+def compose_action_info(view: ServiceView) -> dict[str, Any] | None:
+    if view.state.composition != "action":
+        return None
+    return {
+        **_header(uris.COMPOSE_ACTION_INFO, "ActionInfo.v1_4_2.ActionInfo"),
+        "Id": "ComposeActionInfo",
+        "Name": "Compose Action Info",
+        "Parameters": [
+            {
+                "Name": "RequestFormat",
+                "Required": True,
+                "DataType": "String",
+                "AllowableValues": ["Manifest"],
+            },
+            {
+                "Name": "RequestType",
+                "Required": True,
+                "DataType": "String",
+                "AllowableValues": list(COMPOSE_REQUEST_TYPES),
+            },
+            {"Name": "Manifest", "Required": True, "DataType": "Object"},
+        ],
+    }
+
+
+def compose_response(stanzas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answer of an applied Compose manifest: each stanza with its Response."""
+    return {"RequestFormat": "Manifest", "RequestType": "Apply", "Manifest": {"Stanzas": stanzas}}
 
 
 def session_service(view: ServiceView) -> dict[str, Any]:
@@ -185,10 +224,46 @@ def zone_collection(view: ServiceView) -> dict[str, Any]:
 
 
 def system_collection(view: ServiceView) -> dict[str, Any]:
-    members = [uris.system_uri(h.id) for h in view.state.inventory.hosts]
-    return collection(
+    members = [uris.system_uri(s) for s in view.state.system_ids()]
+    systems = collection(
         uris.SYSTEMS, "ComputerSystemCollection", "Computer System Collection", members
     )
+    if view.state.composition == "specific":
+        # How a service says it takes POST to the collection (DMTF's mockup does the same).
+        systems["@Redfish.CollectionCapabilities"] = {
+            "@odata.type": "#CollectionCapabilities.v1_4_1.CollectionCapabilities",
+            "Capabilities": [
+                {
+                    "CapabilitiesObject": link(uris.SYSTEM_CAPABILITIES),
+                    "UseCase": "ComputerSystemComposition",
+                    "Links": {
+                        "TargetCollection": link(uris.SYSTEMS),
+                        "RelatedItem": [
+                            link(uris.zone_uri(z.id)) for z in view.state.inventory.zones
+                        ],
+                    },
+                }
+            ],
+        }
+    return systems
+
+
+def system_capabilities(view: ServiceView) -> dict[str, Any] | None:
+    """What a POST to Systems takes, as DMTF's mockup describes it."""
+    if view.state.composition != "specific":
+        return None
+    return {
+        **_header(uris.SYSTEM_CAPABILITIES, "ComputerSystem.v1_27_0.ComputerSystem"),
+        "Id": "Capabilities",
+        "Name": "Capabilities for the system collection",
+        "Name@Redfish.RequiredOnCreate": True,
+        "Name@Redfish.SetOnlyOnCreate": True,
+        "Description@Redfish.OptionalOnCreate": True,
+        "Description@Redfish.SetOnlyOnCreate": True,
+        "Links@Redfish.RequiredOnCreate": True,
+        "Links": {"ResourceBlocks@Redfish.RequiredOnCreate": True},
+        "@Redfish.ResourceBlockLimits": {"MinCompute": 1, "MaxCompute": 1},
+    }
 
 
 def chassis_collection(view: ServiceView) -> dict[str, Any]:
@@ -230,7 +305,7 @@ def resource_block(view: ServiceView, block_id: str) -> dict[str, Any] | None:
     host = inventory.host_of_block(block_id)
     device = inventory.device(block_id)
     if host is not None:
-        parts = _host_block_parts(host)
+        parts = _host_block_parts(host, view.state.expandable)
     elif device is not None:
         parts = _device_block_parts(device)
     else:
@@ -266,7 +341,10 @@ def _block_links(state: FabricState, block_id: str) -> dict[str, Any]:
     }
 
 
-def _host_block_parts(host: HostSpec) -> dict[str, Any]:
+def _host_block_parts(host: HostSpec, expandable: bool) -> dict[str, Any]:
+    if not expandable:
+        # A free compute block, as in DMTF's mockup: a system exists only once composed.
+        return {"Name": f"Compute block of {host.id}", "ResourceBlockType": ["Compute"]}
     return {
         "Name": f"Compute host {host.id}",
         "ResourceBlockType": ["ComputerSystem"],
@@ -360,10 +438,15 @@ def drive(view: ServiceView, block_id: str) -> dict[str, Any] | None:
 
 def system(view: ServiceView, system_id: str) -> dict[str, Any] | None:
     state = view.state
-    host = state.inventory.host(system_id)
-    if host is None:
+    if system_id == "Capabilities":
+        return system_capabilities(view)
+    if not state.has_system(system_id):
         return None
-    blocks = [host.block_id, *state.attached(system_id)]
+    host = state.system_host(system_id)
+    blocks = state.system_blocks(system_id)
+    composed = state.composed(system_id)
+    if composed is not None:
+        return _composed_system(view, system_id, composed.name, host, blocks)
     return {
         **_header(uris.system_uri(system_id), "ComputerSystem.v1_27_0.ComputerSystem"),
         "@odata.etag": state.system_etag(system_id),
@@ -389,7 +472,31 @@ def system(view: ServiceView, system_id: str) -> dict[str, Any] | None:
     }
 
 
-def oem(tag: CompositionTag | None) -> dict[str, Any]:
+def _composed_system(
+    view: ServiceView, system_id: str, name: str, host: HostSpec, blocks: tuple[str, ...]
+) -> dict[str, Any]:
+    """A system of specific composition: no actions, taken apart by DELETE."""
+    state = view.state
+    return {
+        **_header(uris.system_uri(system_id), "ComputerSystem.v1_27_0.ComputerSystem"),
+        "@odata.etag": state.system_etag(system_id),
+        "Id": system_id,
+        "Name": name,
+        "SystemType": "Composed",
+        "UUID": str(uuid.uuid5(uuid.UUID(state.inventory.uuid), system_id)),
+        "PowerState": "On",
+        "Status": _status(all(state.is_enabled(b) for b in blocks)),
+        "ProcessorSummary": {"Count": host.cpus},
+        "MemorySummary": {"TotalSystemMemoryGiB": host.memory_gib},
+        "Links": {
+            "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
+            "Chassis": [link(uris.chassis_uri(host.chassis))],
+        },
+        "Oem": oem(state.tag(system_id)),
+    }
+
+
+def oem(tag: TagShape | None) -> dict[str, Any]:
     """The system's ``Oem`` object: our composition tag, when there is one."""
     if tag is None:
         return {}
@@ -408,7 +515,8 @@ def chassis(view: ServiceView, chassis_id: str) -> dict[str, Any] | None:
     spec = next((c for c in inventory.chassis if c.id == chassis_id), None)
     if spec is None:
         return None
-    hosts = [h.id for h in inventory.hosts if h.chassis == chassis_id]
+    state = view.state
+    hosts = [s for s in state.system_ids() if state.system_host(s).chassis == chassis_id]
     blocks = [b for b in inventory.block_ids() if inventory.block_chassis(b) == chassis_id]
     return {
         **_header(uris.chassis_uri(chassis_id), "Chassis.v1_28_0.Chassis"),
@@ -498,6 +606,7 @@ _ROUTES: list[tuple[re.Pattern[str], Renderer]] = [
         (re.escape(uris.SERVICE_ROOT) + "?", service_root),
         (re.escape(uris.ODATA), odata_document),
         (re.escape(uris.COMPOSITION_SERVICE), composition_service),
+        (re.escape(uris.COMPOSE_ACTION_INFO), compose_action_info),
         (re.escape(uris.RESOURCE_BLOCKS), block_collection),
         (_BLOCK, resource_block),
         (_BLOCK + "/Processors/GPU0", processor),
