@@ -12,95 +12,54 @@ invariants of ARCHITECTURE.md:
   detach; while the fabric cannot be reached the machine stays ``stopping``
   with its devices held, and a background task keeps trying.
 
-The ledger is synchronous (SQLAlchemy); its calls run in worker threads so a
-slow database never stalls the hub's event loop.
+What it leans on, each in a module of its own: :mod:`.pool` (cached reads of
+the fabric and the ledger, offers), :mod:`.reservations` (this process's claims
+in flight), :mod:`.releases` (releases retried in the background),
+:class:`~composespawner.ledger.LedgerRunner` (the one way to call the ledger)
+and :mod:`.failures` (refusals, failures and what users read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import random
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
 
-from .catalog import Catalog, GpuModel
-from .fabric.base import (
-    CompositionTag,
-    Device,
-    DeviceInUse,
-    Fabric,
-    FabricError,
-    FabricRefused,
-    FabricUnreachable,
-    Inventory,
+from .catalog import Catalog
+from .fabric.base import Fabric, FabricError
+from .failures import (
+    ComposeFailed,
+    ComposeRefused,
+    refusal,
+    why_busy,
+    why_claim_failed,
+    why_compose_failed,
 )
-from .ledger import DeviceRecord, DevicesTaken, Ledger, QuotaExceeded, ServerBusy
-from .placement import (
-    Availability,
-    DeviceAsk,
-    NoFit,
-    Plan,
-    Pool,
-    availability,
-    place,
-    pool_for,
+from .hardware import CompositionTag
+from .ledger import (
+    DevicesTaken,
+    Ledger,
+    LedgerError,
+    LedgerRunner,
+    Machine,
+    QuotaExceeded,
+    ServerBusy,
 )
-from .placement import visible_models as _visible_models
+from .machine import ComposedMachine
+from .metrics import measure_compose
+from .placement import DeviceAsk, NoFit, Plan, place
+from .pool import PoolView
+from .releases import BackgroundReleases
 from .request import MachineRequest
+from .reservations import Reservations
 
-T = TypeVar("T")
 Progress = Callable[[str], None]
 
 # A claim can lose a race for the devices placement picked (someone claimed
 # them between our snapshot and our transaction): place again on fresh data.
 CLAIM_ATTEMPTS = 3
 
-
-class ComposeRefused(Exception):
-    """Policy said no (quota, nothing fits, server busy): nothing was claimed."""
-
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ComposeFailed(Exception):
-    """The fabric failed during compose; everything was undone (or is being undone)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ComposedMachine:
-    machine_id: str
-    host: str  # ComputerSystem Id
-    zone: str
-    gpus: tuple[Device, ...]
-    nic: Device | None
-    drives: tuple[Device, ...]
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "machine_id": self.machine_id,
-            "host": self.host,
-            "zone": self.zone,
-            "gpus": [_device_state(d) for d in self.gpus],
-            "nic": _device_state(self.nic) if self.nic else None,
-            "drives": [_device_state(d) for d in self.drives],
-        }
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> ComposedMachine:
-        return cls(
-            machine_id=str(state["machine_id"]),
-            host=str(state["host"]),
-            zone=str(state["zone"]),
-            gpus=tuple(_device_from_state(d) for d in state.get("gpus", [])),
-            nic=_device_from_state(state["nic"]) if state.get("nic") else None,
-            drives=tuple(_device_from_state(d) for d in state.get("drives", [])),
-        )
+__all__ = ["ComposeFailed", "ComposeRefused", "ComposedMachine", "Composer"]
 
 
 class Composer:
@@ -115,97 +74,53 @@ class Composer:
         hub_id: str,
         snapshot_ttl: float = 3.0,
         release_retry_max: float = 60.0,
+        fabric_wait: float | None = None,
         log: logging.Logger | None = None,
     ) -> None:
+        """``fabric_wait``: seconds a spawn waits for the fabric's inventory, or for
+        its server's last machine to be given back, before it is refused (None: as
+        long as the fabric client's own timeouts take)."""
         self.ledger = ledger
         self.fabric = fabric
         self.catalog = catalog
         self.hub_id = hub_id
-        self.snapshot_ttl = snapshot_ttl
-        self.release_retry_max = release_retry_max
         self.log = log or logging.getLogger(__name__)
-        self._inventory = _Snapshot[Inventory](snapshot_ttl)
-        self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
-        self._releases: dict[str, asyncio.Task[None]] = {}
-        # Devices this process placed a claim on, so concurrent spawns do not all
-        # pick the same best-fit devices and lose the ledger's compare-and-set.
-        # block → number of the claim commit that took it (None: still in flight).
-        # Only an optimisation: the ledger's compare-and-set is what keeps claims
-        # apart, across processes too.
-        self._reserved: dict[str, int | None] = {}
-        self._claims_committed = 0
-        # The ledger's holders as placement last read them, with _claims_committed
-        # when that read began.
-        self._holders = _Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
-        # An SQLite ledger is a local file and each call a short transaction
-        # (well under a millisecond): it runs on the event loop, as JupyterHub's
-        # own database does. In a worker thread it cost more than the call
-        # itself: handing over and back, and the GIL that the thread and the
-        # event loop then pass back and forth (every hub commit waited for it).
-        # A database server's round trips go to a worker thread.
-        self._ledger_inline = ledger.is_local_file
+        self.runner = LedgerRunner(ledger)
+        self.reservations = Reservations()
+        self.pool = PoolView(
+            runner=self.runner,
+            fabric=fabric,
+            catalog=catalog,
+            reservations=self.reservations,
+            snapshot_ttl=snapshot_ttl,
+            fabric_wait=fabric_wait,
+            log=self.log,
+        )
+        self.background = BackgroundReleases(
+            self._release_for_retry, retry_max=release_retry_max, log=self.log
+        )
 
-    async def _ledger_call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call a ledger method (see _ledger_inline); it lands or fails as a whole."""
-        if self._ledger_inline:
-            return func(*args, **kwargs)
-        return await _whole_in_thread(func, *args, **kwargs)
+    @property
+    def fabric_wait(self) -> float | None:
+        return self.pool.fabric_wait
+
+    @fabric_wait.setter
+    def fabric_wait(self, seconds: float | None) -> None:
+        self.pool.fabric_wait = seconds
 
     async def record(self, machine_id: str, to: str, message: str) -> None:
-        """Record a non-terminal lifecycle step the spawner took (``running``)."""
-        await self._ledger_call(self.ledger.transition, machine_id, to, message)
+        """Record a non-terminal lifecycle step the spawner took (``running``).
 
-    # -- reading ---------------------------------------------------------
-
-    async def inventory(self, *, fresh: bool = False) -> Inventory:
-        """The fabric's inventory, cached for ``snapshot_ttl`` seconds (see _Snapshot)."""
-        return await self._inventory.get(self._read_inventory, fresh=fresh)
-
-    async def _read_inventory(self) -> Inventory:
-        inventory = await self.fabric.inventory()
-        await self._sync_ledger(inventory)
-        return inventory
-
-    def owners(self, inventory: Inventory) -> dict[str, str]:
-        """Co-located devices and the group that owns each."""
-        owners = {}
-        for device in inventory.devices:
-            group = self.catalog.owner_of_chassis(device.chassis)
-            if group:
-                owners[device.block_id] = group
-        return owners
-
-    async def offer(self, user: str, groups: frozenset[str]) -> Offer:
-        """What the spawn form shows one user: models they may use, what is free, quota."""
-        inventory = await self.inventory()
-        owners = self.owners(inventory)
-        held = await self._ledger_call(self.ledger.holders)
-        pool = pool_for(inventory, held=held, owners=owners, groups=groups)
-        free = {
-            m.id: availability(pool, m.fabric_models, self.catalog.max_gpus_per_machine)
-            for m in self._visible_catalog_models(inventory, owners, groups)
-        }
-        in_use = sum(use.gpus for use in await self._ledger_call(self.ledger.gpu_use, user))
-        return Offer(free=free, gpus_in_use=in_use)
-
-    async def visible_models(self, groups: frozenset[str]) -> frozenset[str]:
-        """Catalog ids of the GPU models these groups may ask for, free or not.
-
-        What request validation needs, without the ledger reads of :meth:`offer`:
-        it runs on every spawn.
+        Raises ComposeRefused if the machine was moved on underneath (an admin, the reconciler).
         """
-        inventory = await self.inventory()
-        models = self._visible_catalog_models(inventory, self.owners(inventory), groups)
-        return frozenset(m.id for m in models)
-
-    def _visible_catalog_models(
-        self, inventory: Inventory, owners: Mapping[str, str], groups: frozenset[str]
-    ) -> list[GpuModel]:
-        fabric_models = _visible_models(inventory, owners, groups)
-        return [m for m in self.catalog.gpu_models if m.fabric_models & fabric_models]
+        try:
+            await self.runner.run(self.ledger.transition, machine_id, to, message)
+        except LedgerError as e:
+            raise refusal(e) from e
 
     # -- composing -------------------------------------------------------
 
+    @measure_compose
     async def compose(
         self,
         *,
@@ -223,30 +138,12 @@ class Composer:
         recorded in the same ledger transaction as ``composed``.
         """
         ask = self._ask(request)
-        try:
-            machine_id = await self._ledger_call(
-                self.ledger.request_machine, user, server, request.to_options()
-            )
-        except ServerBusy as e:
-            raise ComposeRefused(e.user_message, status=409) from e
-        except asyncio.CancelledError:
-            await asyncio.shield(self._end_cancelled_request(user, server))
-            raise
-        try:
-            plan = await self._claim(machine_id, user, groups, ask, gpu_limit, progress)
-        except ComposeRefused:
-            raise
-        except BaseException as e:
-            # The fabric failed (or the start was cancelled) before anything was
-            # attached: the machine must still end, or the server stays busy forever.
-            await asyncio.shield(self._undo(machine_id, _why_compose_failed(e)))
-            if isinstance(e, FabricError):
-                raise ComposeFailed(_why_compose_failed(e)) from e
-            raise
+        machine_id = await self._request_machine(user, server, request)
+        claim = self._claim(machine_id, groups, ask, gpu_limit, progress)
+        plan = await self._claim_or_end(machine_id, claim)
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
-        steps = [("composed", "all devices attached"), *([then] if then else [])]
-        await self._ledger_call(self.ledger.advance, machine_id, *steps)
+        await self._record_composed(machine_id, then)
         self.log.info(
             "Composed machine %s for %s/%s on %s in %s: %s",
             machine_id,
@@ -278,125 +175,139 @@ class Composer:
             scratch_gb=request.scratch_gb,
         )
 
+    async def _request_machine(self, user: str, server: str, request: MachineRequest) -> str:
+        """A new ``requested`` machine for the server; its id.
+
+        A server stopped a moment ago may still be giving its last machine back
+        (stop() leaves that to the background): wait for it a little.
+        """
+        try:
+            for attempt in range(2):
+                try:
+                    return await self.runner.run(
+                        self.ledger.request_machine, user, server, request.to_options()
+                    )
+                except ServerBusy as e:
+                    stopping = e.state == "stopping" and e.machine_id is not None
+                    if attempt or not stopping or not await self._released(e.machine_id or ""):
+                        raise ComposeRefused(why_busy(e), status=409, reason="server-busy") from e
+        except LedgerError as e:
+            raise refusal(e) from e
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end_cancelled_request(user, server))
+            raise
+        raise AssertionError("the second attempt returns or raises")
+
+    async def _claim_or_end(self, machine_id: str, claim: Awaitable[Plan]) -> Plan:
+        """The claim's plan; on any failure but a refusal the requested machine ends."""
+        try:
+            return await claim
+        except ComposeRefused:
+            raise
+        except LedgerError as e:
+            # The ledger said no (devices given to another group, the machine ended
+            # underneath): nothing is attached yet, only the request to end.
+            await asyncio.shield(self._undo(machine_id, e.user_message))
+            raise refusal(e) from e
+        except BaseException as e:
+            # The fabric failed (or the start was cancelled) before anything was
+            # attached: the machine must still end, or the server stays busy forever.
+            await asyncio.shield(self._undo(machine_id, why_claim_failed(e)))
+            if isinstance(e, FabricError):
+                raise ComposeFailed(why_claim_failed(e)) from e
+            raise
+
     async def _claim(
         self,
         machine_id: str,
-        user: str,
         groups: frozenset[str],
         ask: DeviceAsk,
         gpu_limit: int | None,
         progress: Progress,
     ) -> Plan:
-        fresh = False
+        """Place and claim, placing again on fresh data while claims lose races."""
         for attempt in range(CLAIM_ATTEMPTS):
-            inventory = await self.inventory(fresh=fresh)
-            held, read_after = await self._held(fresh=fresh)
-            # From here to the reservation nothing awaits: no other spawn interleaves.
-            plan = place(self._pool(inventory, held, read_after, groups), ask)
-            if isinstance(plan, NoFit) and not fresh and attempt + 1 < CLAIM_ATTEMPTS:
-                # Our snapshot may predate another hub's release: look again
-                # before telling the user nothing fits.
-                fresh = True
-                continue
+            plan = await self._place(groups, ask, fresh=attempt > 0)
             if isinstance(plan, NoFit):
                 await self._fail_unclaimed(machine_id, plan.reason)
-                raise ComposeRefused(plan.reason, status=409)
-            blocks = (plan.host.block_id, *plan.block_ids)
-            self._reserved.update(dict.fromkeys(blocks))
+                raise ComposeRefused(plan.reason, status=409, reason="no-fit")
             progress(f"claiming {ask.gpu_count} × {ask.label} in {plan.zone}")
-            try:
-                await self._ledger_call(
-                    self.ledger.claim,
-                    machine_id,
-                    host_id=plan.host.system_id,
-                    zone=plan.zone,
-                    block_ids=blocks,
-                    gpu_limit=gpu_limit,
-                    groups=groups,
-                )
-            except QuotaExceeded as e:
-                self._unreserve(blocks)
-                await self._fail_unclaimed(machine_id, e.user_message)
-                raise ComposeRefused(e.user_message, status=403) from e
-            except DevicesTaken:
-                self._unreserve(blocks)
-                self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
-                fresh = True
-                continue
-            except BaseException:
-                self._unreserve(blocks)
-                raise
-            self._claims_committed += 1
-            self._reserved.update(dict.fromkeys(blocks, self._claims_committed))
-            return plan
-        reason = "The devices you chose were taken by other users while we claimed them. Try again."
-        await self._fail_unclaimed(machine_id, reason)
-        raise ComposeRefused(reason, status=409)
+            if await self._take(machine_id, plan, groups, gpu_limit):
+                return plan
+            self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
+        why = "The devices you chose were taken by other users while we claimed them. Try again."
+        await self._fail_unclaimed(machine_id, why)
+        raise ComposeRefused(why, status=409, reason="contention")
 
-    async def _held(self, *, fresh: bool) -> tuple[Mapping[str, str], int]:
-        """The ledger's holders for placement, and how many of our claims it includes.
+    async def _place(self, groups: frozenset[str], ask: DeviceAsk, *, fresh: bool) -> Plan | NoFit:
+        plan = place(await self.pool.claimable(groups, fresh=fresh), ask)
+        if isinstance(plan, NoFit) and not fresh:
+            # Our snapshot may predate another hub's release: look again before
+            # telling the user nothing fits.
+            plan = place(await self.pool.claimable(groups, fresh=True), ask)
+        if not isinstance(plan, NoFit):
+            # No await between the read and this: no other spawn of ours interleaves.
+            self.reservations.hold((plan.host.block_id, *plan.block_ids))
+        return plan
 
-        Read once per inventory snapshot, not per claim: in a rush every spawn
-        would otherwise read the whole holder table. A stale read cannot cause a
-        double holder: our own claims since it are reserved in-process, and the
-        claim's compare-and-set refuses devices another hub took meanwhile (then
-        we read again). Our releases drop it, so freed devices show at once.
-        """
-        return await self._holders.get(self._read_holders, fresh=fresh)
-
-    async def _read_holders(self) -> tuple[Mapping[str, str], int]:
-        read_after = self._claims_committed
-        return await self._ledger_call(self.ledger.holders), read_after
-
-    def _pool(
-        self, inventory: Inventory, held: Mapping[str, str], read_after: int, groups: frozenset[str]
-    ) -> Pool:
-        """What placement may take: free in the ledger read, and not reserved by us.
-
-        A claim that committed before the ledger read began shows in ``held``;
-        its reservation is no longer needed.
-        """
-        for block, committed in list(self._reserved.items()):
-            if committed is not None and committed <= read_after:
-                del self._reserved[block]
-        taken = held.keys() | self._reserved.keys()
-        return pool_for(inventory, held=taken, owners=self.owners(inventory), groups=groups)
-
-    def _unreserve(self, blocks: Sequence[str]) -> None:
-        for block in blocks:
-            self._reserved.pop(block, None)
-
-    async def _end_cancelled_request(self, user: str, server: str) -> None:
-        live = await self._ledger_call(self.ledger.live_machine, user, server)
-        if live is not None and live.state == "requested":
-            await self._fail_unclaimed(live.id, _why_compose_failed(asyncio.CancelledError()))
-
-    async def _fail_unclaimed(self, machine_id: str, reason: str) -> None:
-        await self._ledger_call(
-            self.ledger.transition, machine_id, "failed", reason, failure=reason
-        )
+    async def _take(
+        self, machine_id: str, plan: Plan, groups: frozenset[str], gpu_limit: int | None
+    ) -> bool:
+        """Claim the plan's blocks in the ledger; False when another claim took one first."""
+        blocks = (plan.host.block_id, *plan.block_ids)
+        try:
+            await self.runner.run(
+                self.ledger.claim,
+                machine_id,
+                host_id=plan.host.system_id,
+                zone=plan.zone,
+                block_ids=blocks,
+                gpu_limit=gpu_limit,
+                groups=groups,
+            )
+        except DevicesTaken:
+            self.reservations.drop(blocks)
+            return False
+        except QuotaExceeded as e:
+            self.reservations.drop(blocks)
+            await self._fail_unclaimed(machine_id, e.user_message)
+            raise refusal(e) from e
+        except BaseException:
+            self.reservations.drop(blocks)
+            raise
+        self.reservations.commit(blocks)
+        return True
 
     async def _attach(
         self, machine_id: str, plan: Plan, tag: CompositionTag, progress: Progress
     ) -> None:
         host = plan.host.system_id
+        devices = (*plan.gpus, *([plan.nic] if plan.nic else []), *plan.drives)
         try:
-            await self.fabric.tag_host(host, tag)
-            for i, gpu in enumerate(plan.gpus, 1):
-                progress(f"attaching GPU {i}/{len(plan.gpus)} ({gpu.model}) to {host}")
-                await self.fabric.attach(host, gpu.block_id)
-            if plan.nic:
-                progress(f"attaching {plan.nic.speed_gbps} Gb/s network card to {host}")
-                await self.fabric.attach(host, plan.nic.block_id)
-            for i, drive in enumerate(plan.drives, 1):
-                progress(f"attaching scratch NVMe {i}/{len(plan.drives)} to {host}")
-                await self.fabric.attach(host, drive.block_id)
+            await self.fabric.compose(host, devices, tag, progress)
         except BaseException as e:
             self.log.warning("Compose of %s on %s failed (%r); undoing", machine_id, host, e)
-            await asyncio.shield(self._undo(machine_id, _why_compose_failed(e)))
+            await asyncio.shield(self._undo(machine_id, why_compose_failed(e)))
             if isinstance(e, FabricError):
-                raise ComposeFailed(_why_compose_failed(e)) from e
+                raise ComposeFailed(why_compose_failed(e)) from e
             raise
+
+    async def _record_composed(self, machine_id: str, then: tuple[str, str] | None) -> None:
+        steps = [("composed", "all devices attached"), *([then] if then else [])]
+        try:
+            await self.runner.run(self.ledger.advance, machine_id, *steps)
+        except LedgerError as e:
+            self.log.warning("Machine %s moved on during its compose (%s); undoing", machine_id, e)
+            await asyncio.shield(self._undo(machine_id, e.user_message))
+            raise refusal(e) from e
+
+    async def _end_cancelled_request(self, user: str, server: str) -> None:
+        live = await self.runner.run(self.ledger.live_machine, user, server)
+        if live is not None and live.state == "requested":
+            await self._fail_unclaimed(live.id, why_compose_failed(asyncio.CancelledError()))
+
+    async def _fail_unclaimed(self, machine_id: str, reason: str) -> None:
+        await self.runner.run(self.ledger.transition, machine_id, "failed", reason, failure=reason)
 
     async def _undo(self, machine_id: str, reason: str) -> None:
         try:
@@ -408,178 +319,97 @@ class Composer:
     # -- releasing -------------------------------------------------------
 
     async def release(self, machine_id: str, *, reason: str, failed: bool = False) -> None:
-        """Detach everything the machine holds, then free it in the ledger.
+        """Take the machine apart on the fabric, then free it in the ledger.
 
         Idempotent. Raises FabricError if the fabric did not confirm; the
         devices then stay held in the ledger (unknown is not dead).
         """
-        machine = await self._ledger_call(self.ledger.machine, machine_id)
-        if machine is None or machine.state in ("released", "failed"):
+        machine = await self._mark_stopping(machine_id, reason)
+        if machine is None:
             return
-        if machine.state == "requested":
-            await self._fail_unclaimed(machine_id, reason)
-            return
-        if machine.state != "stopping":
-            await self._ledger_call(self.ledger.transition, machine_id, "stopping", reason)
         if machine.host_id:
-            await self._detach_all(machine_id, machine.host_id, machine.block_ids)
+            await self._decompose(machine)
         end = "failed" if failed else "released"
-        await self._ledger_call(
+        await self.runner.run(
             self.ledger.release,
             machine_id,
             to=end,
             message=reason,
             failure=reason if failed else None,
         )
-        self._inventory.forget()  # the next form should see these devices free
-        self._holders.forget()  # and the next placement
+        self.pool.forget()  # the next form and placement should see these devices free
         self.log.info("Released machine %s (%s): %s", machine_id, end, reason)
 
-    async def _detach_all(self, machine_id: str, host: str, held: Sequence[str]) -> None:
-        blocks = set(held)  # what the machine held when release began: it takes no more
-        tag, linked = await self.fabric.host_mark(host)
-        if tag is None or tag.machine != machine_id or tag.hub != self.hub_id:
+    async def _decompose(self, machine: Machine) -> None:
+        """Take apart what the machine holds on its host (what it held when release began)."""
+        assert machine.host_id is not None
+        host = machine.host_id
+        known = (await self.pool.known_inventory()).host(host)  # a host's own block never changes
+        devices = [b for b in machine.block_ids if b != (known.block_id if known else None)]
+        if not await self.fabric.decompose(host, devices, self._tag(machine.id, machine)):
             # We mark a host before attaching anything, so a host without our mark
             # holds nothing we attached; what is on it belongs to someone else.
-            self.log.info("Host %s has no mark of %s: nothing of ours on it", host, machine_id)
-            return
-        # A host's own block never changes: any snapshot, however old, knows it.
-        inventory = self._inventory.value or await self.inventory()
-        known = inventory.host(host)
-        own_block = known.block_id if known else ""
-        for block in sorted((blocks & set(linked)) - {own_block}):
-            await self.fabric.detach(host, block)
-        await self.fabric.tag_host(host, None)
+            self.log.info("Host %s has no mark of %s: nothing of ours on it", host, machine.id)
+
+    def _tag(self, machine_id: str, machine: Machine | None = None) -> CompositionTag:
+        owner = f"{machine.user_name}/{machine.server_name}" if machine else ""
+        return CompositionTag(hub=self.hub_id, machine=machine_id, owner=owner)
+
+    async def release_in_background(
+        self, machine_id: str, *, reason: str, failed: bool = False
+    ) -> None:
+        """Mark the machine ``stopping`` now; take it apart and free it in the background.
+
+        For callers that must not wait on the fabric (a stop). The devices stay
+        held in the ledger until the fabric confirms, as with release(); if this
+        process dies first, the reconciler finishes what is ``stopping``.
+        """
+        if await self._mark_stopping(machine_id, reason) is not None:
+            self.release_soon(machine_id, reason=reason, failed=failed)
+
+    async def _mark_stopping(self, machine_id: str, reason: str) -> Machine | None:
+        """The machine, now ``stopping``; None when it holds nothing to give back."""
+        machine = await self.runner.run(self.ledger.machine, machine_id)
+        if machine is None or machine.state in ("released", "failed"):
+            return None
+        if machine.state == "requested":
+            await self._fail_unclaimed(machine_id, reason)
+            return None
+        if machine.state != "stopping":
+            await self.runner.run(self.ledger.transition, machine_id, "stopping", reason)
+        return machine
 
     def release_soon(self, machine_id: str, *, reason: str, failed: bool = False) -> None:
         """Keep trying to release in the background until the fabric confirms."""
-        if machine_id in self._releases and not self._releases[machine_id].done():
-            return
-        task = asyncio.ensure_future(self._release_until_done(machine_id, reason, failed))
-        self._releases[machine_id] = task
+        self.background.start(machine_id, reason=reason, failed=failed)
 
-    async def _release_until_done(self, machine_id: str, reason: str, failed: bool) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self.release(machine_id, reason=reason, failed=failed)
-                return
-            except FabricError as e:
-                self.log.warning(
-                    "Release of %s not confirmed (%s); retry in %.1fs", machine_id, e, delay
-                )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, self.release_retry_max)
+    async def _release_for_retry(self, machine_id: str, reason: str, failed: bool) -> None:
+        await self.release(machine_id, reason=reason, failed=failed)
+
+    async def wait_released(self, machine_id: str, *, within: float | None) -> bool:
+        """Whether this process's background release of the machine ends within ``within`` s."""
+        return await self.background.wait(machine_id, within=within)
+
+    async def _released(self, machine_id: str) -> bool:
+        return await self.wait_released(machine_id, within=self.fabric_wait)
+
+    # -- repairs (the reconciler's) -----------------------------------------
+
+    async def clear_host(self, host: str, blocks: Sequence[str], machine_id: str) -> None:
+        """Take apart what this hub composed on a host for a machine the ledger has ended.
+
+        For the reconciler: nothing in the ledger holds these devices any more.
+        """
+        await self.fabric.decompose(host, blocks, self._tag(machine_id))
+        self.pool.forget()
+
+    async def reattach(self, host: str, blocks: Sequence[str]) -> None:
+        """Attach again devices the ledger holds for this host but the fabric lost."""
+        for block in blocks:
+            await self.fabric.attach(host, block)
+        self.pool.forget()
 
     async def close(self) -> None:
-        for task in self._releases.values():
-            task.cancel()
+        self.background.cancel_all()
         await self.fabric.close()
-        await self._ledger_call(self.ledger.close)
-
-    # -- helpers ---------------------------------------------------------
-
-    async def _sync_ledger(self, inventory: Inventory) -> None:
-        """Make sure the ledger has a row for every block, so claims can compare-and-set."""
-        owners = self.owners(inventory)
-        records = [DeviceRecord.from_device(d, owners.get(d.block_id)) for d in inventory.devices]
-        records += [DeviceRecord.from_host(h) for h in inventory.hosts]
-        fingerprint = frozenset((r.block_id, repr(r)) for r in records)
-        if fingerprint != self._synced_blocks:
-            await self._ledger_call(self.ledger.sync_devices, records)
-            self._synced_blocks = fingerprint
-
-
-class _Snapshot(Generic[T]):
-    """A value read at most once per ``ttl`` seconds; one read at a time serves all waiting.
-
-    ``fresh``: a read that began after the call did; one that began meanwhile,
-    for another caller waiting on the lock, will do.
-    """
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self.value: T | None = None
-        self._began = -math.inf  # when the read behind ``value`` began
-        self._lock = asyncio.Lock()
-
-    def forget(self) -> None:
-        """The next get() reads again (``value`` stays for who can use any snapshot)."""
-        self._began = -math.inf
-
-    async def get(self, read: Callable[[], Awaitable[T]], *, fresh: bool = False) -> T:
-        asked = time.monotonic()
-        async with self._lock:
-            stale = asked - self._began > self.ttl or (fresh and self._began < asked)
-            if stale or self.value is None:
-                began = time.monotonic()
-                self.value, self._began = await read(), began
-            return self.value
-
-
-@dataclass(frozen=True, slots=True)
-class Offer:
-    free: dict[str, Availability]  # catalog GPU model id → availability, visible models only
-    gpus_in_use: int
-
-
-def _why_compose_failed(error: BaseException) -> str:
-    """What the user reads; the fabric's own words go to the log (see _attach)."""
-    if isinstance(error, FabricUnreachable):
-        return (
-            "The GPU fabric stopped answering while your machine was being put together."
-            " Your devices are given back as soon as it answers again; try again in a few"
-            " minutes, and tell the admins if it persists."
-        )
-    if isinstance(error, DeviceInUse):
-        return "A device was taken by another system while we attached it. Please try again."
-    if isinstance(error, FabricRefused):
-        status = f" (HTTP {error.status})" if error.status else ""
-        return f"The GPU fabric refused to compose your machine{status}. Please try again later."
-    if isinstance(error, FabricError):
-        return "The GPU fabric failed while attaching a device. Please try again."
-    if isinstance(error, asyncio.CancelledError):
-        return "The start was cancelled."
-    return "Starting the machine failed."
-
-
-def _device_state(device: Device) -> dict[str, Any]:
-    return {
-        "block_id": device.block_id,
-        "kind": device.kind,
-        "model": device.model,
-        "zones": sorted(device.zones),
-        "chassis": device.chassis,
-        "memory_gib": device.memory_gib,
-        "speed_gbps": device.speed_gbps,
-        "capacity_gb": device.capacity_gb,
-    }
-
-
-def _device_from_state(state: Mapping[str, Any]) -> Device:
-    return Device(
-        block_id=state["block_id"],
-        kind=state["kind"],
-        model=state["model"],
-        zones=frozenset(state.get("zones", ())),
-        chassis=state.get("chassis", ""),
-        state="attached",
-        memory_gib=state.get("memory_gib"),
-        speed_gbps=state.get("speed_gbps"),
-        capacity_gb=state.get("capacity_gb"),
-    )
-
-
-async def _whole_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``func`` in a worker thread; it lands (or fails) as a whole even if the caller is cancelled.
-
-    Cancelling a coroutine does not stop its worker thread. Without waiting for
-    the thread, the caller's undo could run before a write commits, miss it,
-    and leave devices claimed by a machine nobody will ever release.
-    """
-    future = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await asyncio.wait([future])
-        raise
+        await self.runner.run(self.ledger.close)

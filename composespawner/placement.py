@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from operator import attrgetter
 
-from .fabric.base import Device, Host, Inventory
+from .hardware import Device, Host, Inventory
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,12 @@ class NoFit:
 
 @dataclass(frozen=True, slots=True)
 class Availability:
-    free: int  # free GPUs of this model anywhere the user may use them
-    most_per_machine: int  # the largest count one machine could get right now
+    """What the spawn form may offer of one GPU model to one user right now."""
+
+    free: int  # free GPUs of the model a machine could get: in a zone with a free host
+    most_per_machine: int  # the largest count one machine could get (the catalog's cap at most)
+    most_to_ask: int  # what the user may ask for: most_per_machine within their quota left
+    why_none: str = ""  # for a person, when most_to_ask is 0: what is short and what to do
 
 
 def pool_for(
@@ -111,12 +115,42 @@ def visible_models(
     )
 
 
-def availability(pool: Pool, models: frozenset[str], per_machine_cap: int) -> Availability:
+def availability(
+    pool: Pool,
+    models: frozenset[str],
+    *,
+    label: str,
+    per_machine_cap: int,
+    quota_left: int | None = None,
+) -> Availability:
+    """How many GPUs of ``models`` one machine could get, and how many the user may ask for.
+
+    A GPU counts only in a zone with a free host: one stranded in a rack whose
+    hosts are all busy cannot be composed into anything. ``quota_left``: GPUs the
+    user may still take (None: no limit).
+    """
     gpus = [d for d in pool.devices if d.kind == "gpu" and d.model in models]
     zones_with_host = {z for h in pool.hosts for z in h.zones}
-    per_zone = [sum(1 for d in gpus if zone in d.zones) for zone in zones_with_host]
+    reachable = [d for d in gpus if d.zones & zones_with_host]
+    per_zone = [sum(1 for d in reachable if zone in d.zones) for zone in zones_with_host]
+    most = min(max(per_zone, default=0), per_machine_cap)
+    to_ask = most if quota_left is None else max(min(most, quota_left), 0)
     return Availability(
-        free=len(gpus), most_per_machine=min(max(per_zone, default=0), per_machine_cap)
+        free=len(reachable),
+        most_per_machine=most,
+        most_to_ask=to_ask,
+        why_none="" if to_ask else _why_none(label, gpus, quota_left),
+    )
+
+
+def _why_none(label: str, gpus: list[Device], quota_left: int | None) -> str:
+    if quota_left is not None and quota_left <= 0:
+        return "Your GPU quota is used up: stop one of your servers to free some."
+    if not gpus:
+        return f"No {label} is free right now: choose another model or try again later."
+    return (
+        f"No free host in a rack with free {label} GPUs right now:"
+        " choose another model or try again when a server stops."
     )
 
 

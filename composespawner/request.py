@@ -8,6 +8,7 @@ whether the hardware is free; that is placement's question.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
@@ -16,6 +17,10 @@ from typing import Any
 from .catalog import Catalog
 
 FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack")
+# Every field at its longest takes a few hundred bytes. JupyterHub stores what
+# it is sent in its own database before the spawner sees it, so anything bigger
+# is refused before it can be kept.
+MAX_OPTIONS_BYTES = 4096
 # Fields a browser or JupyterHub adds to form posts that are not ours to judge.
 _FORM_NOISE = frozenset({"_xsrf"})
 # JupyterHub's own rule for new server names is a "safe slug"; we re-check
@@ -26,9 +31,15 @@ _SERVER_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$", re.IGNORECA
 class RequestError(ValueError):
     """Bad input. ``str(err)`` is safe to show the user; ``field`` names the culprit."""
 
+    status = 400
+
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class OptionsTooLarge(RequestError):
+    status = 413
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +60,26 @@ class MachineRequest:
         return f"{self.gpu_count} × {label}"
 
 
+def check_size(options: Mapping[str, Any]) -> None:
+    """Refuse options (a form post or ``user_options``) too big to be a request of ours."""
+    size = options_size(options)
+    if size > MAX_OPTIONS_BYTES:
+        raise OptionsTooLarge(
+            f"Your spawn options are {size:,} bytes; at most {MAX_OPTIONS_BYTES:,} bytes are"
+            f" accepted. Send only {', '.join(FIELDS)}."
+        )
+
+
+def options_size(options: Any) -> int:
+    """Bytes of ``options`` as JSON, the way JupyterHub would store them."""
+    return len(json.dumps(options, default=str))
+
+
 def parse_form(
     form: Mapping[str, list[str]], catalog: Catalog, visible_models: Collection[str]
 ) -> MachineRequest:
     """Parse a spawn-form post (every value a list of strings)."""
+    check_size(form)
     fields: dict[str, Any] = {}
     for key, values in form.items():
         if key in _FORM_NOISE:
@@ -67,6 +94,7 @@ def parse_options(
     options: Mapping[str, Any], catalog: Catalog, visible_models: Collection[str]
 ) -> MachineRequest:
     """Parse ``user_options`` from the REST API (or an already flattened form)."""
+    check_size(options)
     unknown = sorted(set(options) - set(FIELDS))
     if unknown:
         shown = ", ".join(f"'{_shown(k)}'" for k in unknown)

@@ -1,7 +1,7 @@
 """The fabric protocol: what composespawner needs from a composable fabric.
 
-Everything above this module speaks in these types; everything below it (the
-Redfish client, the simulator's in-process adapter) turns its own wire format
+Everything above this module speaks in the domain types of ``hardware.py``; everything below it (the
+Redfish client, the tests' in-process fake) turns its own wire format
 into them. The error tree is drawn here, at the top, so callers can see at a
 glance which failures mean "the fabric said no" (safe to report, nothing
 changed) and which mean "we do not know what happened" (never free hardware on
@@ -9,7 +9,8 @@ those: unknown is not dead).
 
     FabricError
     ├── FabricUnreachable        no answer: connect error, dropped connection, timeout
-    │   └── FabricDeadlineExceeded   an operation's overall deadline ran out
+    │   ├── FabricDeadlineExceeded   an operation's overall deadline ran out
+    │   └── FabricCertificateError   the service's TLS certificate was not trusted
     ├── FabricRefused            the fabric answered with an error status
     │   ├── DeviceInUse              Composition.ResourceBlockInUse (409)
     │   ├── DeviceNotFound           Composition.ResourceBlockNotFound / 404
@@ -22,21 +23,20 @@ those: unknown is not dead).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-DeviceKind = Literal["gpu", "nic", "nvme"]
-DEVICE_KINDS: tuple[DeviceKind, ...] = ("gpu", "nic", "nvme")
-
-# What the fabric says about a device's availability, reduced to what matters
-# for placement. "free" means Status.State == Enabled, CompositionState ==
-# Unused and Reserved == false; "attached" means it is part of some system;
-# anything else (disabled, failed, reserved by another client) is "unavailable".
-DeviceState = Literal["free", "attached", "unavailable"]
+from composespawner.hardware import CompositionTag, Device, Inventory
 
 # The key under ComputerSystem.Oem that marks a host as composed by a hub.
 OEM_KEY = "ComposeSpawner"
+
+# How a fabric composes machines (see FABRIC.md): devices added one by one to a
+# standing host ("expandable"), or whole systems at once, by POST to the Systems
+# collection ("specific") or by CompositionService.Compose ("action").
+CompositionMode = Literal["expandable", "specific", "action"]
+# Where compose() reports what it is doing: one line per step, for the user.
+Progress = Callable[[str], None]
 
 
 # ---------------------------------------------------------------------------
@@ -54,6 +54,14 @@ class FabricUnreachable(FabricError):
 
 class FabricDeadlineExceeded(FabricUnreachable):
     """An operation (with its retries and task polling) ran past its deadline."""
+
+
+class FabricCertificateError(FabricUnreachable):
+    """The service's TLS certificate failed verification: we sent nothing to it.
+
+    Not retried (a certificate does not become trusted by asking again), and
+    still "unreachable": what the fabric holds is unknown, not free.
+    """
 
 
 class FabricRefused(FabricError):
@@ -103,74 +111,6 @@ class FabricTaskFailed(FabricError):
         self.message_ids = tuple(message_ids)
 
 
-# ---------------------------------------------------------------------------
-# Inventory: a snapshot of the fabric, in domain terms
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One attachable device: a GPU, a NIC or an NVMe drive (one resource block)."""
-
-    block_id: str  # the ResourceBlock's Id: our device id everywhere
-    kind: DeviceKind
-    model: str  # Processor.Model / Drive.Model / the NIC's description
-    zones: frozenset[str]  # ResourceZone Ids this block may compose in
-    chassis: str  # Chassis Id the device sits in
-    state: DeviceState
-    attached_to: str | None = None  # host system Id while attached
-    memory_gib: int | None = None  # GPUs
-    speed_gbps: int | None = None  # NICs
-    capacity_gb: int | None = None  # NVMe drives (decimal GB, as vendors sell them)
-
-
-@dataclass(frozen=True, slots=True)
-class CompositionTag:
-    """Marks a host as composed by a hub for one server.
-
-    Written into ``Oem.ComposeSpawner`` of the host's ComputerSystem, so the
-    reconciler can tell our compositions from anyone else's and never touch
-    what it did not make.
-    """
-
-    hub: str  # the hub's identity (ComposeSpawner.hub_id)
-    machine: str  # the ledger's machine id
-    owner: str  # "user/servername", for people reading the fabric
-
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    """A compute host that devices can be attached to (an expandable system)."""
-
-    system_id: str  # ComputerSystem Id
-    block_id: str  # its ComputerSystem-type ResourceBlock
-    zones: frozenset[str]
-    cpus: int
-    memory_gib: int
-    state: Literal["enabled", "unavailable"]
-    attached: tuple[str, ...] = ()  # device block ids attached now (its own block excluded)
-    tag: CompositionTag | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Inventory:
-    """Everything placement needs to know about the fabric at one moment."""
-
-    hosts: tuple[Host, ...] = ()
-    devices: tuple[Device, ...] = ()
-    zones: tuple[str, ...] = ()
-    _by_block: dict[str, Device] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._by_block.update({d.block_id: d for d in self.devices})
-
-    def device(self, block_id: str) -> Device | None:
-        return self._by_block.get(block_id)
-
-    def host(self, system_id: str) -> Host | None:
-        return next((h for h in self.hosts if h.system_id == system_id), None)
-
-
 def host_taken_by(
     current: CompositionTag | None, *, marked: bool, attached: Sequence[str], wanted: CompositionTag
 ) -> str | None:
@@ -191,6 +131,63 @@ def host_taken_by(
     return None
 
 
+def same_machine(mark: CompositionTag | None, tag: CompositionTag) -> bool:
+    """Whether a mark found on the fabric is ``tag``'s machine (the owner is only a label)."""
+    return mark is not None and (mark.hub, mark.machine) == (tag.hub, tag.machine)
+
+
+def attach_steps(host: str, devices: Sequence[Device]) -> list[str]:
+    """The progress line of each device attached to ``host``, in order."""
+    total = {kind: sum(d.kind == kind for d in devices) for kind in ("gpu", "nvme")}
+    seen = {"gpu": 0, "nvme": 0}
+    lines = []
+    for device in devices:
+        if device.kind == "nic":
+            lines.append(f"attaching {device.speed_gbps} Gb/s network card to {host}")
+            continue
+        seen[device.kind] += 1
+        count = f"{seen[device.kind]}/{total[device.kind]}"
+        if device.kind == "gpu":
+            lines.append(f"attaching GPU {count} ({device.model}) to {host}")
+        else:
+            lines.append(f"attaching scratch NVMe {count} to {host}")
+    return lines
+
+
+async def compose_by_attaching(
+    fabric: Fabric, host: str, devices: Sequence[Device], tag: CompositionTag, progress: Progress
+) -> str:
+    """Expandable composition: mark the host, then attach each device to it.
+
+    Not all-or-nothing by itself: on failure the caller undoes with
+    :func:`decompose_by_detaching`, which the mark makes safe.
+    """
+    await fabric.tag_host(host, tag)
+    for device, line in zip(devices, attach_steps(host, devices), strict=True):
+        progress(line)
+        await fabric.attach(host, device.block_id)
+    return host
+
+
+async def decompose_by_detaching(
+    fabric: Fabric, host: str, blocks: Sequence[str], tag: CompositionTag
+) -> bool:
+    """Expandable release: detach ``blocks`` still on the host, then unmark it.
+
+    False, touching nothing, when the host does not carry ``tag``'s mark: we
+    mark a host before attaching anything, so what is on an unmarked host is
+    someone else's.
+    """
+    mark, linked = await fabric.host_mark(host)
+    if not same_machine(mark, tag):
+        return False
+    # ``blocks`` are device blocks: the host's own block, among ``linked``, is never one.
+    for block in sorted(set(blocks) & set(linked)):
+        await fabric.detach(host, block)
+    await fabric.tag_host(host, None)
+    return True
+
+
 # ---------------------------------------------------------------------------
 # The protocol every fabric driver implements
 # ---------------------------------------------------------------------------
@@ -198,13 +195,39 @@ def host_taken_by(
 
 @runtime_checkable
 class Fabric(Protocol):
-    """A composable fabric, reduced to the six things a spawner needs.
+    """A composable fabric, reduced to the things a spawner needs.
 
     Every method is idempotent so callers may retry: attaching a block already
     attached to that host, detaching one that is not attached, and writing a
     tag that is already there all succeed. Attaching a block that is attached
     to *another* host raises :class:`DeviceInUse`.
+
+    A *host* is what a machine is composed on: an expandable system's Id, or,
+    where the fabric composes whole systems, the Id of its compute block (no
+    system stands for it until it is composed). ``compose``/``decompose`` work
+    in every mode; ``attach``/``detach``/``tag_host`` only where hosts are
+    expandable, and raise :class:`FabricRefused` elsewhere.
     """
+
+    async def compose(
+        self, host: str, devices: Sequence[Device], tag: CompositionTag, progress: Progress
+    ) -> str:
+        """Compose ``tag``'s machine of ``host`` and ``devices``; the composed system's Id.
+
+        Idempotent: a machine already composed for ``tag`` there is found, not
+        made twice. A host composed for anyone else raises :class:`DeviceInUse`.
+        Whole-system fabrics compose all or nothing; on an expandable one a
+        failure may leave part of it, for :meth:`decompose` to take apart.
+        """
+        ...
+
+    async def decompose(self, host: str, blocks: Sequence[str], tag: CompositionTag) -> bool:
+        """Take apart what ``tag``'s machine holds on ``host`` (device ``blocks``).
+
+        False, touching nothing, when nothing of that machine is there (already
+        taken apart, or never made): success, for a caller that retries.
+        """
+        ...
 
     async def inventory(self) -> Inventory:
         """A fresh snapshot of hosts, devices and zones."""

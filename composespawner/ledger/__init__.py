@@ -11,6 +11,7 @@ from composespawner.ledger.errors import (
     LedgerError,
     NotOwner,
     QuotaExceeded,
+    SchemaNotCurrent,
     ServerBusy,
     UnknownDevices,
     UnknownMachine,
@@ -38,6 +39,7 @@ from composespawner.ledger.records import (
     server_label,
     utcnow,
 )
+from composespawner.ledger.runner import LedgerRunner
 from composespawner.ledger.store import Ledger
 
 __all__ = [
@@ -54,11 +56,13 @@ __all__ = [
     "IllegalTransition",
     "Ledger",
     "LedgerError",
+    "LedgerRunner",
     "Machine",
     "MachineEvent",
     "MachineState",
     "NotOwner",
     "QuotaExceeded",
+    "SchemaNotCurrent",
     "ServerBusy",
     "ServerUse",
     "UnknownDevices",

@@ -6,8 +6,9 @@
     ├── ServerBusy           the user's server already has a live machine
     ├── QuotaExceeded        the claim would take the user past their GPU limit
     ├── NotOwner             a co-located device belongs to a group the user is not in
-    └── DevicesTaken         a block is held by another machine
-        └── UnknownDevices   a block is not in the ledger at all
+    ├── DevicesTaken         a block is held by another machine
+    │   └── UnknownDevices   a block is not in the ledger at all
+    └── SchemaNotCurrent     the database's schema is not the one this version needs
 
 Every refusal leaves the ledger exactly as it was: the transaction that raised
 it is rolled back. Errors a user can act on carry a ``user_message``.
@@ -33,6 +34,10 @@ class UnknownMachine(LedgerError):
         super().__init__(f"no machine {machine_id!r} in the ledger")
         self.machine_id = machine_id
 
+    @property
+    def user_message(self) -> str:
+        return "Your machine's record disappeared while it was being set up. Start again."
+
 
 class IllegalTransition(LedgerError):
     def __init__(self, from_state: str, to_state: str, detail: str = "") -> None:
@@ -40,6 +45,14 @@ class IllegalTransition(LedgerError):
         super().__init__(f"{message}: {detail}" if detail else message)
         self.from_state = from_state
         self.to_state = to_state
+
+    @property
+    def user_message(self) -> str:
+        # Someone else moved the machine on: an admin, or the reconciler cleaning up.
+        return (
+            "Your machine was ended while it was being set up (an admin or the hub's"
+            " clean-up stopped it). Start your server again."
+        )
 
 
 class ServerBusy(LedgerError):
@@ -129,3 +142,16 @@ class UnknownDevices(DevicesTaken):
 
 def _gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+class SchemaNotCurrent(LedgerError):
+    """The ledger's schema is older (or newer) than this composespawner's."""
+
+    def __init__(self, found: str | None, wanted: str) -> None:
+        super().__init__(
+            f"the ledger's schema is at revision {found or '(none: an empty database)'}, this"
+            f" composespawner needs {wanted}: run `composespawner upgrade-db` with the hub's"
+            " config (back the database up first), then start the hub again"
+        )
+        self.found = found
+        self.wanted = wanted

@@ -11,15 +11,21 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def alembic_config(connection: Connection) -> Config:
-    """Alembic's config for the packaged migrations, running on ``connection``."""
+def _packaged_config() -> Config:
     config = Config(str(PACKAGE_DIR / "alembic.ini"))
     config.set_main_option("script_location", str(PACKAGE_DIR / "migrations"))
+    return config
+
+
+def alembic_config(connection: Connection) -> Config:
+    """Alembic's config for the packaged migrations, running on ``connection``."""
+    config = _packaged_config()
     # migrations/env.py uses this connection instead of making its own engine.
     config.attributes["connection"] = connection
     return config
@@ -35,3 +41,10 @@ def downgrade(connection: Connection, revision: str) -> None:
 
 def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    """The revision the packaged migrations end at: what this version's code expects."""
+    head = ScriptDirectory.from_config(_packaged_config()).get_current_head()
+    assert head is not None, "the packaged migrations have one head"
+    return head

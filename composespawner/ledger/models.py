@@ -173,6 +173,24 @@ class QuotaAccountRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class ReconcileActionRow(Base):
+    """What the reconciler did (or tried), one row per action: its history and its counts."""
+
+    __tablename__ = "reconcile_actions"
+    __table_args__ = (
+        CheckConstraint("outcome IN ('done', 'error')", name="outcome"),
+        Index("ix_reconcile_actions_kind_outcome", "kind", "outcome"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    outcome: Mapped[str] = mapped_column(String(8))
+    machine_id: Mapped[str | None] = mapped_column(String(32))  # not a key: it may be unknown
+    host_id: Mapped[str | None] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+
+
 @event.listens_for(MachineEventRow, "before_update")
 @event.listens_for(MachineEventRow, "before_delete")
 def _refuse_event_change(mapper: Mapper[Any], connection: Connection, target: Any) -> None:

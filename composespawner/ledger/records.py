@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from composespawner.fabric.base import Device, Host
+from composespawner.hardware import Device, Host
 
 # Hosts are holdable too: a composed machine takes its whole compute host.
 HoldableKind = Literal["gpu", "nic", "nvme", "host"]

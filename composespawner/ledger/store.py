@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import (
     Connection,
@@ -64,6 +64,7 @@ from composespawner.ledger.errors import (
     DevicesTaken,
     IllegalTransition,
     NotOwner,
+    SchemaNotCurrent,
     ServerBusy,
     UnknownDevices,
     UnknownMachine,
@@ -74,6 +75,7 @@ from composespawner.ledger.models import (
     MachineEventRow,
     MachineRow,
     QuotaAccountRow,
+    ReconcileActionRow,
     UsageRecordRow,
     refuse_event_rewrites,
 )
@@ -141,6 +143,12 @@ class Ledger:
     def schema_revision(self) -> str | None:
         with self._engine.connect() as connection:
             return migrate.current_revision(connection)
+
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaNotCurrent` unless the schema is the one this code expects."""
+        found, wanted = self.schema_revision(), migrate.head_revision()
+        if found != wanted:
+            raise SchemaNotCurrent(found, wanted)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -367,6 +375,29 @@ class Ledger:
         with self._engine.begin() as connection:
             return [_usage_record(row) for row in connection.execute(query)]
 
+    def record_reconcile_action(
+        self,
+        kind: str,
+        outcome: Literal["done", "error"],
+        reason: str,
+        *,
+        machine_id: str | None = None,
+        host_id: str | None = None,
+    ) -> None:
+        """Note what the reconciler did (or failed to do): its history, and its metrics."""
+        values = {"at": self._now(), "kind": kind, "outcome": outcome, "reason": reason}
+        with self._write() as connection:
+            connection.execute(
+                insert(RECONCILE_ACTIONS).values(**values, machine_id=machine_id, host_id=host_id)
+            )
+
+    def reconcile_action_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, outcome) → how many the reconciler has recorded, ever."""
+        columns = (RECONCILE_ACTIONS.c.kind, RECONCILE_ACTIONS.c.outcome)
+        query = select(*columns, func.count()).group_by(*columns)
+        with self._engine.begin() as connection:
+            return {(kind, outcome): n for kind, outcome, n in connection.execute(query)}
+
     def _now(self) -> datetime:
         now = self._clock()
         if now.tzinfo is None:
@@ -383,6 +414,7 @@ DEVICES = cast(Table, DeviceRow.__table__)
 EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
 QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)
+RECONCILE_ACTIONS = cast(Table, ReconcileActionRow.__table__)
 
 
 # Statements every spawn runs, built once. Bind parameters named after a column

@@ -16,17 +16,18 @@ purpose, through ``transport``)::
 Usage::
 
     fabric = RedfishFabric("https://fabric-manager:443", username="hub", password=secret,
-                           timeouts=RedfishTimeouts(operation=30))
+                           ca_bundle="/etc/ssl/site-ca.pem", timeouts=RedfishTimeouts(operation=30))
     inventory = await fabric.inventory()
     await fabric.attach("host-01", "r1-a100-1")
     await fabric.close()
 
 Errors: only the ``base.py`` tree escapes. ``FabricRefused`` and its subclasses mean
 the service answered no (nothing changed by that call); ``FabricUnreachable`` (and
-``FabricDeadlineExceeded``) mean we do not know what happened; ``FabricTaskFailed``
-means an asynchronous task of the service ended in failure. 5xx answers are retried
-a few times and then surface as ``FabricRefused``: the service answered, and the
-caller decides whether to try again later.
+``FabricDeadlineExceeded``) mean we do not know what happened (so does
+``FabricCertificateError``, raised at once when the service's certificate is not
+trusted); ``FabricTaskFailed`` means an asynchronous task of the service ended in
+failure. 5xx answers are retried a few times and then surface as ``FabricRefused``:
+the service answered, and the caller decides whether to try again later.
 """
 
 from composespawner.fabric.redfish.client import RedfishFabric, ServiceMap

@@ -5,23 +5,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from composespawner.fabric.base import (
     OEM_KEY,
-    CompositionTag,
+    CompositionMode,
     DeviceInUse,
     DeviceNotFound,
     FabricDeadlineExceeded,
     FabricRefused,
     FabricTaskFailed,
     FabricUnreachable,
-    Inventory,
+    Progress,
     StaleETag,
+    compose_by_attaching,
+    decompose_by_detaching,
     host_taken_by,
+    same_machine,
 )
 from composespawner.fabric.redfish import mapping
 from composespawner.fabric.redfish.errors import (
@@ -41,6 +45,7 @@ from composespawner.fabric.redfish.transport import (
     Response,
     retry_after_seconds,
 )
+from composespawner.hardware import CompositionTag, Device, Inventory
 
 T = TypeVar("T")
 
@@ -81,6 +86,12 @@ class ServiceMap:
     resource_zones: str
     expand: str | None  # query string that inlines collection members, if supported
     expand_parts: str | None  # ... and the blocks' device parts with them, if supported
+    composition: CompositionMode = "expandable"
+    compose_target: str | None = None  # CompositionService.Compose, in "action" mode
+
+    @property
+    def whole_systems(self) -> bool:
+        return self.composition != "expandable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,8 @@ class RedfishFabric:
     ``RemoveResourceBlock`` actions the host's ComputerSystem advertises;
     hosts are tagged through ``Oem.ComposeSpawner``. Every method is bounded by
     ``timeouts.operation`` and raises only errors of the ``base.py`` tree.
+    Over https certificates are always verified, against ``ca_bundle`` (a PEM
+    file) when given, else the system's CAs.
     """
 
     def __init__(
@@ -134,7 +147,7 @@ class RedfishFabric:
         password: str,
         timeouts: RedfishTimeouts = DEFAULT_TIMEOUTS,
         retry: RedfishRetry = DEFAULT_RETRY,
-        verify_tls: bool = True,
+        ca_bundle: str | None = None,
         log: logging.Logger | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
@@ -147,7 +160,7 @@ class RedfishFabric:
             password=password,
             timeouts=timeouts,
             retry=retry,
-            verify_tls=verify_tls,
+            ca_bundle=ca_bundle,
             log=self._log,
             max_in_flight=max_in_flight,
         )
@@ -165,6 +178,26 @@ class RedfishFabric:
     async def inventory(self) -> Inventory:
         return await self._within_deadline("inventory", self._inventory)
 
+    async def compose(
+        self, host: str, devices: Sequence[Device], tag: CompositionTag, progress: Progress
+    ) -> str:
+        if await self._within_deadline(f"read {host}", self._is_expandable(host)):
+            return await compose_by_attaching(self, host, devices, tag, progress)
+        progress(f"composing {_count_devices(devices)} on {host}")
+        blocks = [host, *(d.block_id for d in devices)]
+        return await self._within_deadline(
+            f"compose {tag.machine} on {host}",
+            lambda deadline: self._compose_system(host, blocks, tag, deadline),
+        )
+
+    async def decompose(self, host: str, blocks: Sequence[str], tag: CompositionTag) -> bool:
+        if await self._within_deadline(f"read {host}", self._is_expandable(host)):
+            return await decompose_by_detaching(self, host, blocks, tag)
+        return await self._within_deadline(
+            f"decompose {tag.machine} on {host}",
+            lambda deadline: self._decompose_system(host, tag, deadline),
+        )
+
     async def attach(self, system_id: str, block_id: str) -> None:
         await self._within_deadline(
             f"attach {block_id} to {system_id}",
@@ -179,6 +212,11 @@ class RedfishFabric:
 
     async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
         async def read(deadline: Deadline) -> tuple[CompositionTag | None, tuple[str, ...]]:
+            if not await self._is_expandable(system_id)(deadline):
+                found = await self._system_holding(system_id, deadline)
+                document = found or {}
+                blocks = mapping.system_block_ids(document) or [system_id]
+                return mapping.composition_tag(document), tuple(blocks)
             _, system = await self._system(system_id, deadline)
             self._remember(system_id, system)
             document = system.document()
@@ -218,14 +256,41 @@ class RedfishFabric:
             if not isinstance(composition_uri, str) or not isinstance(systems_uri, str):
                 raise FabricRefused("the Redfish service has no CompositionService or Systems")
             composition = await self._document(composition_uri, deadline)
+            mode, compose_target = await self._composition_mode(composition, systems_uri, deadline)
             self._service = ServiceMap(
                 systems=systems_uri,
                 resource_blocks=_link(composition, "ResourceBlocks"),
                 resource_zones=_link(composition, "ResourceZones"),
                 expand=mapping.expand_query(root),
                 expand_parts=mapping.deep_expand_query(root),
+                composition=mode,
+                compose_target=compose_target,
             )
+            self._log.info("Redfish service composes by %s", _MODE_WORDS[mode])
         return self._service
+
+    async def _composition_mode(
+        self, composition: Document, systems_uri: str, deadline: Deadline
+    ) -> tuple[CompositionMode, str | None]:
+        """How the service composes, from what it advertises: the Compose action
+        (if it applies manifests), else POST to Systems, else expandable hosts."""
+        action = dig(composition, "Actions", "#CompositionService.Compose")
+        target = dig(action, "target")
+        if isinstance(target, str) and await self._applies_manifests(action, deadline):
+            return "action", target
+        systems = await self._document(systems_uri, deadline)
+        if mapping.creates_systems(systems):
+            return "specific", None
+        return "expandable", None
+
+    async def _applies_manifests(self, action: Document, deadline: Deadline) -> bool:
+        info_uri = dig(action, "@Redfish.ActionInfo")
+        if not isinstance(info_uri, str):
+            return True  # no ActionInfo: the schema's parameters, Apply among them
+        info = await self._document_if_present(info_uri, deadline)
+        return mapping.action_allows(info or {}, "RequestType", "Apply") and mapping.action_allows(
+            info or {}, "RequestFormat", "Manifest"
+        )
 
     async def _inventory(self, deadline: Deadline) -> Inventory:
         service = await self._service_map(deadline)
@@ -255,7 +320,13 @@ class RedfishFabric:
             etag = system.get("@odata.etag")
             if isinstance(etag, str) and etag:
                 self._recent[mapping.resource_id(system)] = (_Seen(system, etag), now)
-        return mapping.build_inventory(blocks=blocks, zones=zones, systems=systems, parts=parts)
+        return mapping.build_inventory(
+            blocks=blocks,
+            zones=zones,
+            systems=systems,
+            parts=parts,
+            whole_systems=service.whole_systems,
+        )
 
     async def _device_parts(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
         """Part documents by normalized URI: known ones, the rest fetched."""
@@ -318,6 +389,7 @@ class RedfishFabric:
     async def _change(
         self, system_id: str, block_id: str, change: _Change, deadline: Deadline
     ) -> None:
+        await self._refuse_unless_expandable(system_id, f"{change.verb} {block_id}", deadline)
         service = await self._service_map(deadline)
         block_uri = f"{service.resource_blocks}/{quote(block_id, safe='')}"
         what = f"{change.verb} {block_id} / {system_id}"
@@ -422,9 +494,120 @@ class RedfishFabric:
             self._action_targets[key] = target
         return self._action_targets[key]
 
+    # -- whole systems (specific composition, the Compose action) ---------------------------
+
+    def _is_expandable(self, host: str) -> Callable[[Deadline], Awaitable[bool]]:
+        """Whether ``host`` is an expandable system (else: a compute block to compose on)."""
+
+        async def read(deadline: Deadline) -> bool:
+            if not (await self._service_map(deadline)).whole_systems:
+                return True
+            path = await self._system_path(host, deadline)
+            system = await self._document_if_present(path, deadline)
+            return system is not None and mapping.is_expandable(system)
+
+        return read
+
+    async def _refuse_unless_expandable(self, host: str, what: str, deadline: Deadline) -> None:
+        if not await self._is_expandable(host)(deadline):
+            service = await self._service_map(deadline)
+            raise FabricRefused(
+                f"{what}: {host} is no expandable system, and this fabric composes whole "
+                f"systems ({_MODE_WORDS[service.composition]}): use compose/decompose"
+            )
+
+    async def _system_holding(self, block_id: str, deadline: Deadline) -> Document | None:
+        """The composed system a compute block is part of now, if any."""
+        service = await self._service_map(deadline)
+        systems = await self._members(service.systems, service.expand, deadline)
+        return mapping.system_holding(block_id, systems)
+
+    async def _ours_or_refuse(
+        self, host: str, tag: CompositionTag, deadline: Deadline
+    ) -> str | None:
+        """The Id of ``tag``'s system on ``host`` if composed; DeviceInUse if another's is."""
+        system = await self._system_holding(host, deadline)
+        if system is None:
+            return None
+        if same_machine(mapping.composition_tag(system), tag):
+            return mapping.resource_id(system)
+        holder = host_taken_by(
+            mapping.composition_tag(system),
+            marked=dig(system, "Oem", OEM_KEY) is not None,
+            attached=mapping.system_block_ids(system) or [host],
+            wanted=tag,
+        )
+        raise DeviceInUse(f"host {host} is already composed for {holder}")
+
+    async def _compose_system(
+        self, host: str, blocks: Sequence[str], tag: CompositionTag, deadline: Deadline
+    ) -> str:
+        """Create the system unless ours is there; a lost answer is settled by looking."""
+        existing = await self._ours_or_refuse(host, tag, deadline)
+        if existing is not None:
+            self._log.debug("compose %s: already composed as %s", tag.machine, existing)
+            return existing
+        try:
+            created = await self._request_composition(blocks, tag, deadline)
+        except (FabricRefused, FabricTaskFailed, _OutcomeUnknown) as exc:
+            # ResourceBlockInUse may be our own earlier try, whose answer was lost.
+            ids = getattr(exc, "message_ids", ())
+            if not isinstance(exc, _OutcomeUnknown) and not has_message(ids, _ATTACH.tolerated):
+                raise
+            found = await self._ours_or_refuse(host, tag, deadline)
+            if found is not None:
+                return found
+            if isinstance(exc, _OutcomeUnknown):
+                raise FabricUnreachable(f"compose {tag.machine} on {host}: {exc}") from exc
+            raise
+        return created or await self._created_by_looking(host, tag, deadline)
+
+    async def _created_by_looking(self, host: str, tag: CompositionTag, deadline: Deadline) -> str:
+        found = await self._ours_or_refuse(host, tag, deadline)
+        if found is None:
+            raise FabricUnreachable(f"compose {tag.machine} on {host}: accepted, but not found")
+        return found
+
+    async def _request_composition(
+        self, blocks: Sequence[str], tag: CompositionTag, deadline: Deadline
+    ) -> str | None:
+        """POST the composition the way the service takes it; the new system's Id if told."""
+        service = await self._service_map(deadline)
+        request = _composition_request(service.resource_blocks, blocks, tag)
+        if service.compose_target is not None:
+            answer = await self._transport.request(
+                "POST", service.compose_target, deadline, payload=_manifest(request, tag.machine)
+            )
+            final = await self._outcome(answer, deadline)
+            return mapping.composed_system_id(final.document() if final.body else {})
+        answer = await self._transport.request("POST", service.systems, deadline, payload=request)
+        final = await self._outcome(answer, deadline)
+        location = final.headers.get("Location") if final.status in (201, 204) else None
+        created = location or (mapping.uri_of(final.document()) if final.body else None)
+        systems = mapping.normalized(service.systems) + "/"
+        return mapping.id_from_uri(created) if created and systems in created else None
+
+    async def _decompose_system(self, host: str, tag: CompositionTag, deadline: Deadline) -> bool:
+        system = await self._system_holding(host, deadline)
+        if system is None or not same_machine(mapping.composition_tag(system), tag):
+            return False
+        path = mapping.uri_of(system) or await self._system_path(
+            mapping.resource_id(system), deadline
+        )
+        answer = await self._transport.request("DELETE", path, deadline)
+        if answer.status == 404:
+            return True  # gone already: an earlier try of ours, whose answer was lost
+        try:
+            await self._outcome(answer, deadline)
+        except _OutcomeUnknown as unknown:
+            if await self._system_holding(host, deadline) is not None:
+                raise FabricUnreachable(f"DELETE {path}: {unknown}") from unknown
+        return True
+
     # -- tagging ---------------------------------------------------------------------------
 
     async def _tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
+        await self._refuse_unless_expandable(system_id, f"tag {system_id}", deadline)
         wanted = _tag_object(tag)
 
         def done(system: _Seen | Response) -> bool:
@@ -476,23 +659,25 @@ class RedfishFabric:
 
     # -- answers and tasks -----------------------------------------------------------------
 
-    async def _outcome(self, response: Response, deadline: Deadline) -> None:
-        """Return when a write succeeded; follow a 202 task monitor to its end."""
+    async def _outcome(self, response: Response, deadline: Deadline) -> Response:
+        """The final answer of a write that succeeded, following a 202 task monitor."""
         if response.status == 202:
             monitor = response.headers.get("Location")
             if not monitor:
                 raise _OutcomeUnknown("accepted without a task monitor")
-            await self._follow_task(monitor, response, deadline)
-        elif not response.ok:
+            return await self._follow_task(monitor, response, deadline)
+        if not response.ok:
             raise response.refusal()
+        return response
 
-    async def _follow_task(self, monitor: str, accepted: Response, deadline: Deadline) -> None:
+    async def _follow_task(self, monitor: str, accepted: Response, deadline: Deadline) -> Response:
         answer = accepted
         while True:
             await asyncio.sleep(self._poll_delay(answer, deadline))
             answer = await self._transport.request("GET", monitor, deadline)
             if answer.status != 202 and not _task_running(answer):
-                return _task_result(answer)
+                _task_result(answer)
+                return answer
 
     def _poll_delay(self, answer: Response, deadline: Deadline) -> float:
         asked = retry_after_seconds(answer.headers.get("Retry-After"))
@@ -533,6 +718,38 @@ def _task_result(answer: Response) -> None:
     if type(refused) is FabricRefused:
         raise FabricTaskFailed(f"task {answer.path} failed: {refused}", message_ids=ids)
     raise refused
+
+
+_MODE_WORDS: dict[CompositionMode, str] = {
+    "expandable": "adding resource blocks to expandable systems",
+    "specific": "POST of whole systems to its Systems collection",
+    "action": "the CompositionService.Compose action",
+}
+
+
+def _composition_request(
+    blocks_uri: str, blocks: Sequence[str], tag: CompositionTag
+) -> dict[str, Any]:
+    """A ComputerSystem to create: the compute block first, then the devices, and our mark."""
+    return {
+        "Name": f"{tag.owner} ({tag.machine})",
+        "Links": {
+            "ResourceBlocks": [{"@odata.id": f"{blocks_uri}/{quote(b, safe='')}"} for b in blocks]
+        },
+        "Oem": {OEM_KEY: _tag_object(tag)},
+    }
+
+
+def _manifest(request: Document, stanza_id: str) -> dict[str, Any]:
+    stanza = {"StanzaType": "ComposeSystem", "StanzaId": stanza_id, "Request": request}
+    return {"RequestFormat": "Manifest", "RequestType": "Apply", "Manifest": {"Stanzas": [stanza]}}
+
+
+def _count_devices(devices: Sequence[Device]) -> str:
+    counts = Counter(d.kind for d in devices)
+    words = {"gpu": "GPU", "nic": "network card", "nvme": "scratch NVMe"}
+    parts = [f"{n} {words[k]}{'s' if n > 1 else ''}" for k, n in counts.items()]
+    return ", ".join(parts) or "no devices"
 
 
 def _link(document: Document, name: str) -> str:

@@ -22,23 +22,20 @@ defensively: a missing field means "unknown", never an exception.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from composespawner.fabric.base import (
-    OEM_KEY,
-    CompositionTag,
-    Device,
-    DeviceState,
-    Host,
-    Inventory,
-)
+from composespawner.fabric.base import OEM_KEY
+from composespawner.hardware import CompositionTag, Device, DeviceState, Host, Inventory
 
 Document = Mapping[str, Any]
 
 # Block sub-resources we read to recognise devices, by ResourceBlock property.
 DEVICE_PART_LINKS = ("Processors", "EthernetInterfaces", "Drives", "Storage")
-_NOT_DEVICE_TYPES = frozenset({"Compute", "ComputerSystem"})
+# A host's own block (its CPUs and memory): the schema's name is ComputerSystem,
+# DMTF's mockups also use Compute for it. Neither is ever an attachable device.
+HOST_BLOCK_TYPES = frozenset({"Compute", "ComputerSystem"})
 _ATTACHED_STATES = frozenset({"Composed", "ComposedAndAvailable"})
 # Properties whose references $expand=. leaves alone: they are not subordinate.
 NOT_SUBORDINATE = frozenset({"Links", "Actions", "Oem"})
@@ -167,7 +164,7 @@ def inline_parts(blocks: Iterable[Document]) -> dict[str, Document]:
     parts = [
         part
         for block in blocks
-        if not block_types(block) & _NOT_DEVICE_TYPES
+        if not block_types(block) & HOST_BLOCK_TYPES
         for name in DEVICE_PART_LINKS
         for part in _documents(block.get(name))
     ]
@@ -191,7 +188,7 @@ def block_types(block: Document) -> frozenset[str]:
 
 def device_part_uris(block: Document) -> list[str]:
     """Sub-resources to read to tell what device ``block`` is (none for hosts)."""
-    if block_types(block) & _NOT_DEVICE_TYPES:
+    if block_types(block) & HOST_BLOCK_TYPES:
         return []
     return [uri for name in DEVICE_PART_LINKS for uri in link_uris(block.get(name))]
 
@@ -230,7 +227,7 @@ def device_from_block(
     block: Document, parts: Mapping[str, Document], zones: frozenset[str]
 ) -> Device | None:
     """The device a block is, or None for blocks that are not attachable devices."""
-    if block_types(block) & _NOT_DEVICE_TYPES:
+    if block_types(block) & HOST_BLOCK_TYPES:
         return None
     common: dict[str, Any] = {
         "block_id": resource_id(block),
@@ -297,10 +294,14 @@ def nic_speed_gbps(interfaces: Sequence[Document]) -> int | None:
 
 
 def nvme_drives(block: Document, parts: Mapping[str, Document]) -> list[Document]:
-    """The NVMe drives of a block, directly linked or through its Storage."""
-    drives = _parts(block.get("Drives"), parts)
+    """The NVMe drives of a block, directly linked or through its Storage.
+
+    A service may link one drive both ways: each drive counts once, by its URI.
+    """
+    uris = link_uris(block.get("Drives"))
     for storage in _parts(block.get("Storage"), parts):
-        drives += _parts(storage.get("Drives"), parts)
+        uris += link_uris(storage.get("Drives"))
+    drives = [parts[uri] for uri in dict.fromkeys(uris) if uri in parts]
     # A drive that does not say its protocol is taken as NVMe: in a PCIe
     # fabric it almost always is, and dropping it would hide hardware.
     return [d for d in drives if d.get("Protocol") in (None, "NVMe")]
@@ -345,15 +346,25 @@ def composition_tag(system: Document) -> CompositionTag | None:
     return CompositionTag(hub=hub, machine=machine, owner=owner)
 
 
+def is_expandable(system: Document) -> bool:
+    use_cases = dig(system, "Composition", "UseCases")
+    return isinstance(use_cases, list) and "ExpandableSystem" in use_cases
+
+
 def host_from_system(
     system: Document, blocks_by_uri: Mapping[str, Document], membership: Mapping[str, set[str]]
 ) -> Host | None:
-    """An expandable system with its own ComputerSystem block, or None."""
-    use_cases = dig(system, "Composition", "UseCases")
-    if not isinstance(use_cases, list) or "ExpandableSystem" not in use_cases:
+    """The host ``system`` is, or None.
+
+    A host is a system devices can be added to: ``Composition.UseCases``
+    lists ``ExpandableSystem``, and among its ``Links.ResourceBlocks`` is its
+    own block, of type ``ComputerSystem`` or ``Compute`` (the first such is
+    its own; every other linked block is an attached device).
+    """
+    if not is_expandable(system):
         return None
     linked = link_uris(dig(system, "Links", "ResourceBlocks"))
-    own_uri = next((u for u in linked if "ComputerSystem" in _types_at(u, blocks_by_uri)), None)
+    own_uri = next((u for u in linked if _types_at(u, blocks_by_uri) & HOST_BLOCK_TYPES), None)
     if own_uri is None:
         return None
     own = blocks_by_uri[own_uri]
@@ -389,19 +400,112 @@ def system_block_ids(system: Document) -> list[str]:
     return link_ids(dig(system, "Links", "ResourceBlocks"))
 
 
+def is_compute_block(block: Document) -> bool:
+    return bool(block_types(block) & HOST_BLOCK_TYPES)
+
+
+def system_holding(block_id: str, systems: Iterable[Document]) -> Document | None:
+    """The (composed) system whose ``Links.ResourceBlocks`` lists block ``block_id``."""
+    return next((s for s in systems if block_id in system_block_ids(s)), None)
+
+
+def host_from_compute_block(
+    block: Document, systems: Sequence[Document], membership: Mapping[str, set[str]]
+) -> Host:
+    """Where whole systems are composed, a free compute block is a host, named by its Id.
+
+    Its tag and devices are those of the system composed of it, if any. A
+    block composed without our mark (or into a system we cannot read) is
+    someone else's: "unavailable".
+    """
+    block_id = resource_id(block)
+    system = system_holding(block_id, systems) or {}
+    tag = composition_tag(system)
+    state = _host_state(system, block)
+    if tag is None and device_state(block) == "attached":
+        state = "unavailable"
+    return Host(
+        system_id=block_id,
+        block_id=block_id,
+        zones=block_zones(block, membership),
+        cpus=_count(dig(system, "ProcessorSummary", "Count")),
+        memory_gib=_count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")),
+        state=state,
+        attached=tuple(b for b in system_block_ids(system) if b != block_id),
+        tag=tag,
+    )
+
+
 def build_inventory(
     *,
     blocks: Sequence[Document],
     zones: Sequence[Document],
     systems: Sequence[Document],
     parts: Mapping[str, Document],
+    whole_systems: bool = False,
 ) -> Inventory:
+    """The inventory; with ``whole_systems`` free compute blocks are hosts too.
+
+    A service that composes whole systems may still have expandable systems
+    (DMTF's mockup has both): those stay hosts of their own.
+    """
     membership = zone_membership(zones)
     blocks_by_uri = {uri: b for b in blocks if (uri := uri_of(b))}
-    devices = (device_from_block(b, parts, block_zones(b, membership)) for b in blocks)
-    hosts = (host_from_system(s, blocks_by_uri, membership) for s in systems)
+    devices = [device_from_block(b, parts, block_zones(b, membership)) for b in blocks]
+    hosts = [host_from_system(s, blocks_by_uri, membership) for s in systems]
+    if whole_systems:
+        # Expandable systems stay hosts; every other compute block is one too.
+        owned = {h.block_id for h in hosts if h is not None}
+        computes = [b for b in blocks if is_compute_block(b) and resource_id(b) not in owned]
+        hosts += [host_from_compute_block(b, systems, membership) for b in computes]
+        devices = _attached_to_hosts(devices, systems, {resource_id(b) for b in computes})
     return Inventory(
         hosts=tuple(h for h in hosts if h is not None),
         devices=tuple(d for d in devices if d is not None),
         zones=tuple(resource_id(z) for z in zones),
     )
+
+
+def _attached_to_hosts(
+    devices: list[Device | None], systems: Sequence[Document], computes: set[str]
+) -> list[Device | None]:
+    """A device in a composed system is attached to the host its system was composed on."""
+    host_of_system = {
+        resource_id(s): host
+        for s in systems
+        if (host := next((b for b in system_block_ids(s) if b in computes), None))
+    }
+    return [
+        replace(d, attached_to=host_of_system[d.attached_to])
+        if d is not None and d.attached_to in host_of_system
+        else d
+        for d in devices
+    ]
+
+
+def creates_systems(systems: Document) -> bool:
+    """Whether a Systems collection says it takes POST of composed systems."""
+    capabilities = dig(systems, "@Redfish.CollectionCapabilities", "Capabilities")
+    if not isinstance(capabilities, list):
+        return False
+    return any(dig(c, "UseCase") == "ComputerSystemComposition" for c in capabilities)
+
+
+def action_allows(info: Document, parameter: str, value: str) -> bool:
+    """Whether an ActionInfo lets ``parameter`` take ``value`` (unlisted: the schema's own)."""
+    parameters = info.get("Parameters")
+    for entry in parameters if isinstance(parameters, list) else []:
+        if dig(entry, "Name") == parameter:
+            allowed = dig(entry, "AllowableValues")
+            return not isinstance(allowed, list) or value in allowed
+    return True
+
+
+def composed_system_id(answer: Document) -> str | None:
+    """The system a Compose action's answer names in its ComposeSystem stanza."""
+    stanzas = dig(answer, "Manifest", "Stanzas")
+    for stanza in stanzas if isinstance(stanzas, list) else []:
+        uri = uri_of(dig(stanza, "Response"))
+        if dig(stanza, "StanzaType") == "ComposeSystem" and uri:
+            return id_from_uri(uri)
+    return None

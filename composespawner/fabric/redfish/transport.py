@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import yarl
 
 from composespawner.fabric.base import (
     FabricAuthError,
+    FabricCertificateError,
     FabricDeadlineExceeded,
     FabricRefused,
     FabricUnreachable,
@@ -185,6 +187,22 @@ def origin_of(base_url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """Certificate verification for https services: always on.
+
+    ``ca_bundle`` (a PEM file of CA certificates) replaces the system's CAs,
+    for fabric managers whose certificate comes from a site CA; None or empty
+    trusts the system's CAs. A missing or unreadable bundle is a ValueError
+    now, not a refused connection at the first request.
+    """
+    if not ca_bundle:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use {ca_bundle!r} as a CA bundle (PEM): {exc}") from exc
+
+
 def local_path(uri: str) -> str:
     """The path (and query) of ``uri``, dropping any scheme and host.
 
@@ -206,7 +224,7 @@ class RedfishTransport:
         password: str,
         timeouts: RedfishTimeouts,
         retry: RedfishRetry,
-        verify_tls: bool,
+        ca_bundle: str | None,
         log: logging.Logger,
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
@@ -217,7 +235,8 @@ class RedfishTransport:
         self._password = password
         self.timeouts = timeouts
         self._retry = retry
-        self._verify_tls = verify_tls
+        self._ca_bundle = ca_bundle
+        self._tls = tls_context(ca_bundle)
         self._log = log
         self._session = _Session()
         self._login_lock = asyncio.Lock()
@@ -289,9 +308,11 @@ class RedfishTransport:
                     data=body,
                     timeout=timeout,
                     allow_redirects=False,
-                    ssl=self._verify_tls,  # True: verify certificates (the default)
+                    ssl=self._tls,
                 ) as answer:
                     content = await answer.read()
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise self._untrusted(exc) from exc
             except Exception as exc:
                 # aiohttp raises whatever broke the exchange: ClientConnectorError
                 # (refused, TLS), ServerDisconnectedError (dropped), TimeoutError,
@@ -304,6 +325,15 @@ class RedfishTransport:
         self._log.debug("%s %s -> %d in %.0f ms", method, path, answer.status, elapsed_ms)
         # answer.headers is case-insensitive, like HTTP: "ETag" finds "Etag".
         return Response(method, path, answer.status, answer.headers, content)
+
+    def _untrusted(self, exc: aiohttp.ClientConnectorCertificateError) -> FabricCertificateError:
+        trusted = f"the CA bundle {self._ca_bundle}" if self._ca_bundle else "the system's CAs"
+        self._log.error("%s: TLS certificate not trusted: %s", self._origin, exc.certificate_error)
+        return FabricCertificateError(
+            f"{self._origin}: its TLS certificate is not trusted by {trusted}"
+            f" ({exc.certificate_error}). If the fabric's certificate comes from a site CA,"
+            " configure that CA's bundle (PEM) as the fabric CA bundle."
+        )
 
     def _message(
         self, payload: Any, headers: Mapping[str, str] | None, session: _Session | None

@@ -1,0 +1,215 @@
+"""The pool as one hub sees it: the fabric's inventory and the ledger's holders, cached.
+
+Reading only: what is there, who holds it, what one user may be offered and
+what a claim may take. Every inventory read also makes sure the ledger has a
+row for each device, so that claims can compare-and-set them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .catalog import Catalog, GpuModel
+from .fabric.base import Fabric, FabricUnreachable
+from .hardware import Inventory
+from .ledger import DeviceRecord, Ledger, LedgerRunner
+from .placement import Availability, Pool, availability, pool_for
+from .placement import visible_models as _visible_models
+from .reservations import Reservations
+from .snapshot import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    free: dict[str, Availability]  # catalog GPU model id → availability, visible models only
+    gpus_in_use: int
+    gpu_limit: int | None = None  # GPUs the user may hold at once (None: no limit)
+    # Seconds since the inventory behind ``free`` was read, when a fresh read did
+    # not finish in time; None when it is fresh.
+    inventory_age: float | None = None
+
+    @property
+    def quota_left(self) -> int | None:
+        return _quota_left(self.gpu_limit, self.gpus_in_use)
+
+
+class PoolView:
+    """Cached reads of the fabric and the ledger, for offers and for placement."""
+
+    def __init__(
+        self,
+        *,
+        runner: LedgerRunner,
+        fabric: Fabric,
+        catalog: Catalog,
+        reservations: Reservations,
+        snapshot_ttl: float,
+        fabric_wait: float | None,
+        log: logging.Logger,
+    ) -> None:
+        """``fabric_wait``: seconds a spawn waits for the fabric's inventory before
+        FabricUnreachable (None: as long as the fabric client's own timeouts take)."""
+        self.runner = runner
+        self.fabric = fabric
+        self.catalog = catalog
+        self.reservations = reservations
+        self.snapshot_ttl = snapshot_ttl
+        self.fabric_wait = fabric_wait
+        self.log = log
+        self._inventory = Snapshot[Inventory](snapshot_ttl)
+        self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
+        # The ledger's holders as placement last read them, with the number of
+        # our committed claims when that read began.
+        self._holders = Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.runner.ledger
+
+    # -- the fabric's inventory -------------------------------------------------
+
+    async def inventory(self, *, fresh: bool = False) -> Inventory:
+        """The fabric's inventory, cached for ``snapshot_ttl`` seconds (see Snapshot).
+
+        Raises FabricUnreachable after ``fabric_wait`` seconds; the read goes on
+        for whoever asks next.
+        """
+        if self.fabric_wait is None:
+            return await self._inventory.get(self._read_inventory, fresh=fresh)
+        deadline = asyncio.timeout(self.fabric_wait)
+        try:
+            async with deadline:
+                return await self._inventory.get(self._read_inventory, fresh=fresh)
+        except TimeoutError as e:
+            if not deadline.expired():
+                raise
+            raise _no_inventory_within(self.fabric_wait) from e
+
+    async def known_inventory(self) -> Inventory:
+        """Any inventory read so far, however old (a fresh one if none): for what never changes."""
+        return self._inventory.value or await self.inventory()
+
+    def last_inventory(self) -> tuple[Inventory | None, float]:
+        """The inventory last read, and its age in seconds; no I/O (for metrics)."""
+        return self._inventory.value, time.monotonic() - self._inventory.began
+
+    def forget(self) -> None:
+        """Devices were given back: the next offer and placement read again."""
+        self._inventory.forget()
+        self._holders.forget()
+
+    async def _read_inventory(self) -> Inventory:
+        inventory = await self.fabric.inventory()
+        await self._sync_ledger(inventory)
+        return inventory
+
+    async def _sync_ledger(self, inventory: Inventory) -> None:
+        """Make sure the ledger has a row for every block, so claims can compare-and-set."""
+        owners = self.owners(inventory)
+        records = [DeviceRecord.from_device(d, owners.get(d.block_id)) for d in inventory.devices]
+        records += [DeviceRecord.from_host(h) for h in inventory.hosts]
+        fingerprint = frozenset((r.block_id, repr(r)) for r in records)
+        if fingerprint != self._synced_blocks:
+            await self.runner.run(self.ledger.sync_devices, records)
+            self._synced_blocks = fingerprint
+
+    def owners(self, inventory: Inventory) -> dict[str, str]:
+        """Co-located devices and the group that owns each."""
+        owners = {}
+        for device in inventory.devices:
+            group = self.catalog.owner_of_chassis(device.chassis)
+            if group:
+                owners[device.block_id] = group
+        return owners
+
+    # -- what one user may have ---------------------------------------------------
+
+    async def offer(
+        self,
+        user: str,
+        groups: frozenset[str],
+        *,
+        gpu_limit: int | None = None,
+        within: float | None = None,
+    ) -> Offer:
+        """What the spawn form shows one user: models they may use, what is free, quota.
+
+        ``gpu_limit``: GPUs the user may hold at once (None: no limit). ``within``:
+        seconds to wait for a fresh inventory before offering the last one, with
+        its age; with none read yet, FabricUnreachable.
+        """
+        inventory, age = await self._inventory_within(within)
+        owners = self.owners(inventory)
+        held = await self.runner.run(self.ledger.holders)
+        pool = pool_for(inventory, held=held, owners=owners, groups=groups)
+        in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
+        quota_left = _quota_left(gpu_limit, in_use)
+        free = {
+            m.id: availability(
+                pool,
+                m.fabric_models,
+                label=m.label,
+                per_machine_cap=self.catalog.max_gpus_per_machine,
+                quota_left=quota_left,
+            )
+            for m in self._visible_catalog_models(inventory, owners, groups)
+        }
+        return Offer(free=free, gpus_in_use=in_use, gpu_limit=gpu_limit, inventory_age=age)
+
+    async def _inventory_within(self, budget: float | None) -> tuple[Inventory, float | None]:
+        if budget is None:
+            return await self.inventory(), None
+        try:
+            return await self._inventory.get_within(self._read_inventory, budget)
+        except TimeoutError as e:
+            raise _no_inventory_within(budget) from e
+
+    async def visible_models(self, groups: frozenset[str]) -> frozenset[str]:
+        """Catalog ids of the GPU models these groups may ask for, free or not.
+
+        What request validation needs, without the ledger reads of :meth:`offer`:
+        it runs on every spawn.
+        """
+        inventory = await self.inventory()
+        models = self._visible_catalog_models(inventory, self.owners(inventory), groups)
+        return frozenset(m.id for m in models)
+
+    def _visible_catalog_models(
+        self, inventory: Inventory, owners: Mapping[str, str], groups: frozenset[str]
+    ) -> list[GpuModel]:
+        fabric_models = _visible_models(inventory, owners, groups)
+        return [m for m in self.catalog.gpu_models if m.fabric_models & fabric_models]
+
+    # -- what a claim may take ----------------------------------------------------
+
+    async def claimable(self, groups: frozenset[str], *, fresh: bool) -> Pool:
+        """What placement may take for these groups: free in the ledger, not reserved by us.
+
+        The holders are read once per snapshot, not per claim: in a rush every
+        spawn would otherwise read the whole holder table. A stale read cannot
+        cause a double holder: our own claims since it are reserved in-process,
+        and the claim's compare-and-set refuses devices another hub took
+        meanwhile (then we read again). Our releases drop it (forget), so freed
+        devices show at once.
+        """
+        inventory = await self.inventory(fresh=fresh)
+        held, read_after = await self._holders.get(self._read_holders, fresh=fresh)
+        taken = self.reservations.taken(held, read_after)
+        return pool_for(inventory, held=taken, owners=self.owners(inventory), groups=groups)
+
+    async def _read_holders(self) -> tuple[Mapping[str, str], int]:
+        read_after = self.reservations.commits
+        return await self.runner.run(self.ledger.holders), read_after
+
+
+def _quota_left(gpu_limit: int | None, in_use: int) -> int | None:
+    """GPUs a user may still take (None: no limit); never below 0, even over a lowered limit."""
+    return None if gpu_limit is None else max(gpu_limit - in_use, 0)
+
+
+def _no_inventory_within(seconds: float) -> FabricUnreachable:
+    return FabricUnreachable(f"no inventory from the fabric within {seconds:g} s; still reading")
