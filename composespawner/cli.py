@@ -1,14 +1,9 @@
-"""The ``composespawner`` command: the fabric simulator and the demo hub."""
+"""The ``composespawner`` command: the demo, its simulator, the hub's services, upgrade-db."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,27 +14,44 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "reconcile", help="make ledger, fabric and hub servers agree", add_help=False
     )
-    commands.add_parser("demo", help="start the embedded default hub at http://127.0.0.1:8000")
+    commands.add_parser(
+        "upgrade-db", help="upgrade the ledger's schema (-f the hub's config)", add_help=False
+    )
+    commands.add_parser(
+        "demo",
+        help="start the fabric simulator and the embedded default hub at http://127.0.0.1:8000",
+    )
+    with_hub = commands.add_parser(
+        "with-hub",
+        help="run a hub-managed service that ends when the hub does, even if it is killed",
+    )
+    with_hub.add_argument("--hub-pid", type=int, required=True, help="the hub's process id")
+    with_hub.add_argument("service", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
     args, rest = parser.parse_known_args(argv)
     if args.command == "fabric-simulator":
-        from .fabric.simulator.__main__ import main as simulator_main
+        # The simulator is a package of its own (fabricsim); this name stays for configs.
+        from fabricsim.__main__ import main as simulator_main
 
         return simulator_main(rest)
     if args.command == "reconcile":
-        from .reconcile import main as reconcile_main
+        from .reconcile import ReconcilerApp
 
-        return reconcile_main(rest)
-    return demo(rest)
+        ReconcilerApp.launch_instance(rest)
+        return 0
+    if args.command == "upgrade-db":
+        from .application import UpgradeDB
 
+        UpgradeDB.launch_instance(rest)
+        return 0
+    from . import supervise
 
-def demo(extra: list[str]) -> int:
-    """Exec JupyterHub with the embedded default config (hub_config/jupyterhub_config.py)."""
-    config = ROOT / "hub_config" / "jupyterhub_config.py"
-    state = Path(os.environ.get("COMPOSE_STATE_DIR", ROOT / ".demo"))
-    state.mkdir(parents=True, exist_ok=True)
-    jupyterhub = shutil.which("jupyterhub", path=str(Path(sys.executable).parent))
-    if jupyterhub is None:
-        print("jupyterhub is not installed next to this Python; run `make demo`.", file=sys.stderr)
-        return 1
-    os.chdir(state)
-    os.execv(jupyterhub, [jupyterhub, "-f", str(config), *extra])
+    if args.command == "with-hub":
+        service = args.service[1:] if args.service[:1] == ["--"] else args.service
+        if not service:
+            parser.error("with-hub: give the service's command after --")
+        try:
+            supervise.exec_with_hub(args.hub_pid, service)
+        except supervise.DemoError as e:
+            print(f"composespawner with-hub: {e}", file=sys.stderr)
+            return 1
+    return supervise.demo_main(rest)

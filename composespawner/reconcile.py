@@ -35,8 +35,10 @@ counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,11 +46,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from urllib.parse import quote, urlencode
 
+from jupyterhub.services.auth import HubAuth
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Bool, Float, default
 
+from .application import ComposeApplication
 from .composer import Composer
-from .fabric.base import FabricError, Inventory
+from .fabric.base import FabricError
+from .hardware import Inventory
 from .ledger import TERMINAL, LedgerError, Machine
+from .settings import build_composer
 
 ActionKind = Literal[
     "finish-release", "release-orphan", "detach-untracked", "reattach", "stop-server", "conflict"
@@ -306,17 +313,17 @@ class Reconciler:
         ledger = self.composer.ledger
         servers = await self._servers(report)
         try:
-            inventory = await self.composer.inventory(fresh=True)
+            inventory = await self.composer.pool.inventory(fresh=True)
         except FabricError as e:
             self.log.warning("Reconcile: the fabric did not answer (%s); nothing done", e)
             report.fabric_reachable = False
             return report  # every repair needs the fabric; unknown is never dead
-        live = await asyncio.to_thread(ledger.live_machines)
+        live = await self.composer.runner.run(ledger.live_machines)
         machines = {m.id: m for m in live}
         named = {s.machine_id for s in servers or () if s.machine_id}
         named |= {h.tag.machine for h in inventory.hosts if h.tag is not None}
         for machine_id in sorted(named - machines.keys()):
-            machine = await asyncio.to_thread(ledger.machine, machine_id)
+            machine = await self.composer.runner.run(ledger.machine, machine_id)
             if machine is not None:
                 machines[machine_id] = machine
         report.actions = plan_reconcile(
@@ -368,8 +375,24 @@ class Reconciler:
             # A LedgerError here is a transition someone else made first: next pass.
             self.log.warning("Reconcile: %s of %s failed: %s", action.kind, action.machine_id, e)
             report.errors[action.kind] += 1
+            await self._record(action, "error", f"{action.reason} (failed: {e})")
         else:
             report.done[action.kind] += 1
+            await self._record(action, "done", action.reason)
+
+    async def _record(self, action: Action, outcome: Literal["done", "error"], why: str) -> None:
+        """Keep the action in the ledger: the hub's metrics count them from there."""
+        try:
+            await self.composer.runner.run(
+                self.composer.ledger.record_reconcile_action,
+                action.kind,
+                outcome,
+                why,
+                machine_id=action.machine_id,
+                host_id=action.host,
+            )
+        except Exception:
+            self.log.exception("Reconcile: could not record %s in the ledger", action.kind)
 
     async def _act(self, action: Action) -> None:
         composer, why = self.composer, f"reconciler: {action.reason}"
@@ -381,13 +404,11 @@ class Reconciler:
             await composer.release(action.machine_id, reason=why, failed=True)
         elif action.kind == "detach-untracked":
             assert action.host
-            for block in action.blocks:
-                await composer.fabric.detach(action.host, block)
-            await composer.fabric.tag_host(action.host, None)
+            assert action.machine_id
+            await composer.clear_host(action.host, action.blocks, action.machine_id)
         elif action.kind == "reattach":
             assert action.host
-            for block in action.blocks:
-                await composer.fabric.attach(action.host, block)
+            await composer.reattach(action.host, action.blocks)
         elif action.kind == "stop-server":
             assert self.hub is not None
             assert action.user is not None
@@ -400,68 +421,56 @@ class Reconciler:
 # ---------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str]) -> int:
-    """Run as a hub-managed service; the hub's API comes from $JUPYTERHUB_API_URL/_TOKEN."""
-    import argparse
-    import os
+class ReconcilerApp(ComposeApplication):
+    """The reconciler as a hub-managed service: ``composespawner reconcile -f CONFIG``."""
 
-    from .catalog import Catalog
-    from .fabric.redfish import RedfishFabric
-    from .ledger import Ledger
+    name = "composespawner reconcile"
+    description = """Make the ledger, the fabric and the hub's servers agree, at start and
+    then every few seconds. Reads the hub's config file for the ledger, fabric and
+    catalog; the hub's API comes from $JUPYTERHUB_API_URL and $JUPYTERHUB_API_TOKEN,
+    which the hub sets for its services."""
 
-    parser = argparse.ArgumentParser(prog="composespawner reconcile", description=main.__doc__)
-    parser.add_argument("--ledger-url", required=True, help="the hub's ComposeSpawner.ledger_url")
-    parser.add_argument("--fabric-url", required=True, help="the hub's ComposeSpawner.fabric_url")
-    parser.add_argument("--catalog", required=True, help="the hub's ComposeSpawner.catalog_file")
-    parser.add_argument("--hub-id", required=True, help="the hub's ComposeSpawner.hub_id")
-    parser.add_argument(
-        "--every", type=float, default=60.0, help="seconds between passes (default 60)"
+    every = Float(60.0, config=True, help="Seconds between reconcile passes.")
+    grace = Float(
+        60.0,
+        config=True,
+        help="""Seconds a machine is left alone after its last change: keep it longer
+        than the hub takes to record a started server.""",
     )
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=60.0,
-        help="seconds a machine is left alone after its last change (default 60): longer"
-        " than the hub takes to record a started server",
-    )
-    parser.add_argument("--once", action="store_true", help="one pass; print what it did as JSON")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s reconcile] %(message)s"
-    )
-    log = logging.getLogger("composespawner.reconcile")
-    api_url, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
-    if not (api_url and token):
-        log.warning("No $JUPYTERHUB_API_URL/_TOKEN: servers unknown, only finishing releases")
+    once = Bool(False, config=True, help="Make one pass, print what it did as JSON, and exit.")
+    aliases = {
+        **ComposeApplication.aliases,
+        "every": "ReconcilerApp.every",
+        "grace": "ReconcilerApp.grace",
+    }
+    flags = {"once": ({"ReconcilerApp": {"once": True}}, once.help)}
 
-    async def run() -> int:
-        ledger = Ledger(args.ledger_url)
-        ledger.upgrade()
-        fabric = RedfishFabric(
-            args.fabric_url,
-            username=os.environ.get("COMPOSE_FABRIC_USERNAME", "admin"),
-            password=os.environ.get("COMPOSE_FABRIC_PASSWORD", ""),
-            log=log,
-        )
-        composer = Composer(
-            ledger=ledger,
-            fabric=fabric,
-            catalog=Catalog.from_file(args.catalog),
-            hub_id=args.hub_id,
-            log=log,
-        )
-        hub = HubAPI(api_url, token) if api_url and token else None
-        reconciler = Reconciler(composer, hub, grace=args.grace, log=log)
+    @default("log_format")
+    def _default_log_format(self) -> str:
+        return "[%(levelname)1.1s %(asctime)s reconcile] %(message)s"
+
+    def start(self) -> None:
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+            asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        # The hub stops its services with SIGINT, then SIGTERM: either way the
+        # pass in progress is cancelled and the fabric session logged out.
+        main = asyncio.current_task()
+        assert main is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+        auth = HubAuth()
+        hub = HubAPI(auth.api_url, auth.api_token) if auth.api_token else None
+        if hub is None:
+            self.log.warning("No $JUPYTERHUB_API_TOKEN: servers unknown, only finishing releases")
+        settings = self.settings
+        self.log.info("Reconciling for hub %s every %.0f s", settings.hub_id, self.every)
+        composer = build_composer(settings, self.log, for_spawns=False)
+        reconciler = Reconciler(composer, hub, grace=self.grace, log=self.log)
         try:
-            if args.once:
+            if self.once:
                 print(json.dumps((await reconciler.run_once()).summary(), indent=1))
             else:
-                await reconciler.run_forever(args.every)
+                await reconciler.run_forever(self.every)
         finally:
             await composer.close()
-        return 0
-
-    try:
-        return asyncio.run(run())
-    except KeyboardInterrupt:
-        return 0
