@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test clean
+.PHONY: demo test lint typecheck pytest bench install install-test notebook-account clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,26 @@ $(CHROMIUM):
 
 install: $(VENV)/.installed $(CHP)
 
-install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM)
+# As root, the demo's notebooks run as an unprivileged account (composespawner-nb),
+# which must be able to run this venv's Python: a Python under /root (pyenv) needs
+# an ACL that lets that account alone enter the closed folders on the way.
+notebook-account: $(VENV)/.installed
+	@if [ "$$(id -u)" = 0 ]; then \
+	  id -u composespawner-nb >/dev/null 2>&1 || useradd --system --user-group --no-create-home \
+	    --home-dir /nonexistent --shell /usr/sbin/nologin composespawner-nb; \
+	  closed=$$($(BIN)/python -c 'import sys; from pathlib import Path; \
+	    from composespawner.accounts import closed_dirs; \
+	    print(*closed_dirs(Path(sys.executable).resolve()))'); \
+	  if [ -n "$$closed" ]; then \
+	    command -v setfacl >/dev/null || (apt-get update -qq && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null); \
+	    for dir in $$closed; do setfacl -m u:composespawner-nb:x "$$dir"; done; \
+	  fi; \
+	fi
 
-demo: install
+install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) notebook-account
+
+demo: install notebook-account
 	$(BIN)/composespawner demo
 
 lint: $(VENV)/.installed-test
@@ -54,4 +71,4 @@ bench: install-test
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) node_modules .demo test-artifacts
+	rm -rf $(VENV) node_modules .demo .demo-homes test-artifacts

@@ -12,9 +12,18 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     python_requires=">=3.11",
-    packages=find_packages(include=["composespawner", "composespawner.*"]),
+    # The embedded default's config, catalog and inventory (hub_config/) ship as
+    # the data package composespawner.hub_config, so `composespawner demo` runs
+    # from a wheel; composespawner.embedded.config_dir() finds them either way.
+    packages=[
+        *find_packages(include=["composespawner", "composespawner.*", "fabricsim"]),
+        "composespawner.hub_config",
+    ],
+    package_dir={"composespawner.hub_config": "hub_config"},
     package_data={
-        "composespawner": ["py.typed", "templates/*.html"],
+        "composespawner": ["py.typed", "templates/*.html", "templates/hub/*.html"],
+        "composespawner.hub_config": ["*.py", "*.toml"],
+        "fabricsim": ["py.typed"],
         "composespawner.ledger": ["alembic.ini", "migrations/*.py", "migrations/versions/*.py"],
     },
     install_requires=[
@@ -26,6 +35,10 @@ setup(
         "tornado>=6.4",
         "SQLAlchemy>=2.0,<3",
         "alembic>=1.13",
+        "prometheus_client>=0.20",
+        "aiohttp>=3.9",
+        "yarl>=1.9",
+        "Jinja2>=3.1",
     ],
     extras_require={
         "postgres": ["psycopg[binary]>=3.2"],
@@ -34,12 +47,17 @@ setup(
             "psycopg[binary]>=3.2",
             "jupyterlab>=4.2",
             "rfc3987",
+            "requests>=2.31",
+            "urllib3>=2",
             "pytest>=8",
             "pytest-asyncio>=1.0",
             "pytest-timeout>=2.3",
+            "pytest-jupyterhub>=0.1",
             "hypothesis>=6.100",
             "playwright>=1.45",
             "redfish-service-validator>=3.1",
+            "redfish-protocol-validator>=1.3",
+            "trustme>=1.2",
             "ruff>=0.6",
             "mypy>=1.11",
         ],
@@ -53,6 +71,7 @@ setup(
         ],
         "console_scripts": [
             "composespawner = composespawner.cli:main",
+            "fabricsim = fabricsim.__main__:main",
         ],
     },
     classifiers=[

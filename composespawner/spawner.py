@@ -14,115 +14,89 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, ClassVar
 
-import jinja2
-from jupyterhub.spawner import LocalProcessSpawner, Spawner, SpawnException
-from traitlets import Bool, Float, Integer, Unicode, default
+from jupyterhub import orm
+from jupyterhub.spawner import Spawner
+from jupyterhub.utils import maybe_future
+from sqlalchemy import event
+from tornado.log import app_log
+from traitlets import Float, default
 
 from .catalog import Catalog
-from .composer import ComposedMachine, ComposeFailed, Composer, ComposeRefused, Offer
+from .composer import Composer
 from .fabric.base import FabricError
-from .fabric.redfish import RedfishFabric, RedfishTimeouts
-from .ledger import Ledger
-from .request import MachineRequest, RequestError, check_server_name, parse_form, parse_options
+from .failures import ComposeFailed, ComposeRefused
+from .form import render_form, render_unavailable
+from .launchers.local import LocalLauncher
+from .ledger import SchemaNotCurrent
+from .machine import ComposedMachine
+from .refusal import ComposeRefusal
+from .request import (
+    MAX_OPTIONS_BYTES,
+    MachineRequest,
+    RequestError,
+    check_server_name,
+    check_size,
+    options_size,
+    parse_form,
+    parse_options,
+)
+from .settings import ComposeSettings, shared_composer
 
 STATE_VERSION = 1
-_TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("composespawner", "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-)
 
 
-class ComposeRefusal(SpawnException):
-    """A refusal shown to the user as-is: on the form, the progress page and in the API."""
+class ConfirmLinkChoices(Exception):
+    """A spawn link's options were checked; the form shows them for the user to submit.
 
-    def __init__(self, message: str, *, reason: str, status_code: int) -> None:
-        super().__init__(message, reason=reason, status_code=status_code)
-        # The spawn form shows ``jupyterhub_message`` verbatim (str() adds a prefix).
-        self.jupyterhub_message = message
+    Raised from options_from_query: the hub then serves the form (status 200, and
+    no error box, since ``jupyterhub_message`` is empty) instead of spawning.
+    """
+
+    jupyterhub_message = ""
 
 
-class ComposeMixin(Spawner):
-    """Compose a machine over the fabric around whatever launches the notebook."""
+def _refusal(error: RequestError) -> ComposeRefusal:
+    return ComposeRefusal(str(error), reason="invalid-options", status_code=error.status)
 
-    catalog_file = Unicode(
-        "catalog.toml",
+
+@event.listens_for(orm.Spawner.user_options, "set", retval=True)
+def _keep_oversized_options_out(
+    target: orm.Spawner, value: Any, previous: Any, initiator: Any
+) -> Any:
+    """JupyterHub writes requested ``user_options`` to its database before start().
+
+    Oversized ones would stay there (a 10 MB body grew the database by as
+    much) and be offered to the next start: what was stored stays instead.
+    start() refuses the request itself (``Spawner.user_options`` keeps it).
+    """
+    del initiator
+    size = 0 if value is None else options_size(value)
+    if size <= MAX_OPTIONS_BYTES:
+        return value
+    app_log.warning("Not storing %d bytes of user_options for server %r", size, target.name)
+    return previous if isinstance(previous, dict) else None
+
+
+class ComposeMixin(ComposeSettings, Spawner):
+    """Compose a machine over the fabric around whatever launches the notebook.
+
+    Its knobs (ledger, fabric, catalog, quota) are :class:`ComposeSettings`'s.
+    """
+
+    form_fabric_timeout = Float(
+        1.5,
         config=True,
-        help="""TOML file listing what the spawn form offers (GPU models, networks,
-        scratch sizes, co-located chassis). Relative paths are taken from the hub's
-        working directory. Change it to offer different hardware.""",
-    )
-    ledger_url = Unicode(
-        "sqlite:///composespawner.sqlite",
-        config=True,
-        help="""SQLAlchemy URL of the ledger (who holds which device). SQLite suits one
-        hub; use postgresql+psycopg://... when the hub runs with PostgreSQL or in
-        several replicas. The schema is migrated on first use.""",
-    )
-    fabric_url = Unicode(
-        "http://127.0.0.1:8010",
-        config=True,
-        help="Base URL of the fabric's Redfish service (the part before /redfish/v1).",
-    )
-    fabric_username = Unicode(
-        config=True, help="Redfish account; default $COMPOSE_FABRIC_USERNAME or 'admin'."
-    )
-    fabric_password = Unicode(
-        config=True,
-        help="Redfish password; default $COMPOSE_FABRIC_PASSWORD. Prefer the environment.",
-    )
-    fabric_request_timeout = Float(
-        10.0, config=True, help="Seconds one Redfish request may take before it is retried."
-    )
-    fabric_operation_timeout = Float(
-        60.0,
-        config=True,
-        help="""Seconds one fabric operation (an attach, with its retries and task polling)
-        may take. Raise it for fabrics whose attach takes long.""",
-    )
-    fabric_max_requests = Integer(
-        64,
-        config=True,
-        help="""Most Redfish requests in flight to the fabric at once, over all spawns.
-        Lower it (8-16) for BMC-class services that fail under fan-out; raise it if
-        spawns queue behind each other during a rush (a class starting at once).""",
-    )
-    hub_id = Unicode(
-        config=True,
-        help="""This hub's name in the fabric's composition tags. The reconciler only
-        touches compositions carrying it, so every hub sharing a fabric needs its own.""",
-    )
-    max_gpus_per_user = Integer(
-        4,
-        config=True,
-        help="""GPUs one user may hold at once, over all their servers (0: no limit).
-        Checked in the same transaction as the claim, so racing spawns cannot exceed it.""",
-    )
-    inventory_cache_seconds = Float(
-        3.0,
-        config=True,
-        help="How long the spawn form may show a fabric inventory before asking again.",
+        help="""Seconds the spawn form waits for a fresh fabric inventory. A slower read
+        goes on in the background while the form shows the last inventory with its age
+        (or, with none read yet, says the fabric is not answering). Raise it only if
+        your fabric's inventory read regularly takes longer.""",
     )
 
-    _composers: ClassVar[dict[tuple[str, ...], Composer]] = {}
-
-    @default("hub_id")
-    def _default_hub_id(self) -> str:
-        return f"jupyterhub@{socket.gethostname()}"
-
-    @default("fabric_username")
-    def _default_fabric_username(self) -> str:
-        return os.environ.get("COMPOSE_FABRIC_USERNAME", "admin")
-
-    @default("fabric_password")
-    def _default_fabric_password(self) -> str:
-        return os.environ.get("COMPOSE_FABRIC_PASSWORD", "")
+    # Removals of refused servers' records, kept referenced until they finish.
+    _removals: ClassVar[set[asyncio.Future[None]]] = set()
 
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
@@ -138,37 +112,38 @@ class ComposeMixin(Spawner):
         self._events: list[dict[str, Any]] = []
         self._events_changed = asyncio.Event()
         self._starting = False
+        self._composer: Composer | None = None
+        # The options of the last start that composed a machine (kept in state):
+        # what the form pre-selects and what a request without options reuses.
+        self.accepted_options: dict[str, Any] = {}
+        # Choices a spawn link asked for, checked, for the form that answers
+        # that same request (JupyterHub sets ``handler`` for each form request).
+        self._link_choices: tuple[Any, dict[str, Any]] | None = None
+        # A hub record with no activity yet was created for this spawn: a
+        # refusal removes it, so it counts toward no named-server limit.
+        orm_spawner = self.orm_spawner
+        self._record_is_new = orm_spawner is not None and orm_spawner.last_activity is None
 
     # -- the shared composer -------------------------------------------------
 
     @property
     def composer(self) -> Composer:
-        key = (self.ledger_url, self.fabric_url, self.catalog_file, self.hub_id)
-        if key not in self._composers:
-            self._composers[key] = self._make_composer()
-        return self._composers[key]
+        # Looked up once per spawner: the shared composer's key reads every setting.
+        if self._composer is None:
+            self._composer = self._shared_composer()
+        return self._composer
 
-    def _make_composer(self) -> Composer:
-        ledger = Ledger(self.ledger_url)
-        ledger.upgrade()
-        fabric = RedfishFabric(
-            self.fabric_url,
-            username=self.fabric_username,
-            password=self.fabric_password,
-            timeouts=RedfishTimeouts(
-                request=self.fabric_request_timeout, operation=self.fabric_operation_timeout
-            ),
-            log=self.log,
-            max_in_flight=self.fabric_max_requests,
-        )
-        return Composer(
-            ledger=ledger,
-            fabric=fabric,
-            catalog=Catalog.from_file(self.catalog_file),
-            hub_id=self.hub_id,
-            snapshot_ttl=self.inventory_cache_seconds,
-            log=self.log,
-        )
+    def _shared_composer(self) -> Composer:
+        try:
+            return shared_composer(self, self.log)
+        except SchemaNotCurrent as e:
+            self.log.error("The ledger cannot be used: %s", e)
+            raise ComposeRefusal(
+                "The GPU pool is not available right now: it is being upgraded."
+                " Try again later, and tell the admins if it persists.",
+                reason="ledger-schema",
+                status_code=503,
+            ) from e
 
     @property
     def catalog(self) -> Catalog:
@@ -182,34 +157,52 @@ class ComposeMixin(Spawner):
 
     async def render_options_form(self) -> str:
         try:
-            offer = await self.composer.offer(self.user.name, self.groups)
+            offer = await self.composer.pool.offer(
+                self.user.name,
+                self.groups,
+                gpu_limit=self.max_gpus_per_user or None,
+                within=self.form_fabric_timeout,
+            )
         except Exception:
             self.log.exception("Could not read the fabric for %s's spawn form", self.user.name)
-            return _TEMPLATES.get_template("unavailable.html").render()
-        previous = self.user_options or self.orm_spawner.user_options or {}
-        return _TEMPLATES.get_template("compose_form.html").render(
-            catalog=self.catalog,
-            models=[m for m in self.catalog.gpu_models if m.id in offer.free],
-            free=offer.free,
-            previous=previous,
-            quota=self._quota_view(offer),
-        )
+            return render_unavailable()
+        link_choices = self._choices_from_link()
+        previous = link_choices or self.accepted_options
+        return render_form(self.catalog, offer, previous, from_link=link_choices is not None)
 
-    def _quota_view(self, offer: Offer) -> dict[str, Any]:
-        limit = self.max_gpus_per_user
-        left = max(limit - offer.gpus_in_use, 0) if limit else None
-        return {"limit": limit or None, "in_use": offer.gpus_in_use, "left": left}
+    def _choices_from_link(self) -> dict[str, Any] | None:
+        link, self._link_choices = self._link_choices, None
+        if link is None or link[0] is not self.handler:
+            return None  # none, or a link's whose form was never shown
+        return link[1]
 
     async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         try:
+            return await self._checked_form(formdata)
+        except ComposeRefusal:
+            self._forget_refused()
+            raise
+
+    async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A spawn link's options fill in the form; only the form's POST spawns.
+
+        A GET can come from any page on the web (a link, an image, a script), and
+        the hub's cookies go with it, so it must not claim hardware. The form's
+        POST carries the hub's XSRF token, which no other site can read.
+        """
+        self._link_choices = (self.handler, await self._checked_form(query))
+        raise ConfirmLinkChoices(f"{self._log_name}: spawn link shown as a form to confirm")
+
+    async def _checked_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        try:
             request = parse_form(formdata, self.catalog, await self._visible_model_ids())
         except RequestError as e:
-            raise ComposeRefusal(str(e), reason="invalid-options", status_code=400) from e
+            raise _refusal(e) from e
         return request.to_options()
 
     async def _visible_model_ids(self) -> frozenset[str]:
         try:
-            return await self.composer.visible_models(self.groups)
+            return await self.composer.pool.visible_models(self.groups)
         except FabricError as e:
             # Nothing is claimed before this read, so there is nothing to undo.
             self.log.warning("Fabric unreadable for %s's spawn: %s", self._log_name, e)
@@ -226,8 +219,13 @@ class ComposeMixin(Spawner):
         self._events.clear()
         self._starting = True
         try:
-            request = await self._parse_request()
-            self.machine = await self._compose(request)
+            try:
+                request = await self._parse_request()
+                self.machine = await self._compose(request)
+            except ComposeRefusal:
+                self._forget_refused()
+                raise
+            self.accepted_options = request.to_options()
             try:
                 return await self._launch()
             except BaseException as e:
@@ -238,13 +236,51 @@ class ComposeMixin(Spawner):
             self._notify()
 
     async def _parse_request(self) -> MachineRequest:
+        # Without options of its own a start reuses the last accepted ones.
+        options = self.user_options or self.accepted_options
         try:
             check_server_name(self.name)
-            return parse_options(
-                self.user_options or {}, self.catalog, await self._visible_model_ids()
-            )
+            check_size(options)  # before the fabric read: nothing big is worked on
+            return parse_options(options, self.catalog, await self._visible_model_ids())
         except RequestError as e:
-            raise ComposeRefusal(str(e), reason="invalid-options", status_code=400) from e
+            raise _refusal(e) from e
+
+    def _forget_refused(self) -> None:
+        """Leave nothing of a refused request: its options, or a record made for it.
+
+        JupyterHub stored the options before start() and would pass them to
+        the next start without options, and to the form.
+        """
+        self.user_options = dict(self.accepted_options)
+        if self.orm_spawner is not None:
+            self.orm_spawner.user_options = dict(self.accepted_options)
+        if self.name and self._record_is_new:
+            removal = asyncio.ensure_future(self._remove_record())
+            self._removals.add(removal)
+            removal.add_done_callback(self._removals.discard)
+
+    async def _remove_record(self) -> None:
+        """Delete this named server's hub record once the hub has finished failing its spawn.
+
+        As the hub's own DELETE with ``remove`` does it. The record counts
+        toward ``named_server_limit_per_user`` however it ended.
+        """
+        spawn = self._spawn_future
+        if spawn is not None:
+            await asyncio.wait([spawn])
+        user = self.user
+        if user.spawners.get(self.name) is not self or self.active:
+            return  # a newer request for this name took over
+        try:
+            await maybe_future(self.delete_forever())
+            user.spawners.pop(self.name, None)
+            user.db.delete(self.orm_spawner)
+            user.db.commit()
+        except Exception:
+            self.log.exception("Could not remove the record of refused server %s", self._log_name)
+            user.db.rollback()
+            return
+        self.log.info("Removed the record of %s: its first start was refused", self._log_name)
 
     async def _compose(self, request: MachineRequest) -> ComposedMachine:
         try:
@@ -267,23 +303,44 @@ class ComposeMixin(Spawner):
         assert self.machine is not None
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
-        await self.composer.record(self.machine.machine_id, "running", "notebook started")
+        try:
+            await self.composer.record(self.machine.machine_id, "running", "notebook started")
+        except ComposeRefused as e:
+            raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
         return url
 
     # -- stop and poll: every way a server ends releases its machine -----------
 
     async def stop(self, now: bool = False) -> None:
+        """Stop the notebook and give its machine back, waiting on the fabric only briefly.
+
+        A healthy fabric confirms in a fraction of a second, so the stop ends with
+        the devices free (and a hub shutting down leaves the fabric clean). After
+        ``fabric_wait_timeout`` the release goes on in the background instead.
+        """
         machine, self.machine = self.machine, None  # our poll() inside stop() must not release
         await super().stop(now=now)
         await self._release(machine, "server stopped")
+        if machine is not None:
+            await self.composer.wait_released(machine.machine_id, within=self.composer.fabric_wait)
 
     async def poll(self) -> int | None:
-        machine = self.machine
+        machine = self.machine  # the launcher's poll clears our state when it finds an exit
         status: int | None = await super().poll()
-        if status is not None and machine is not None and not self._starting:
+        if status is not None:
             # The hub never calls stop() for a server poll() found dead.
-            await self._release(machine, f"notebook exited (status {status})")
+            await self._notebook_gone(machine, status)
         return status
+
+    async def notebook_exited(self, status: int | None) -> None:
+        """The launcher saw the notebook exit: give the machine back now, not at the next poll."""
+        await self._notebook_gone(self.machine, status)
+
+    async def _notebook_gone(self, machine: ComposedMachine | None, status: int | None) -> None:
+        # Both poll and the launcher may see the same exit: releasing is idempotent.
+        # A stop clears the machine first; a start under way releases on its own failure.
+        if machine is not None and not self._starting:
+            await self._release(machine, f"notebook exited (status {status})")
 
     async def _release(
         self, machine: ComposedMachine | None, reason: str, failed: bool = False
@@ -292,12 +349,14 @@ class ComposeMixin(Spawner):
             return
         if self.machine is machine:
             self.machine = None
+        # The fabric may take long to confirm (timeouts and retries): nobody waits
+        # for it. The devices stay held in the ledger until it does.
         try:
-            await self.composer.release(machine.machine_id, reason=reason, failed=failed)
-        except Exception:
-            self.log.exception(
-                "Release of %s not confirmed; retrying in the background", machine.machine_id
+            await self.composer.release_in_background(
+                machine.machine_id, reason=reason, failed=failed
             )
+        except Exception:
+            self.log.exception("Could not mark %s stopping; releasing anyway", machine.machine_id)
             self.composer.release_soon(machine.machine_id, reason=reason, failed=failed)
 
     # -- state ---------------------------------------------------------------
@@ -306,6 +365,9 @@ class ComposeMixin(Spawner):
         state: dict[str, Any] = super().get_state()
         if self.machine is not None:
             state["compose"] = {"version": STATE_VERSION, **self.machine.to_state()}
+        if self.accepted_options:
+            # Kept across stops (clear_state leaves it): the next start's defaults.
+            state["compose_options"] = self.accepted_options
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -314,6 +376,8 @@ class ComposeMixin(Spawner):
         if compose:
             # version 1 is the first; later versions must keep reading it.
             self.machine = ComposedMachine.from_state(compose)
+        if isinstance(state.get("compose_options"), dict):
+            self.accepted_options = state["compose_options"]
 
     def clear_state(self) -> None:
         super().clear_state()
@@ -351,59 +415,8 @@ class ComposeMixin(Spawner):
             await changed.wait()
 
 
-class ComposeSpawner(ComposeMixin, LocalProcessSpawner):
-    """Compose a machine, then run the notebook as a local process.
-
-    With ``shared_account`` (the embedded demo) notebooks run as the hub's own
-    account with a home per user under ``home_dir_template``, so demo users need
-    no system accounts. Without it, each user needs a system account, as with
-    JupyterHub's LocalProcessSpawner.
-    """
-
-    shared_account = Bool(
-        False,
-        config=True,
-        help="""Run every notebook as the hub's own system account (demo and tests only:
-        users are not isolated from each other).""",
-    )
-    home_dir_template = Unicode(
-        "/tmp/composespawner-homes/{username}",
-        config=True,
-        help="With shared_account: each user's home and working directory.",
-    )
-
-    def _home(self) -> str:
-        return self.home_dir_template.format(username=self.user.name)
-
-    @default("popen_kwargs")
-    def _default_popen_kwargs(self) -> dict[str, Any]:
-        # With shared_account the notebook starts in the user's home through
-        # Popen's cwd, not a preexec_fn: with no Python code to run between
-        # fork and exec, Popen can use vfork, which costs the same whatever the
-        # hub's size. A fork copies the hub's page tables: about 15 ms a launch
-        # for a 300 MB process, on the event loop, while a storm of spawns waits.
-        return {"cwd": self._home()} if self.shared_account else {}
-
-    def make_preexec_fn(self, name: str) -> Any:
-        if not self.shared_account:
-            return super().make_preexec_fn(name)
-        home = self._home()
-        Path(home).mkdir(parents=True, exist_ok=True)
-        if self.popen_kwargs.get("cwd") == home:
-            return None  # entered through Popen's cwd
-
-        def enter_home() -> None:
-            os.chdir(home)
-
-        return enter_home
-
-    def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        if not self.shared_account:
-            result: dict[str, str] = super().user_env(env)
-            return result
-        env["USER"] = self.user.name
-        env["HOME"] = self._home()
-        return env
+class ComposeSpawner(ComposeMixin, LocalLauncher):
+    """Compose a machine, then run the notebook as a local process (the embedded default)."""
 
 
 def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> None:
@@ -414,7 +427,7 @@ def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> No
 def machine_env(machine: ComposedMachine) -> dict[str, str]:
     """Environment that tells the notebook what it got."""
     gpus = [{"id": d.block_id, "model": d.model, "memory_gib": d.memory_gib} for d in machine.gpus]
-    env = {
+    return {
         "COMPOSE_MACHINE_ID": machine.machine_id,
         "COMPOSE_HOST": machine.host,
         "COMPOSE_ZONE": machine.zone,
@@ -425,10 +438,15 @@ def machine_env(machine: ComposedMachine) -> dict[str, str]:
         # order they were attached.
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(machine.gpus))),
         "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
+        "COMPOSE_NIC": _nic(machine),
     }
-    if machine.nic is not None:
-        env["COMPOSE_NIC"] = f"{machine.nic.model} ({machine.nic.speed_gbps} Gb/s)"
-    return env
+
+
+def _nic(machine: ComposedMachine) -> str:
+    """The composed network card, or ``none`` when the host network is all there is."""
+    if machine.nic is None:
+        return "none"
+    return f"{machine.nic.model} ({machine.nic.speed_gbps} Gb/s)"
 
 
 def _extras(machine: ComposedMachine) -> tuple[Any, ...]:

@@ -1,11 +1,14 @@
 # The embedded default: one machine, SQLite, the simulated fabric, notebooks as
-# local processes. `make demo` starts JupyterHub with this file.
+# local processes. `composespawner demo` (`make demo`) starts JupyterHub with
+# this file; it ships inside the package (composespawner.embedded.config_dir()).
 #
 # Every value that differs between the demo, the tests and your own trial runs
 # comes from an environment variable, with the demo's value as default:
 #
 #   COMPOSE_DEMO_PASSWORD   password of every demo account      (compose-demo)
-#   COMPOSE_STATE_DIR       databases, homes, fabric state      (<repo>/.demo)
+#   COMPOSE_STATE_DIR       databases, cookie secret, fabric state (./.demo), private
+#                           to the hub's account (0700)
+#   COMPOSE_HOMES_DIR       the users' homes                    (./.demo-homes)
 #   COMPOSE_HUB_PORT        the public URL's port                (8000)
 #   COMPOSE_PROXY_API_PORT  configurable-http-proxy's API port   (8001)
 #   COMPOSE_HUB_API_PORT    the hub's internal API port          (8081)
@@ -15,7 +18,8 @@
 #   COMPOSE_NOTEBOOK_CMD    command that runs a notebook         (jupyterhub-singleuser)
 #   COMPOSE_POLL_INTERVAL   seconds between checks that notebooks live (30)
 #   COMPOSE_FABRIC_ARGS     extra fabric-simulator arguments, e.g. --async-tasks
-#   COMPOSE_FABRIC_EXTERNAL 1: the fabric runs on its own; the hub starts no simulator
+#   COMPOSE_FABRIC_EXTERNAL 1: the fabric runs on its own (`composespawner demo`
+#                           starts it beside the hub); the hub starts no simulator
 #   COMPOSE_RECONCILE_EVERY seconds between reconciler passes      (60)
 #   COMPOSE_RECONCILE_GRACE seconds the reconciler leaves a fresh machine alone (60)
 #   COMPOSE_EXTRA_CONFIG    a further config file loaded last (local overrides)
@@ -23,13 +27,26 @@ import os
 import sys
 from pathlib import Path
 
+from composespawner.embedded import (
+    DEMO_FABRIC_PASSWORD,
+    DEMO_FABRIC_USERNAME,
+    hub_templates_dir,
+    simulator_command,
+)
+from composespawner.settings import upgrade_ledger
+
 c = get_config()  # noqa: F821 (JupyterHub injects get_config)
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 BIN = Path(sys.executable).parent
-STATE = Path(os.environ.get("COMPOSE_STATE_DIR", ROOT / ".demo")).resolve()
+STATE = Path(os.environ.get("COMPOSE_STATE_DIR", ".demo")).resolve()
+# Homes live outside the state dir: notebooks must reach theirs, never the hub's files.
+HOMES = Path(os.environ.get("COMPOSE_HOMES_DIR", ".demo-homes")).resolve()
+# In a checkout, `make` installs the proxy beside the repository; an installed
+# package takes the one on PATH (`npm install -g configurable-http-proxy`).
+CHECKOUT_PROXY = HERE.parent / "node_modules" / ".bin" / "configurable-http-proxy"
 STATE.mkdir(parents=True, exist_ok=True)
+STATE.chmod(0o700)
 
 HUB_PORT = int(os.environ.get("COMPOSE_HUB_PORT", "8000"))
 PROXY_API_PORT = int(os.environ.get("COMPOSE_PROXY_API_PORT", "8001"))
@@ -39,19 +56,24 @@ PASSWORD = os.environ.get("COMPOSE_DEMO_PASSWORD", "compose-demo")
 CULL_TIMEOUT = int(os.environ.get("COMPOSE_CULL_TIMEOUT", "600"))
 CULL_EVERY = int(os.environ.get("COMPOSE_CULL_EVERY", "60"))
 # The simulator and the spawner share these credentials; only the hub knows them.
-os.environ.setdefault("COMPOSE_FABRIC_USERNAME", "admin")
-os.environ.setdefault("COMPOSE_FABRIC_PASSWORD", "fabric-demo")
+os.environ.setdefault("COMPOSE_FABRIC_USERNAME", DEMO_FABRIC_USERNAME)
+os.environ.setdefault("COMPOSE_FABRIC_PASSWORD", DEMO_FABRIC_PASSWORD)
 
 # --- the hub ---------------------------------------------------------------
 c.JupyterHub.bind_url = f"http://127.0.0.1:{HUB_PORT}"
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = HUB_API_PORT
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
-c.ConfigurableHTTPProxy.command = [str(ROOT / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.command = [
+    str(CHECKOUT_PROXY) if CHECKOUT_PROXY.exists() else "configurable-http-proxy"
+]
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
-c.JupyterHub.template_paths = [str(ROOT / "templates")]
+c.JupyterHub.template_paths = [str(hub_templates_dir())]
+# Cookies go only with requests from the hub's own pages and with top-level
+# links to it: another site cannot post to the hub as the logged-in user.
+c.JupyterHub.tornado_settings = {"cookie_options": {"samesite": "Lax"}}
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 3
 
@@ -72,40 +94,51 @@ c.ComposeSpawner.ledger_url = f"sqlite:///{STATE / 'composespawner.sqlite'}"
 c.ComposeSpawner.fabric_url = f"http://127.0.0.1:{FABRIC_PORT}"
 c.ComposeSpawner.hub_id = "composespawner-demo"
 c.ComposeSpawner.max_gpus_per_user = 4
-# Demo users have no system accounts: notebooks run as the hub's account.
+# Demo users have no system accounts: notebooks run under one account, the
+# unprivileged c.ComposeSpawner.notebook_account when the hub is root.
 c.ComposeSpawner.shared_account = True
-c.ComposeSpawner.home_dir_template = str(STATE / "homes" / "{username}")
+c.ComposeSpawner.home_dir_template = str(HOMES / "{username}")
 c.Spawner.cmd = os.environ.get("COMPOSE_NOTEBOOK_CMD", str(BIN / "jupyterhub-singleuser")).split()
 c.Spawner.default_url = "/lab"
-if os.getuid() == 0:
-    c.Spawner.args = ["--allow-root"]
 c.Spawner.poll_interval = int(os.environ.get("COMPOSE_POLL_INTERVAL", "30"))
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 60
 
+# The embedded default brings its SQLite ledger up to date as the hub starts
+# (this file runs before the hub serves anything). A production hub runs
+# `composespawner upgrade-db -f <its config>` as a deploy step instead, as it
+# does `jupyterhub upgrade-db`.
+upgrade_ledger(c.ComposeSpawner.ledger_url)
+
 # --- hub-managed services --------------------------------------------------
+# Each runs under `composespawner with-hub`: the kernel ends it when this hub
+# process dies, even by SIGKILL, so a restarted hub never finds its old
+# reconciler or culler still at work. (This config runs inside the hub.)
+WITH_HUB = [str(BIN / "composespawner"), "with-hub", f"--hub-pid={os.getpid()}", "--"]
+FABRIC_CREDENTIALS = {
+    "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
+    "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
+}
+# `composespawner demo` runs the simulator beside the hub (COMPOSE_FABRIC_EXTERNAL=1),
+# as a real fabric outlives its hub; run directly, the hub starts it as a service.
 SIMULATOR = {
     "name": "fabric-simulator",
     "command": [
-        str(BIN / "composespawner"),
-        "fabric-simulator",
-        "--inventory",
-        str(HERE / "fabric_inventory.toml"),
-        "--port",
-        str(FABRIC_PORT),
-        "--state-file",
-        str(STATE / "fabric-state.json"),
-        *os.environ.get("COMPOSE_FABRIC_ARGS", "").split(),
+        *WITH_HUB,
+        *simulator_command(
+            BIN / "composespawner",
+            port=FABRIC_PORT,
+            state_file=STATE / "fabric-state.json",
+            extra=os.environ.get("COMPOSE_FABRIC_ARGS", "").split(),
+        ),
     ],
-    "environment": {
-        "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
-        "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
-    },
+    "environment": FABRIC_CREDENTIALS,
 }
 c.JupyterHub.services = [
     {
         "name": "idle-culler",
         "command": [
+            *WITH_HUB,
             sys.executable,
             "-m",
             "jupyterhub_idle_culler",
@@ -115,21 +148,19 @@ c.JupyterHub.services = [
     },
     {
         # Makes ledger, fabric and servers agree at hub start and then periodically.
+        # It reads this file for the ledger, the fabric and the catalog.
         "name": "compose-reconciler",
         "command": [
+            *WITH_HUB,
             str(BIN / "composespawner"),
             "reconcile",
-            f"--ledger-url={c.ComposeSpawner.ledger_url}",
-            f"--fabric-url={c.ComposeSpawner.fabric_url}",
-            f"--catalog={c.ComposeSpawner.catalog_file}",
-            f"--hub-id={c.ComposeSpawner.hub_id}",
+            f"--config={Path(__file__).resolve()}",
             f"--every={os.environ.get('COMPOSE_RECONCILE_EVERY', '60')}",
             f"--grace={os.environ.get('COMPOSE_RECONCILE_GRACE', '60')}",
         ],
-        "environment": {
-            "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
-            "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
-        },
+        # A service's environment is only what is listed here (and the hub's API
+        # token): this file reads its ports and the fabric's account from these.
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")},
     },
 ]
 if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":

@@ -1,0 +1,140 @@
+"""The unprivileged account that shared-account notebooks run as when the hub is root.
+
+A notebook under root could read everything the hub holds: its environment in
+``/proc``, the cookie secret, the databases, the fabric's password. Under one
+unprivileged system account it reads none of that, provided it can still reach
+the Python that runs it: a Python installed under ``/root`` (pyenv) is out of
+its reach until it is allowed to enter ``/root``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+DEFAULT_NOTEBOOK_ACCOUNT = "composespawner-nb"
+USERADD_TIMEOUT = 30.0  # seconds
+_USERADD_EXISTS = 9  # useradd's exit status for "the account already exists"
+
+
+class AccountError(Exception):
+    """The notebook account is missing or cannot run notebooks; the message says what to do."""
+
+
+def notebook_account_for(shared_account: bool, hub_euid: int, account: str) -> str | None:
+    """The account a shared-account notebook runs as: None means the hub's own."""
+    if not shared_account or hub_euid != 0 or not account:
+        return None
+    return account
+
+
+def switch_account_command(account: pwd.struct_passwd | None) -> list[str]:
+    """What to put before a command so it runs as ``account``, with its group alone.
+
+    util-linux's setpriv changes the account in the new process, after Popen
+    has started it: Popen itself changes nothing, so it can vfork the hub.
+    No new privileges either: a setuid program cannot lift the notebook back up.
+    """
+    if account is None:
+        return []
+    return [
+        "setpriv",
+        f"--reuid={account.pw_uid}",
+        f"--regid={account.pw_gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def make_home(home: Path, owner: pwd.struct_passwd | None) -> None:
+    """Create ``home`` if missing; under ``owner``, private to it."""
+    home.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(home, owner.pw_uid, owner.pw_gid)
+        home.chmod(0o700)
+
+
+def useradd_command(name: str) -> list[str]:
+    """A system account with its own group, no login shell and no home of its own."""
+    return [
+        "useradd",
+        "--system",
+        "--user-group",
+        "--no-create-home",
+        "--home-dir",
+        "/nonexistent",
+        "--shell",
+        "/usr/sbin/nologin",
+        name,
+    ]
+
+
+def ensure_account(name: str) -> pwd.struct_passwd:
+    """The account ``name``, created with ``useradd`` if missing (root, Debian and kin)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    try:
+        done = subprocess.run(
+            useradd_command(name), capture_output=True, text=True, timeout=USERADD_TIMEOUT
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AccountError(f"Could not create the notebook account {name!r}: {e}") from e
+    if done.returncode not in (0, _USERADD_EXISTS):  # another process may have just made it
+        raise AccountError(
+            f"Could not create the notebook account {name!r} ({done.stderr.strip()}): "
+            f"create it yourself with `{' '.join(useradd_command(name))}`."
+        )
+    return pwd.getpwnam(name)
+
+
+def closed_dirs(path: Path, mode_of: Callable[[Path], int] | None = None) -> list[Path]:
+    """Folders on the way to ``path`` that accounts other than their owner cannot enter."""
+    mode_of = mode_of or (lambda p: p.stat().st_mode)
+    return [d for d in reversed(path.parents) if not mode_of(d) & stat.S_IXOTH]
+
+
+def reach_problem(account: pwd.struct_passwd, programs: Iterable[Path]) -> str | None:
+    """Why ``account`` could not run ``programs``, or None if it can.
+
+    Asked of the system as that account (``test -x``), so ACLs count too.
+    """
+    for program in programs:
+        real = program.resolve()
+        if _runs_as(account, ["test", "-x", str(real)]):
+            continue
+        closed = closed_dirs(real)
+        folders = ", ".join(f"{d} (mode {stat.S_IMODE(d.stat().st_mode):04o})" for d in closed)
+        fixes = " and ".join(f"`setfacl -m u:{account.pw_name}:x {d}`" for d in closed)
+        return (
+            f"Notebooks run as the unprivileged account {account.pw_name!r}, which cannot "
+            f"run {real}"
+            + (
+                f": it may not enter {folders}. Let it in ({fixes}, Debian package acl)"
+                if closed
+                else ""
+            )
+            + ", or install Python where every account can read it."
+        )
+    return None
+
+
+def _runs_as(account: pwd.struct_passwd, command: list[str]) -> bool:
+    try:
+        done = subprocess.run(
+            command,
+            user=account.pw_uid,
+            group=account.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            timeout=USERADD_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

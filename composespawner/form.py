@@ -1,0 +1,89 @@
+"""The spawn form: what one user may ask for, rendered from the composer's offer.
+
+The decisions (which model is pre-selected, which counts are offered, whether
+anything can be started) are made here in plain Python; the templates only
+lay them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from .catalog import Catalog, GpuModel
+from .placement import Availability
+from .pool import Offer
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("composespawner", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    model: GpuModel
+    availability: Availability
+
+    @property
+    def askable(self) -> bool:
+        return self.availability.most_to_ask > 0
+
+
+def render_form(
+    catalog: Catalog, offer: Offer, previous: Mapping[str, Any], *, from_link: bool = False
+) -> str:
+    """The form for ``offer``, the user's ``previous`` choices pre-selected where still possible.
+
+    ``from_link``: the choices came from a spawn link, and the form says nothing started yet.
+    """
+    choices = [ModelChoice(m, offer.free[m.id]) for m in catalog.gpu_models if m.id in offer.free]
+    chosen = _chosen_model(choices, previous.get("gpu_model"))
+    most = chosen.availability.most_to_ask if chosen else 0
+    return _TEMPLATES.get_template("compose_form.html").render(
+        catalog=catalog,
+        choices=choices,
+        chosen_model=chosen.model.id if chosen else "",
+        counts=range(1, most + 1),
+        chosen_count=_chosen_count(previous.get("gpu_count"), most),
+        previous=previous,
+        quota=_quota_view(offer),
+        inventory_age=_age_text(offer.inventory_age),
+        from_link=from_link,
+    )
+
+
+def render_unavailable() -> str:
+    """The form when no inventory could be read: a banner, and no Start."""
+    return _TEMPLATES.get_template("unavailable.html").render()
+
+
+def _chosen_model(choices: list[ModelChoice], previous: object) -> ModelChoice | None:
+    """The previous model if it can still be asked for, else the first that can."""
+    askable = [c for c in choices if c.askable]
+    return next((c for c in askable if c.model.id == previous), askable[0] if askable else None)
+
+
+def _chosen_count(previous: object, most: int) -> int:
+    try:
+        count = int(str(previous))
+    except ValueError:
+        return 1
+    return min(max(count, 1), max(most, 1))
+
+
+def _quota_view(offer: Offer) -> dict[str, Any]:
+    return {"limit": offer.gpu_limit, "in_use": offer.gpus_in_use, "left": offer.quota_left}
+
+
+def _age_text(age_s: float | None) -> str:
+    """How old the free counts are, for a person; "" when they are fresh."""
+    if age_s is None:
+        return ""
+    if age_s < 90:
+        return f"{max(round(age_s), 1)} s ago"
+    return f"{round(age_s / 60)} min ago"

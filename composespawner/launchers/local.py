@@ -1,0 +1,156 @@
+"""The local-process launcher: the notebook runs as a process on the hub's machine.
+
+A launcher is the part of a spawner that runs the notebook: JupyterHub's own
+``start``/``stop``/``poll`` of some spawner class. :class:`~composespawner.spawner.ComposeMixin`
+composes the machine around it: before its ``start`` the machine is composed and
+its description is in ``get_env()``; on every way the notebook ends the machine
+is released. A launcher tells the mixin at once when it sees its notebook exit,
+through :meth:`notebook_exited`. The Kubernetes launcher is KubeSpawner in the
+same place.
+
+With ``shared_account`` (the embedded demo) users need no system accounts: each
+gets a home under ``home_dir_template``, and notebooks run as
+``notebook_account`` when the hub runs as root, else as the hub's own account.
+Without it, each user needs a system account, as with JupyterHub's
+LocalProcessSpawner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Bool, Unicode, default
+
+from ..accounts import (
+    DEFAULT_NOTEBOOK_ACCOUNT,
+    make_home,
+    notebook_account_for,
+    switch_account_command,
+    useradd_command,
+)
+from ..refusal import ComposeRefusal
+
+
+class LocalLauncher(LocalProcessSpawner):
+    """Run the notebook as a local process; say at once when it exits."""
+
+    shared_account = Bool(
+        False,
+        config=True,
+        help="""Run every notebook under one account: ``notebook_account`` when the hub
+        is root, the hub's own otherwise (demo and tests only: users are not isolated
+        from each other, and a hub that is not root is not isolated from its notebooks).""",
+    )
+    notebook_account = Unicode(
+        DEFAULT_NOTEBOOK_ACCOUNT,
+        config=True,
+        help="""With shared_account and a hub running as root: the unprivileged system
+        account notebooks run as, so that they cannot read the hub's state, environment
+        or secrets. `composespawner demo` creates it (useradd --system). Change it if
+        that name is taken; empty runs notebooks as root (they then need --allow-root).""",
+    )
+    home_dir_template = Unicode(
+        "/tmp/composespawner-homes/{username}",
+        config=True,
+        help="""With shared_account: each user's home and working directory, owned by the
+        account notebooks run as (mode 0700). Every folder above it must be open to it.""",
+    )
+
+    async def notebook_exited(self, status: int | None) -> None:
+        """Called when this launcher sees its notebook exit; the mixin releases the machine."""
+
+    # -- starting --------------------------------------------------------------
+
+    async def start(self) -> Any:
+        command: list[str] = list(self.cmd)  # type: ignore[has-type]  # an untyped trait
+        self.cmd = [*switch_account_command(self._runs_as()), *command]
+        try:
+            # LocalProcessSpawner.start reads self.cmd and calls Popen before its
+            # first await: nothing else ever sees the longer command.
+            url = await super().start()
+        finally:
+            self.cmd = command
+        self._watch_exit(self.proc)
+        return url
+
+    def _home(self) -> str:
+        return self.home_dir_template.format(username=self.user.name)
+
+    def _runs_as(self) -> pwd.struct_passwd | None:
+        """The account notebooks run as, or None for the hub's own."""
+        name = notebook_account_for(self.shared_account, os.geteuid(), self.notebook_account)
+        if name is None:
+            return None
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            raise ComposeRefusal(
+                f"The notebook account {name!r} does not exist, so no notebook can start. "
+                "An administrator creates it with "
+                f"`{' '.join(useradd_command(name))}` (composespawner demo does).",
+                reason="no-notebook-account",
+                status_code=503,
+            ) from None
+
+    @default("popen_kwargs")
+    def _default_popen_kwargs(self) -> dict[str, Any]:
+        # With shared_account the notebook starts in the user's home through
+        # Popen's cwd, and changes account through setpriv in front of its
+        # command (see start), not through a preexec_fn or Popen's user=: with
+        # neither, Popen can use vfork, which costs the same whatever the hub's
+        # size. A fork copies the hub's page tables: about 15 ms a launch for a
+        # 300 MB hub (60 ms for 1.5 GB), on the event loop, while a storm waits.
+        return {"cwd": self._home()} if self.shared_account else {}
+
+    def make_preexec_fn(self, name: str) -> Any:
+        if not self.shared_account:
+            return super().make_preexec_fn(name)
+        home = self._home()
+        make_home(Path(home), self._runs_as())
+        if self.popen_kwargs.get("cwd") == home:
+            return None  # entered through Popen's cwd
+
+        def enter_home() -> None:
+            os.chdir(home)
+
+        return enter_home
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        if not self.shared_account:
+            result: dict[str, str] = super().user_env(env)
+            return result
+        env["USER"] = self.user.name
+        env["HOME"] = self._home()
+        return env
+
+    # -- a notebook that exits is seen at once ---------------------------------
+
+    def _watch_exit(self, proc: Popen[bytes] | None) -> None:
+        """Tell notebook_exited when the process exits, not at the hub's next poll.
+
+        A pidfd becomes readable when the process exits: the event loop watches
+        it like a socket, no thread and no busy loop. Without pidfds (Linux < 5.3)
+        the hub's poll() finds the exit, as it would anyway.
+        """
+        if proc is None or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError as e:
+            self.log.info("Not watching %s's notebook for its exit (%s)", self._log_name, e)
+            return
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            if self.proc is proc:  # not a newer start's process
+                self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
+
+        loop.add_reader(pidfd, exited)
