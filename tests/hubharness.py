@@ -1,19 +1,24 @@
 """A real JupyterHub for tests: the demo config, free ports, a private state dir.
 
 The hub runs as a subprocess with configurable-http-proxy, the fabric simulator
-as a hub-managed service and real notebook servers. Teardown stops the hub and
-then kills anything still running from the state dir (notebooks run with it as
-their working directory), so no process outlives a test module.
+as a hub-managed service and real notebook servers; or, with ``demo_command``,
+as ``composespawner demo`` runs it: the simulator beside the hub, both started
+and stopped by that command. Teardown stops the hub and then kills anything
+still running from the state dir (notebooks run with it as their working
+directory), so no process outlives a test module.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +29,10 @@ from typing import Any, TypeVar
 
 import requests
 
+from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT, reach_problem
+from composespawner.ledger import Ledger
 from tests.paths import HUB_CONFIG, ROOT
+from tests.support.simulator import CONSOLE_SCRIPT, SimulatorProcess
 
 T = TypeVar("T")
 PASSWORD = "test-password-1"
@@ -60,9 +68,11 @@ class Hub:
     url: str
     fabric_url: str
     state: Path
+    homes: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
     api: requests.Session = field(default_factory=requests.Session)
 
     def __post_init__(self) -> None:
@@ -82,13 +92,29 @@ class Hub:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
-        wait_for(lambda: not any(_alive(p) for p in doomed[1:]), 10, "the hub's children to die")
+        wait_for(lambda: not any(alive(p) for p in doomed[1:]), 10, "the hub's children to die")
+
+    def kill_hub(self) -> None:
+        """SIGKILL the hub process alone, as the kernel's OOM killer would.
+
+        Whatever it started is left to end on its own (or not: that is under test).
+        """
+        self.proc.kill()
+        self.proc.wait(timeout=10)
 
     def restart(self) -> None:
         """Start the hub again on the same ports and state; wait until it answers."""
         assert self.proc.poll() is not None, "restart() after crash() or a stop"
-        self.proc = _start_hub(self.state, self.env, self.log_path)
+        self.proc = _start_hub(self.command, self.state, self.env, self.log_path)
         wait_for(lambda: _up(self), 60, "the restarted hub to answer")
+
+    def processes(self, *words: str) -> list[int]:
+        """Live processes started from the state dir whose command line has all ``words``."""
+        return [
+            pid
+            for pid in leftover_pids(self.state, group=-1)
+            if alive(pid) and all(word in _cmdline(pid) for word in words)
+        ]
 
     # -- hub REST API ------------------------------------------------------
 
@@ -125,6 +151,20 @@ class Hub:
 
     def wait_gone(self, user: str, name: str = "", timeout: float = 60) -> None:
         wait_for(lambda: self.server(user, name) is None, timeout, f"{user}/{name} to stop")
+
+    def wait_released(self, machine_id: str, timeout: float = 30) -> None:
+        """Wait until the ledger says ``released``: a stop leaves the release to the
+        background, and the ledger frees the devices last, once the fabric confirmed."""
+        ledger = Ledger(self.ledger_url())
+        try:
+
+            def released() -> bool:
+                machine = ledger.machine(machine_id)
+                return machine is not None and machine.state == "released"
+
+            wait_for(released, timeout, f"machine {machine_id} to be released")
+        finally:
+            ledger.close()
 
     def spawn_watching(
         self, user: str, options: dict[str, Any], name: str = ""
@@ -211,18 +251,40 @@ def process_env(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
+def fabric_on_its_own(tmp: Path, *args: str) -> SimulatorProcess:
+    """The fabric simulator as production runs it, beside the hub (start it with ``with``).
+
+    It keeps its state in ``tmp`` and takes the hub's credentials; pass its
+    ``port`` to ``running_hub(fabric_port=...)``.
+    """
+    return SimulatorProcess(
+        ["--state-file", str(tmp / "fabric-state.json"), *args],
+        tmp / "fabric.log",
+        command=CONSOLE_SCRIPT,
+        credentials=FABRIC_AUTH,
+    )
+
+
 @contextmanager
 def running_hub(
-    tmp: Path, extra_config: str = "", *, fabric_port: int | None = None, **env_overrides: str
+    tmp: Path,
+    extra_config: str = "",
+    *,
+    fabric_port: int | None = None,
+    demo_command: bool = False,
+    **env_overrides: str,
 ) -> Iterator[Hub]:
     """Start the demo hub on free ports with its state in ``tmp``; stop everything after.
 
     ``extra_config`` is appended to the config (after the demo's), ``env_overrides``
     to the environment the demo config reads. With ``fabric_port`` the fabric is
     already running there (the test started it) and the hub starts no simulator.
+    With ``demo_command`` the hub runs under ``composespawner demo``, which starts
+    the simulator beside it; ``Hub.proc`` is then that command's process.
     """
     state = tmp / "state"
     state.mkdir(parents=True)
+    homes = _homes_dir()
     extra = tmp / "test_config.py"
     extra.write_text(_TEST_CONFIG + extra_config)
     ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric")}
@@ -232,6 +294,7 @@ def running_hub(
     env = {
         **os.environ,
         "COMPOSE_STATE_DIR": str(state),
+        "COMPOSE_HOMES_DIR": str(homes),
         "COMPOSE_HUB_PORT": str(ports["hub"]),
         "COMPOSE_PROXY_API_PORT": str(ports["proxy"]),
         "COMPOSE_HUB_API_PORT": str(ports["api"]),
@@ -244,29 +307,58 @@ def running_hub(
         "PYTHONWARNINGS": "ignore",
         **env_overrides,
     }
+    bin_dir = Path(sys.executable).parent
+    if demo_command:
+        command = [str(bin_dir / "composespawner"), "demo"]
+    else:
+        command = [str(bin_dir / "jupyterhub"), "-f", str(HUB_CONFIG / "jupyterhub_config.py")]
     hub = Hub(
         url=f"http://localhost:{ports['hub']}",
         fabric_url=f"http://127.0.0.1:{ports['fabric']}",
         state=state,
-        proc=_start_hub(state, env, tmp / "hub.log"),
+        homes=homes,
+        proc=_start_hub(command, state, env, tmp / "hub.log"),
         log_path=tmp / "hub.log",
         env=env,
+        command=command,
     )
     try:
         wait_for(lambda: _up(hub), 60, "the hub and the fabric simulator to answer")
         yield hub
     finally:
-        _shut_down(hub)
+        try:
+            _shut_down(hub)
+        finally:
+            shutil.rmtree(homes)
 
 
-def _start_hub(state: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def _homes_dir() -> Path:
+    """Homes outside pytest's private (0700) tmp: a root hub's notebooks must reach them."""
+    if os.geteuid() == 0:
+        _check_notebook_account()
+    homes = Path(tempfile.mkdtemp(prefix="composespawner-homes-"))
+    homes.chmod(0o755)
+    return homes
+
+
+def _check_notebook_account() -> None:
+    try:
+        account = pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT)
+    except KeyError:
+        raise AssertionError(
+            f"As root, notebooks run as {DEFAULT_NOTEBOOK_ACCOUNT!r}, which does not exist: "
+            "`make install-test` creates it."
+        ) from None
+    problem = reach_problem(account, [Path(sys.executable)])
+    assert problem is None, f"{problem} (`make install-test` does that)"
+
+
+def _start_hub(
+    command: list[str], state: Path, env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "jupyterhub"),
-                "-f",
-                str(HUB_CONFIG / "jupyterhub_config.py"),
-            ],
+            command,
             cwd=state,
             env=env,
             stdout=log,
@@ -292,7 +384,7 @@ def _shut_down(hub: Hub) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(hub.proc.pid, signal.SIGKILL)
             hub.proc.wait(timeout=10)
-    leftovers = leftover_pids(hub.state, hub.proc.pid)
+    leftovers = leftover_pids(hub.state, hub.proc.pid, also_under=hub.homes)
     for pid in leftovers:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -319,7 +411,7 @@ def _is_notebook(pid: int) -> bool:
     return "singleuser" in line or "notebook_or_fail" in line
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         state = (Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -334,7 +426,9 @@ def _cmdline(pid: int) -> str:
         return str(pid)
 
 
-def leftover_pids(state: Path, group: int) -> list[int]:
+def leftover_pids(state: Path, group: int, also_under: Path | None = None) -> list[int]:
+    """Processes in ``group`` or working in ``state`` (or ``also_under``: notebooks' homes)."""
+    roots = tuple(str(root) for root in (state, also_under) if root is not None)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -344,7 +438,7 @@ def leftover_pids(state: Path, group: int) -> list[int]:
             in_group = os.getpgid(int(entry.name)) == group
         except OSError:
             continue
-        if in_group or cwd.startswith(str(state)):
+        if in_group or cwd.startswith(roots):
             found.append(int(entry.name))
     return found
 
@@ -354,8 +448,19 @@ _TEST_CONFIG = f"""
 c.JupyterHub.services.append({{"name": "test-admin", "api_token": "{ADMIN_TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "test-admin", "scopes": ["admin:users", "admin:servers", "admin:server_state",
-      "read:users:activity", "list:users", "users:activity"], "services": ["test-admin"]}}
+      "read:users:activity", "list:users", "users:activity", "read:metrics"],
+      "services": ["test-admin"]}}
 )
 """
 
-__all__ = ["ROOT", "Hub", "free_port", "notebook_pid", "process_env", "running_hub", "wait_for"]
+__all__ = [
+    "ROOT",
+    "Hub",
+    "alive",
+    "fabric_on_its_own",
+    "free_port",
+    "notebook_pid",
+    "process_env",
+    "running_hub",
+    "wait_for",
+]

@@ -5,64 +5,31 @@ Screenshots land in test-artifacts/ (the README's pictures come from here).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+import re
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from tests.hubharness import PASSWORD, Hub, running_hub, wait_for
-from tests.paths import ROOT
+from tests.hubharness import Hub, wait_for
+from tests.support.browser import log_in, shot
+from tests.support.simulator import SimulatorSwitches
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = ROOT / "test-artifacts"
-# Flags that let Chromium run as root on a closed network (TESTING.md).
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    with running_hub(tmp_path_factory.mktemp("hub")) as hub:
-        yield hub
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    yield page
-    context.close()
-
-
-def log_in(page: Page, hub: Hub, user: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**")
-
-
-def shot(page: Page, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
+# JupyterHub's progress page listens with ``onmessage``; keep back each "ready" event
+# (and with it the page's reload) in ``window.heldReady`` until the test delivers it.
+HOLD_READY = """
+window.heldReady = [];
+window.EventSource = class extends window.EventSource {
+  set onmessage(handler) {
+    super.onmessage = (event) => {
+      const deliver = () => handler.call(this, event);
+      if (JSON.parse(event.data).ready) window.heldReady.push(deliver);
+      else deliver();
+    };
+  }
+};
+"""
 
 
 @pytest.mark.timeout(240)
@@ -77,13 +44,24 @@ def test_form_progress_and_arrival_in_jupyterlab(hub: Hub, page: Page) -> None:
     page.check("#gpu-t4")
     page.select_option("#gpu_count", "2")
     page.check("#net-25g")
+    # A fabric that takes a moment per request, as real ones do: a spawn done within a
+    # second sends the browser straight to JupyterLab, with no progress page to see.
+    fabric = SimulatorSwitches(hub.fabric_url)
+    fabric.faults(latency_s=0.5)
+    # When the server is ready the progress page reloads itself and the hub sends it on
+    # to JupyterLab. Hold the "ready" event in the page until the progress has been
+    # read, or a fast spawn carries the page away mid-check.
+    page.add_init_script(HOLD_READY)
     page.click("form input[type=submit], form button[type=submit]")
-    page.wait_for_url("**/spawn-pending/**")
-    expect(page.locator("#progress-message")).to_contain_text("starting notebook", timeout=60_000)
+    page.wait_for_url(re.compile(r"/hub/spawn-pending/student1(\?|$)"))
     log = page.locator("#progress-log")
-    expect(log).to_contain_text("attaching GPU 1/2 (NVIDIA T4)")
+    expect(log).to_contain_text("attaching GPU 1/2 (NVIDIA T4)", timeout=60_000)
     expect(log).to_contain_text("attaching GPU 2/2 (NVIDIA T4)")
+    page.wait_for_function("window.heldReady.length > 0", timeout=60_000)
+    expect(log).to_contain_text("starting notebook on host-01")
     shot(page, "spawn-progress")
+    fabric.clear_faults()
+    page.evaluate("window.heldReady.forEach((deliver) => deliver())")
 
     page.wait_for_url("**/user/student1/lab**", timeout=120_000)
     expect(page.locator(".jp-LauncherCard").first).to_be_visible(timeout=120_000)
@@ -95,15 +73,17 @@ def test_form_progress_and_arrival_in_jupyterlab(hub: Hub, page: Page) -> None:
 @pytest.mark.timeout(120)
 def test_a_refusal_is_shown_on_the_form(hub: Hub, page: Page) -> None:
     log_in(page, hub, "student2")
+    composed = hub.composed_hosts()
     page.goto(f"{hub.url}/hub/spawn")
-    # The browser only offers valid choices; forge a count to see the server's answer.
+    page.check("#gpu-t4")
+    # The browser only offers valid choices (choosing a model resets them, hence after
+    # it); forge a count to see the server's answer.
     page.evaluate(
         "document.querySelector('#gpu_count').innerHTML = '<option value=\"-4\">-4</option>'"
     )
-    page.check("#gpu-t4")
     page.click("form input[type=submit], form button[type=submit]")
     expect(page.locator(".spawn-error-msg")).to_have_text(
         "Error: GPU count must be from 1 to 4 (the most one machine can hold); got -4."
     )
     shot(page, "spawn-refused")
-    assert hub.composed_hosts() == {}
+    assert hub.composed_hosts() == composed

@@ -29,13 +29,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         yield hub
 
 
-@pytest.fixture
-def ledger(hub: Hub) -> Iterator[Ledger]:
-    ledger = Ledger(hub.ledger_url())
-    yield ledger
-    ledger.close()
-
-
 @pytest.mark.timeout(180)
 def test_the_idle_culler_gives_the_devices_back(hub: Hub, ledger: Ledger) -> None:
     response = hub.spawn("student1", {"gpu_model": "a100", "gpu_count": 2})

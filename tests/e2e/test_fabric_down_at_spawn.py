@@ -14,13 +14,13 @@ import pytest
 
 from tests.e2e.test_faults import (
     TWO_T4,
-    FaultyFabric,
+    HubFabric,
     assert_nothing_kept,
     faulty_fabric,
-    ledger_ready,
+    hub_with_faults,
     spawns_fine,
 )
-from tests.hubharness import Hub, running_hub
+from tests.hubharness import Hub
 
 pytestmark = pytest.mark.e2e
 # Every spawn reads the fabric afresh, as a REST spawn does whenever nobody
@@ -30,17 +30,12 @@ NO_INVENTORY_CACHE = "c.ComposeSpawner.inventory_cache_seconds = 0\n"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    with running_hub(
-        tmp_path_factory.mktemp("hub"),
-        NO_INVENTORY_CACHE,
-        COMPOSE_FABRIC_ARGS="--faults-api",
-        COMPOSE_RECONCILE_EVERY="3600",
-    ) as hub:
-        yield ledger_ready(hub)
+    with hub_with_faults(tmp_path_factory.mktemp("hub"), NO_INVENTORY_CACHE) as hub:
+        yield hub
 
 
 @pytest.fixture
-def fabric(hub: Hub) -> Iterator[FaultyFabric]:
+def fabric(hub: Hub) -> Iterator[HubFabric]:
     with faulty_fabric(hub) as fabric:
         yield fabric
 
@@ -53,9 +48,7 @@ def assert_actionable(message: str) -> None:
     assert "/redfish/" not in message, message
 
 
-def test_a_rest_spawn_meeting_an_unreachable_fabric_is_told_so(
-    hub: Hub, fabric: FaultyFabric
-) -> None:
+def test_a_rest_spawn_meeting_an_unreachable_fabric_is_told_so(hub: Hub, fabric: HubFabric) -> None:
     fabric.faults(drop_connections=True, latency_s=0.2)  # latency: time to watch progress
     response, events = hub.spawn_watching("student1", TWO_T4)
     assert response.status_code == 503, response.text
@@ -66,12 +59,12 @@ def test_a_rest_spawn_meeting_an_unreachable_fabric_is_told_so(
     assert_actionable(final["message"])
     assert_nothing_kept(fabric, "student1")
 
-    fabric.clear()
+    fabric.clear_faults()
     spawns_fine(hub, "student1", TWO_T4, devices=2)
 
 
 def test_the_form_submitted_during_an_outage_says_the_fabric_is_down(
-    hub: Hub, fabric: FaultyFabric
+    hub: Hub, fabric: HubFabric
 ) -> None:
     session = hub.login("student2")
     assert "NVIDIA T4 16GB" in session.get(f"{hub.url}/hub/spawn", timeout=30).text

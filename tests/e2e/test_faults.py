@@ -1,6 +1,7 @@
 """The fabric misbehaves during spawn, stop and poll: users are told, hardware is never lost.
 
-A real hub runs the simulated fabric with its fault switches (``/sim/faults``).
+A real hub runs the simulated fabric with its fault switches (``/sim/faults``,
+through tests/support/simulator.py).
 Each test switches one fault on and checks ARCHITECTURE.md's invariants from
 the outside:
 
@@ -22,7 +23,8 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +32,7 @@ import requests
 
 from composespawner.ledger import Ledger, Machine
 from tests.hubharness import FABRIC_AUTH, Hub, notebook_pid, process_env, running_hub, wait_for
+from tests.support.simulator import SimulatorSwitches
 
 pytestmark = pytest.mark.e2e
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2}
@@ -43,39 +46,12 @@ OUTAGE_S = 8.0
 RELEASE_BOUND_S = 40.0  # backoff after an outage of this kind stays well below it
 
 
-@dataclass
-class FaultyFabric:
-    """The hub's fabric simulator, its fault switches, and the hub's ledger."""
+@dataclass(frozen=True)
+class HubFabric(SimulatorSwitches):
+    """The hub's fabric simulator: its fault switches and own view, and the hub's ledger."""
 
-    hub: Hub
-    ledger: Ledger
-
-    def faults(self, **settings: Any) -> None:
-        """Replace every fault setting (omitted ones are off); counters restart."""
-        response = requests.put(
-            f"{self.hub.fabric_url}/sim/faults", json=settings, auth=FABRIC_AUTH, timeout=10
-        )
-        assert response.status_code == 200, response.text
-        assert response.json() == {**_NO_FAULTS, **settings}
-
-    def clear(self) -> None:
-        response = requests.delete(
-            f"{self.hub.fabric_url}/sim/faults", auth=FABRIC_AUTH, timeout=10
-        )
-        assert response.status_code == 200, response.text
-
-    def state(self) -> dict[str, Any]:
-        response = requests.get(f"{self.hub.fabric_url}/sim/state", auth=FABRIC_AUTH, timeout=10)
-        response.raise_for_status()
-        hosts: dict[str, Any] = response.json()["hosts"]
-        return hosts
-
-    def attached(self) -> dict[str, list[str]]:
-        """Devices attached per host, as the fabric itself knows it (faults or not)."""
-        return {host: s["attached"] for host, s in self.state().items() if s["attached"]}
-
-    def tagged(self) -> dict[str, Any]:
-        return {host: s["tag"] for host, s in self.state().items() if s["tag"]}
+    hub: Hub = field(kw_only=True)
+    ledger: Ledger = field(kw_only=True)
 
     def answers(self) -> bool:
         """Whether the fabric's Redfish service answers at all."""
@@ -92,35 +68,22 @@ class FaultyFabric:
         assert self.ledger.live_machines() == []
 
 
-_NO_FAULTS: dict[str, Any] = {
-    "latency_s": 0.0,
-    "error_rate": 0.0,
-    "seed": 0,
-    "fail_after_attachments": None,
-    "task_failure": False,
-    "drop_connections": False,
-    "unreachable_for_s": 0.0,
-    "stale_etags": False,
-    "disabled_blocks": [],
-}
-
-
 @contextmanager
-def faulty_fabric(hub: Hub) -> Iterator[FaultyFabric]:
+def faulty_fabric(hub: Hub) -> Iterator[HubFabric]:
     """A test's view of ``hub``'s fabric: no faults and nothing composed before and after."""
-    fabric = FaultyFabric(hub, Ledger(hub.ledger_url()))
+    fabric = HubFabric(hub.fabric_url, hub=hub, ledger=Ledger(hub.ledger_url()))
     try:
-        fabric.clear()
+        fabric.clear_faults()
         fabric.assert_clean()
         yield fabric
-        fabric.clear()
+        fabric.clear_faults()
         for user in ("student1", "student2", "researcher1"):
             for name in hub.user(user).get("servers", {}):
                 hub.stop(user, name)
         wait_for(lambda: fabric.ledger.holders() == {}, RELEASE_BOUND_S, "every device freed")
         fabric.assert_clean()
     finally:
-        fabric.clear()
+        fabric.clear_faults()
         fabric.ledger.close()
 
 
@@ -136,36 +99,40 @@ def ledger_ready(hub: Hub) -> Hub:
     return hub
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+@contextmanager
+def hub_with_faults(tmp: Path, extra_config: str = "", fabric_args: str = "") -> Iterator[Hub]:
+    """A hub whose fabric serves its fault switches, once its ledger exists."""
     # The reconciler is tested elsewhere; here the composer alone must release.
     with running_hub(
-        tmp_path_factory.mktemp("hub"),
-        COMPOSE_FABRIC_ARGS="--faults-api",
+        tmp,
+        extra_config,
+        COMPOSE_FABRIC_ARGS=f"--faults-api {fabric_args}".strip(),
         COMPOSE_RECONCILE_EVERY="3600",
     ) as hub:
         yield ledger_ready(hub)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    with hub_with_faults(tmp_path_factory.mktemp("hub")) as hub:
+        yield hub
 
 
 @pytest.fixture(scope="module")
 def async_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     """A hub whose fabric answers attach and detach with 202 + a task monitor."""
-    with running_hub(
-        tmp_path_factory.mktemp("async-hub"),
-        COMPOSE_FABRIC_ARGS="--faults-api --async-tasks",
-        COMPOSE_RECONCILE_EVERY="3600",
-    ) as hub:
-        yield ledger_ready(hub)
+    with hub_with_faults(tmp_path_factory.mktemp("async-hub"), fabric_args="--async-tasks") as hub:
+        yield hub
 
 
 @pytest.fixture
-def fabric(hub: Hub) -> Iterator[FaultyFabric]:
+def fabric(hub: Hub) -> Iterator[HubFabric]:
     with faulty_fabric(hub) as fabric:
         yield fabric
 
 
 @pytest.fixture
-def async_fabric(async_hub: Hub) -> Iterator[FaultyFabric]:
+def async_fabric(async_hub: Hub) -> Iterator[HubFabric]:
     with faulty_fabric(async_hub) as fabric:
         yield fabric
 
@@ -191,7 +158,7 @@ def assert_refused_spawn(
     return message
 
 
-def assert_nothing_kept(fabric: FaultyFabric, user: str) -> None:
+def assert_nothing_kept(fabric: HubFabric, user: str) -> None:
     """After a failed spawn: no server, nothing attached or marked, nothing held, no machine."""
     fabric.hub.wait_gone(user)
     assert fabric.attached() == {}
@@ -205,14 +172,15 @@ def spawns_fine(hub: Hub, user: str, options: dict[str, Any], devices: int) -> N
     response = hub.spawn(user, options)
     assert response.status_code in (201, 202), response.text
     hub.wait_ready(user)
-    host = process_env(notebook_pid(hub, user))["COMPOSE_HOST"]
-    assert len(hub.attached(host)) == devices
+    env = process_env(notebook_pid(hub, user))
+    assert len(hub.attached(env["COMPOSE_HOST"])) == devices
     hub.stop(user)
+    hub.wait_released(env["COMPOSE_MACHINE_ID"])
     assert hub.composed_hosts() == {}
 
 
 def spawn_then_fault(
-    fabric: FaultyFabric, user: str, options: dict[str, Any], moment: str, **settings: Any
+    fabric: HubFabric, user: str, options: dict[str, Any], moment: str, **settings: Any
 ) -> tuple[requests.Response, list[dict[str, Any]], float]:
     """Spawn on a slow fabric; switch to ``settings`` at ``moment`` of the compose.
 
@@ -241,7 +209,7 @@ def machine_devices(machine: Machine) -> list[str]:
     return sorted(b for b in machine.block_ids if b != f"{machine.host_id}-block")
 
 
-def held_while_unreachable(fabric: FaultyFabric, machine: Machine, attached: Any) -> None:
+def held_while_unreachable(fabric: HubFabric, machine: Machine, attached: Any) -> None:
     """One look during an outage: everything the machine had is still held and attached."""
     now = fabric.ledger.machine(machine.id)
     assert now is not None
@@ -284,7 +252,7 @@ REFUSALS = [
 @pytest.mark.parametrize(("fault", "reached", "words"), REFUSALS)
 def test_a_refusing_fabric_fails_the_spawn_and_keeps_nothing(
     hub: Hub,
-    fabric: FaultyFabric,
+    fabric: HubFabric,
     fault: dict[str, Any],
     reached: str,
     words: tuple[str, ...],
@@ -296,12 +264,12 @@ def test_a_refusing_fabric_fails_the_spawn_and_keeps_nothing(
     assert any(e["message"].startswith(reached) for e in events), events
     assert_nothing_kept(fabric, "student1")
 
-    fabric.clear()
+    fabric.clear_faults()
     spawns_fine(hub, "student1", TWO_T4, devices=2)
 
 
 def test_a_failed_fabric_task_fails_the_spawn_and_keeps_nothing(
-    async_hub: Hub, async_fabric: FaultyFabric
+    async_hub: Hub, async_fabric: HubFabric
 ) -> None:
     async_fabric.faults(task_failure=True)
     response, events = async_hub.spawn_watching("student1", TWO_T4)
@@ -309,7 +277,7 @@ def test_a_failed_fabric_task_fails_the_spawn_and_keeps_nothing(
     assert any(e["message"].startswith("attaching GPU 1/2") for e in events), events
     assert_nothing_kept(async_fabric, "student1")
 
-    async_fabric.clear()
+    async_fabric.clear_faults()
     spawns_fine(async_hub, "student1", TWO_T4, devices=2)
 
 
@@ -317,7 +285,7 @@ def test_a_failed_fabric_task_fails_the_spawn_and_keeps_nothing(
 
 
 def test_dropped_connections_mid_compose_keep_devices_held_until_the_fabric_confirms(
-    hub: Hub, fabric: FaultyFabric
+    hub: Hub, fabric: HubFabric
 ) -> None:
     response, events, _ = spawn_then_fault(
         fabric, "student2", FOUR_DEVICES, "attached", drop_connections=True
@@ -343,7 +311,7 @@ def test_dropped_connections_mid_compose_keep_devices_held_until_the_fabric_conf
     wait_for(still_held_and_retrying, 30, "the release to be retried twice", every=0.5)
     assert looks >= 3
 
-    fabric.clear()
+    fabric.clear_faults()
     wait_for(lambda: fabric.ledger.holders() == {}, RELEASE_BOUND_S, "the devices to be freed")
     assert fabric.attached() == {}
     assert fabric.tagged() == {}
@@ -357,7 +325,7 @@ def test_dropped_connections_mid_compose_keep_devices_held_until_the_fabric_conf
 
 
 def test_an_outage_after_the_claim_fails_the_spawn_and_frees_the_claim_once_over(
-    hub: Hub, fabric: FaultyFabric
+    hub: Hub, fabric: HubFabric
 ) -> None:
     response, events, outage_from = spawn_then_fault(
         fabric, "researcher1", TWO_T4, "claimed", unreachable_for_s=OUTAGE_S
@@ -391,7 +359,7 @@ def test_an_outage_after_the_claim_fails_the_spawn_and_frees_the_claim_once_over
 
 
 def test_a_stop_during_an_outage_keeps_devices_held_and_retries_the_release(
-    hub: Hub, fabric: FaultyFabric
+    hub: Hub, fabric: HubFabric
 ) -> None:
     assert hub.spawn("student1", TWO_T4).status_code in (201, 202)
     hub.wait_ready("student1")
@@ -406,6 +374,9 @@ def test_a_stop_during_an_outage_keeps_devices_held_and_retries_the_release(
     response = hub.request("DELETE", "/users/student1/server")
     assert response.status_code in (202, 204), response.text
     hub.wait_gone("student1")  # the server stops in the hub, the hardware does not go
+    # The stop waited a few seconds for the fabric and then left the release to
+    # the background: watch it retry twice more, the devices held all along.
+    retried = len(release_retries(hub, machine.id))
     looks = 0
 
     def still_held_and_retrying() -> bool:
@@ -413,12 +384,12 @@ def test_a_stop_during_an_outage_keeps_devices_held_and_retries_the_release(
         assert not fabric.answers()
         held_while_unreachable(fabric, machine, attached)
         looks += 1
-        return len(release_retries(hub, machine.id)) >= 2
+        return len(release_retries(hub, machine.id)) >= retried + 2
 
-    wait_for(still_held_and_retrying, 30, "the release to be retried twice", every=0.5)
+    wait_for(still_held_and_retrying, 60, "the release to be retried twice more", every=0.5)
     assert looks >= 3
 
-    fabric.clear()
+    fabric.clear_faults()
     wait_for(lambda: fabric.ledger.holders() == {}, RELEASE_BOUND_S, "the devices to be freed")
     assert fabric.attached() == {}
     assert hub.composed_hosts() == {}
@@ -431,7 +402,7 @@ def test_a_stop_during_an_outage_keeps_devices_held_and_retries_the_release(
     assert f"Released machine {machine.id} (released)" in hub.log_path.read_text()
 
 
-def test_poll_during_an_outage_keeps_the_server_running(hub: Hub, fabric: FaultyFabric) -> None:
+def test_poll_during_an_outage_keeps_the_server_running(hub: Hub, fabric: HubFabric) -> None:
     assert hub.spawn("student2", TWO_T4).status_code in (201, 202)
     hub.wait_ready("student2")
     machine = fabric.ledger.live_machine("student2", "")
@@ -468,7 +439,7 @@ def test_poll_during_an_outage_keeps_the_server_running(hub: Hub, fabric: Faulty
 # -- a slow fabric ---------------------------------------------------------------------------
 
 
-def test_a_slow_fabric_still_composes(hub: Hub, fabric: FaultyFabric) -> None:
+def test_a_slow_fabric_still_composes(hub: Hub, fabric: HubFabric) -> None:
     fabric.faults(latency_s=0.3)
     started = time.monotonic()
     assert fabric.answers()
@@ -488,5 +459,6 @@ def test_a_slow_fabric_still_composes(hub: Hub, fabric: FaultyFabric) -> None:
     assert len(hub.composed_hosts()[str(machine.host_id)]) == 2
 
     hub.stop("student1")  # the release is slow too, and must still finish
+    hub.wait_released(machine.id)
     assert fabric.attached() == {}
     assert fabric.ledger.holders() == {}

@@ -12,7 +12,6 @@ reconciler (a hub-managed service, here with a short grace period) must leave:
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +23,8 @@ import requests
 import sqlalchemy as sa
 
 from composespawner.ledger import Ledger, Machine
-from tests.hubharness import FABRIC_AUTH, Hub, free_port, running_hub, wait_for
-from tests.paths import HUB_CONFIG
+from tests.hubharness import Hub, running_hub, wait_for
+from tests.support.simulator import SimulatorProcess, SimulatorSwitches
 
 pytestmark = pytest.mark.e2e
 SLOW_NOTEBOOK = Path(__file__).with_name("slow_notebook.py")
@@ -49,67 +48,20 @@ c.JupyterHub.spawner_class = SlowLaunchComposeSpawner
 
 
 @pytest.fixture
-def fabric(tmp_path: Path) -> Iterator[str]:
-    """The fabric simulator as its own process, with fault switches."""
-    port = free_port()
-    log = (tmp_path / "fabric.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "composespawner"),
-            "fabric-simulator",
-            f"--inventory={HUB_CONFIG / 'fabric_inventory.toml'}",
-            f"--port={port}",
-            f"--state-file={tmp_path / 'fabric-state.json'}",
-            "--faults-api",
-        ],
-        env={
-            "PATH": "/usr/bin:/bin",
-            "COMPOSE_FABRIC_USERNAME": FABRIC_AUTH[0],
-            "COMPOSE_FABRIC_PASSWORD": FABRIC_AUTH[1],
-        },
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: requests.get(f"{url}/redfish/v1/", timeout=2).ok, 30, "the fabric")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-
-
-@pytest.fixture
-def hub(tmp_path: Path, fabric: str) -> Iterator[Hub]:
+def hub(tmp_path: Path, external_fabric: SimulatorProcess) -> Iterator[Hub]:
     env = {
         "COMPOSE_NOTEBOOK_CMD": f"{sys.executable} {SLOW_NOTEBOOK}",
         "COMPOSE_TEST_LAUNCH_DELAY": "6",
         "COMPOSE_RECONCILE_EVERY": "1",
         "COMPOSE_RECONCILE_GRACE": "2",
     }
-    port = int(fabric.rsplit(":", 1)[1])
-    with running_hub(tmp_path, SLOW_LAUNCHER, fabric_port=port, **env) as hub:
+    with running_hub(tmp_path, SLOW_LAUNCHER, fabric_port=external_fabric.port, **env) as hub:
         yield hub
 
 
-def slow_fabric(hub: Hub, seconds: float) -> None:
-    response = requests.put(
-        f"{hub.fabric_url}/sim/faults", json={"latency_s": seconds}, auth=FABRIC_AUTH, timeout=10
-    )
-    response.raise_for_status()
-
-
-def heal_fabric(hub: Hub) -> None:
-    requests.delete(f"{hub.fabric_url}/sim/faults", auth=FABRIC_AUTH, timeout=10).raise_for_status()
-
-
-def composed(hub: Hub) -> dict[str, list[str]]:
-    """Host → attached device blocks, from the simulator's own view (no added latency)."""
-    response = requests.get(f"{hub.fabric_url}/sim/state", auth=FABRIC_AUTH, timeout=10)
-    response.raise_for_status()
-    hosts = response.json()["hosts"].items()
-    return {host: state["attached"] for host, state in hosts if state["attached"]}
+def fabric(hub: Hub) -> SimulatorSwitches:
+    """The switches of the hub's fabric, and its own view (no added latency)."""
+    return SimulatorSwitches(hub.fabric_url)
 
 
 def machine_of(hub: Hub, user: str) -> Machine | None:
@@ -139,7 +91,7 @@ def agreement(hub: Hub) -> list[str]:
         holders = ledger.holders()
     finally:
         ledger.close()
-    attached = composed(hub)
+    attached = fabric(hub).attached()
     users = hub.request("GET", "/users", params={"state": "active"}).json()
     servers = {(u["name"], name): s for u in users for name, s in u["servers"].items()}
     on_fabric: dict[str, str] = {}
@@ -180,7 +132,7 @@ def _spawn_quietly(hub: Hub, user: str) -> Any:
 
 def crash_and_restart(hub: Hub) -> None:
     hub.crash()
-    heal_fabric(hub)
+    fabric(hub).clear_faults()
     hub.restart()
 
 
@@ -195,9 +147,9 @@ def assert_can_spawn_again(hub: Hub, user: str) -> None:
     machine = machine_of(hub, user)
     assert machine is not None
     assert machine.state == "running"
-    assert len(composed(hub)[machine.host_id or ""]) == 3  # two GPUs and the NIC
+    assert len(fabric(hub).attached()[machine.host_id or ""]) == 3  # two GPUs and the NIC
     hub.stop(user)
-    wait_for(lambda: not composed(hub), 30, "the devices to be free")
+    wait_for(lambda: not fabric(hub).attached(), 30, "the devices to be free")
 
 
 SPAWN_STEPS: dict[str, Callable[[Hub], None]] = {}
@@ -214,12 +166,12 @@ def _step(name: str) -> Callable[[Callable[[Hub], None]], Callable[[Hub], None]]
 @_step("after-the-claim")
 def _claimed(hub: Hub) -> None:
     wait_machine(hub, "student1", lambda m: m.state == "claimed", "the claim")
-    assert not composed(hub), "the step under test is before any attach"
+    assert not fabric(hub).attached(), "the step under test is before any attach"
 
 
 @_step("mid-compose")
 def _mid_compose(hub: Hub) -> None:
-    wait_for(lambda: composed(hub), 60, "a first device attached", every=0.05)
+    wait_for(lambda: fabric(hub).attached(), 60, "a first device attached", every=0.05)
     machine = machine_of(hub, "student1")
     assert machine is not None
     assert machine.state == "claimed"
@@ -242,7 +194,7 @@ def _launching(hub: Hub) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("step", list(SPAWN_STEPS))
 def test_the_hub_dies_during_a_spawn(hub: Hub, step: str) -> None:
-    slow_fabric(hub, 0.6)  # each attach takes a while, so every step lasts long enough
+    fabric(hub).faults(latency_s=0.6)  # each attach takes a while, so every step lasts long enough
     with ThreadPoolExecutor(1) as pool:
         spawn_in_background(hub, pool, "student1")
         SPAWN_STEPS[step](hub)
@@ -254,10 +206,10 @@ def test_the_hub_dies_during_a_spawn(hub: Hub, step: str) -> None:
         # it running, so it keeps its machine (agreement checked its devices).
         hub.wait_ready("student1")
         hub.stop("student1")
-        wait_for(lambda: not composed(hub), 30, "the devices to be free")
+        wait_for(lambda: not fabric(hub).attached(), 30, "the devices to be free")
     else:
         assert machine_of(hub, "student1") is None, "the half-made machine was released"
-        assert not composed(hub)
+        assert not fabric(hub).attached()
         assert "Reconcile: release-orphan" in hub.log_path.read_text()
     assert_can_spawn_again(hub, "student1")
 
@@ -269,12 +221,12 @@ def test_the_hub_dies_mid_stop(hub: Hub) -> None:
     hub.wait_ready("student1")
     machine = machine_of(hub, "student1")
     assert machine is not None
-    slow_fabric(hub, 1.0)
+    fabric(hub).faults(latency_s=1.0)
     with ThreadPoolExecutor(1) as pool:
         pool.submit(lambda: hub.request("DELETE", "/users/student1/server"))
         wait_machine(hub, "student1", lambda m: m.state == "stopping", "the stop to begin")
         wait_for(
-            lambda: len(composed(hub).get(machine.host_id or "", [])) < 3,
+            lambda: len(fabric(hub).attached().get(machine.host_id or "", [])) < 3,
             30,
             "a first detach",
             every=0.05,
@@ -304,4 +256,24 @@ def test_a_running_server_survives_a_hub_crash_with_its_devices(hub: Hub) -> Non
     assert after is not None
     assert (after.id, after.state, after.block_ids) == (before.id, "running", before.block_ids)
     hub.stop("student1")
-    wait_for(lambda: not composed(hub), 30, "the devices to be free")
+    wait_for(lambda: not fabric(hub).attached(), 30, "the devices to be free")
+
+
+@pytest.mark.timeout(150)
+def test_the_hubs_services_end_when_the_hub_is_killed(hub: Hub) -> None:
+    def services() -> list[int] | None:
+        found = hub.processes(" reconcile ") + hub.processes("jupyterhub_idle_culler")
+        return found if len(found) == 2 else None
+
+    reconciler_and_culler = wait_for(services, 30, "the reconciler and the culler to run")
+    hub.kill_hub()  # the hub alone: nobody stops its services for it
+    wait_for(
+        lambda: not set(reconciler_and_culler) & set(hub.processes()),
+        5,
+        "the reconciler and the culler to end with the hub",
+        every=0.1,
+    )
+
+    hub.restart()  # returns once the hub answers: it has started its services
+    reconcilers = wait_for(lambda: hub.processes(" reconcile "), 30, "a reconciler")
+    assert len(reconcilers) == 1, [hub.processes("reconcile")]

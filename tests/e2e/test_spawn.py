@@ -23,13 +23,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         yield hub
 
 
-@pytest.fixture
-def ledger(hub: Hub) -> Iterator[Ledger]:
-    ledger = Ledger(hub.ledger_url())
-    yield ledger
-    ledger.close()
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_composed(hub: Hub) -> Iterator[None]:
     """Every test starts and ends with the whole fabric free."""
@@ -58,7 +51,7 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     pid = notebook_pid(hub, "student1")
     env = process_env(pid)
     # The demo's shared account: the notebook runs in the user's own home.
-    home = hub.state / "homes" / "student1"
+    home = hub.homes / "student1"
     assert env["HOME"] == str(home)
     assert Path(f"/proc/{pid}/cwd").resolve() == home.resolve()
     gpus = json.loads(env["COMPOSE_GPUS"])
@@ -79,6 +72,7 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     assert "JupyterLab" in lab.text
 
     hub.stop("student1")
+    hub.wait_released(env["COMPOSE_MACHINE_ID"])
     assert hub.attached(host) == []
     assert all(hub.block_state(block) == "Unused" for block in attached)
     assert "ComposeSpawner" not in (hub.redfish(f"/redfish/v1/Systems/{host}").get("Oem") or {})
@@ -99,8 +93,10 @@ def test_named_servers_each_get_their_own_machine(hub: Hub) -> None:
         hub.wait_ready("student2", name)
         envs[name] = process_env(notebook_pid(hub, "student2", name))
     assert envs["exp1"]["COMPOSE_HOST"] != envs["exp2"]["COMPOSE_HOST"]
+    assert envs["exp1"]["COMPOSE_NIC"] == "none"  # no card asked for: the host network
     assert envs["exp1"]["COMPOSE_DEVICE_IDS"] != envs["exp2"]["COMPOSE_DEVICE_IDS"]
     hub.stop("student2", "exp1")
+    hub.wait_released(envs["exp1"]["COMPOSE_MACHINE_ID"])
     assert hub.attached(envs["exp1"]["COMPOSE_HOST"]) == []
     assert hub.attached(envs["exp2"]["COMPOSE_HOST"]) != []
 
@@ -182,6 +178,7 @@ def test_the_form_spawns_and_remembers_the_last_choice(hub: Hub) -> None:
     )
     assert env["COMPOSE_NIC"].endswith("(100 Gb/s)")
     hub.stop("researcher1")
+    hub.wait_released(env["COMPOSE_MACHINE_ID"])  # the form offers them again once free
     again = session.get(f"{hub.url}/hub/spawn", timeout=30).text
     assert 'value="rtx6000"\n             checked' in again or 'value="rtx6000" checked' in again
     assert '<option value="2" selected>' in again
@@ -236,6 +233,7 @@ def test_the_ledger_keeps_an_event_log(hub: Hub, ledger: Ledger, tmp_path: Path)
     hub.wait_ready("student2")
     machine_id = process_env(notebook_pid(hub, "student2"))["COMPOSE_MACHINE_ID"]
     hub.stop("student2")
+    hub.wait_released(machine_id)
     states = [e.to_state for e in ledger.events(machine_id)]
     assert states == [
         "requested",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.fabric.mockserver import MockupServer
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
+from tests.support.mockserver import MockupServer
 
 from .fake_redfish import PASSWORD, USER, FakeRedfish, FakeRedfishServer
 

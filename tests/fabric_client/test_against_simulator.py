@@ -2,31 +2,32 @@
 
 The simulator serves ``hub_config/fabric_inventory.toml``: 8 hosts in two
 racks, 26 GPUs (2 of them in the shared expansion chassis), NICs of 25 and
-100 Gb/s, 1920 GB NVMe drives. It runs once per module in each of its modes
-(synchronous answers, and 202 + task monitor); every test starts from a
-clean fabric (``DELETE /sim/state``).
+100 Gb/s, 1920 GB NVMe drives. It answers over https only, as real fabric
+managers do, with a certificate from a CA the tests make (trustme), which the
+client trusts through its CA-bundle knob. It runs once per module in each of
+its modes (synchronous answers, and 202 + task monitor); every test starts
+from a clean fabric (``DELETE /sim/state``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import socket
+import logging
+import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from composespawner.fabric.base import (
-    CompositionTag,
     DeviceInUse,
     DeviceNotFound,
+    FabricCertificateError,
     FabricRefused,
     FabricTaskFailed,
     FabricUnreachable,
@@ -34,101 +35,114 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
+from composespawner.hardware import CompositionTag, Device
+from composespawner.settings import build_composer, upgrade_ledger
+from composespawner.spawner import ComposeSpawner
+from tests.support.simulator import SimulatorProcess, SimulatorSwitches
+from tests.support.tls import TLSFiles, make_tls_files
 
 from .conftest import REPO_ROOT
 
 USER, PASSWORD = "hub-client", "sim-pass-7"
-INVENTORY_FILE = REPO_ROOT / "hub_config" / "fabric_inventory.toml"
-STARTUP_DEADLINE_S = 30.0
+CATALOG_FILE = REPO_ROOT / "hub_config" / "catalog.toml"
 TIMEOUTS = RedfishTimeouts(connect=2, request=3, operation=15, task_poll_max=0.2)
 RETRY = RedfishRetry(attempts=10, backoff_first=0.1, backoff_max=0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"simulator exited {process.returncode}: {log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)  # polling a condition (the port), bounded by the deadline
-    raise RuntimeError(f"simulator not listening on {port} after {STARTUP_DEADLINE_S} s")
-
-
-def sim_call(base_url: str, method: str, path: str, body: Any = None) -> Any:
-    """Call the simulator's test-only /sim API."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{base_url}{path}", data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        payload = answer.read()
-    return json.loads(payload) if payload else None
 
 
 @dataclass(frozen=True)
 class RunningSimulator:
     url: str
     asynchronous: bool  # answers writes with 202 + task monitor
+    tls: TLSFiles
+    composition: str = "expandable"  # --composition
+
+    @property
+    def switches(self) -> SimulatorSwitches:
+        """The simulator's test-only /sim API."""
+        return SimulatorSwitches(self.url, self.tls.ca_bundle)
+
+    def client(self, ca_bundle: Path | None) -> RedfishFabric:
+        return RedfishFabric(
+            self.url,
+            username=USER,
+            password=PASSWORD,
+            ca_bundle=str(ca_bundle) if ca_bundle else None,
+            timeouts=TIMEOUTS,
+            retry=RETRY,
+        )
 
 
-@pytest.fixture(scope="module", params=["sync", "async-tasks"])
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+# Each mode: how the simulator composes, and whether it answers writes with tasks.
+MODES = {
+    "sync": ("expandable", False),
+    "async-tasks": ("expandable", True),
+    "specific": ("specific", False),
+    "specific-async-tasks": ("specific", True),
+    "action-async-tasks": ("action", True),
+}
+
+
+WHOLE_SYSTEM = [mode for mode, (composition, _) in MODES.items() if composition != "expandable"]
+EXPANDABLE = [mode for mode in MODES if mode not in WHOLE_SYSTEM]
+
+
+def only(*modes: str) -> pytest.MarkDecorator:
+    """Run a test against these modes alone (attach/detach/tag_host exist only on expandable
+    hosts; compose/decompose cover every mode)."""
+    return pytest.mark.parametrize("running_simulator", modes, indirect=True)
+
+
+@pytest.fixture(scope="module", params=list(MODES))
 def running_simulator(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles
 ) -> Iterator[RunningSimulator]:
-    port = free_port()
     log = tmp_path_factory.mktemp("simulator") / "simulator.log"
-    command = [
-        sys.executable, "-m", "composespawner.fabric.simulator",
-        "--inventory", str(INVENTORY_FILE), "--port", str(port), "--faults-api",
-        "--username", USER, "--password", PASSWORD,
-    ]  # fmt: skip
-    if request.param == "async-tasks":
-        command += ["--async-tasks", "--task-duration", "0.1"]
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=output, stderr=output)
-    try:
-        wait_for_port(port, process, log)
-        yield RunningSimulator(f"http://127.0.0.1:{port}", request.param == "async-tasks")
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    composition, asynchronous = MODES[request.param]
+    args = ["--faults-api", "--composition", composition]
+    if asynchronous:
+        args += ["--async-tasks", "--task-duration", "0.1"]
+    process = SimulatorProcess(args, log, tls=tls_files, credentials=(USER, PASSWORD))
+    with process:
+        yield RunningSimulator(process.url, asynchronous, tls_files, composition)
 
 
 @pytest.fixture
-def simulator(running_simulator: RunningSimulator) -> str:
-    return running_simulator.url
+def simulator(running_simulator: RunningSimulator) -> RunningSimulator:
+    return running_simulator
 
 
 @pytest.fixture
-async def fabric(simulator: str) -> AsyncIterator[RedfishFabric]:
-    sim_call(simulator, "DELETE", "/sim/state")
-    client = RedfishFabric(
-        simulator, username=USER, password=PASSWORD, timeouts=TIMEOUTS, retry=RETRY
-    )
+async def fabric(simulator: RunningSimulator) -> AsyncIterator[RedfishFabric]:
+    simulator.switches.reset()
+    client = simulator.client(ca_bundle=simulator.tls.ca_bundle)
     yield client
     await client.close()
-    sim_call(simulator, "DELETE", "/sim/faults")
+    simulator.switches.clear_faults()
 
 
-async def test_discovers_the_simulated_inventory(fabric: RedfishFabric) -> None:
+def host_id(simulator: RunningSimulator, name: str) -> str:
+    """How the client names a host: its system, or its compute block where systems are composed."""
+    return name if simulator.composition == "expandable" else f"{name}-block"
+
+
+async def test_discovers_the_simulated_inventory(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
     inventory = await fabric.inventory()
 
-    assert [h.system_id for h in inventory.hosts] == [f"host-0{n}" for n in range(1, 9)]
+    names = [host_id(simulator, f"host-0{n}") for n in range(1, 9)]
+    assert [h.system_id for h in inventory.hosts] == names
     assert inventory.zones == ("rack-1", "rack-2")
-    assert {h.system_id: h.zones for h in inventory.hosts}["host-05"] == frozenset({"rack-2"})
-    assert all((h.cpus, h.memory_gib, h.state) == (64, 512, "enabled") for h in inventory.hosts)
+    zones = {h.system_id: h.zones for h in inventory.hosts}
+    assert zones[host_id(simulator, "host-05")] == frozenset({"rack-2"})
+    # A free compute block says nothing of its CPUs and memory; its composed system does.
+    size = (64, 512) if simulator.composition == "expandable" else (0, 0)
+    assert all((h.cpus, h.memory_gib, h.state) == (*size, "enabled") for h in inventory.hosts)
     gpus = [d for d in inventory.devices if d.kind == "gpu"]
     assert len(gpus) == 26
     assert Counter(d.chassis for d in gpus) == {"rack-1": 12, "rack-2": 12, "expansion-1": 2}
@@ -145,6 +159,7 @@ async def test_discovers_the_simulated_inventory(fabric: RedfishFabric) -> None:
     assert all(d.state == "free" and d.attached_to is None for d in inventory.devices)
 
 
+@only(*EXPANDABLE)
 async def test_tag_attach_detach_untag(fabric: RedfishFabric) -> None:
     tag = CompositionTag(hub="hub-test", machine="m-7", owner="ada/thesis")
     await fabric.tag_host("host-01", tag)
@@ -179,6 +194,7 @@ async def test_tag_attach_detach_untag(fabric: RedfishFabric) -> None:
     assert await fabric.host_mark("host-01") == (None, (host.block_id,))
 
 
+@only(*EXPANDABLE)
 async def test_block_held_by_another_host_is_in_use(fabric: RedfishFabric) -> None:
     await fabric.attach("host-01", "r1-t4-1")
     with pytest.raises(DeviceInUse) as refused:
@@ -189,11 +205,13 @@ async def test_block_held_by_another_host_is_in_use(fabric: RedfishFabric) -> No
     assert host.attached == ()
 
 
+@only(*EXPANDABLE)
 async def test_block_of_another_rack_is_an_incompatible_zone(fabric: RedfishFabric) -> None:
     with pytest.raises(IncompatibleZone):
         await fabric.attach("host-01", "r2-h100-1")
 
 
+@only(*EXPANDABLE)
 async def test_unknown_block_and_host_are_not_found(fabric: RedfishFabric) -> None:
     with pytest.raises(DeviceNotFound):
         await fabric.attach("host-01", "r9-nothing-1")
@@ -201,39 +219,47 @@ async def test_unknown_block_and_host_are_not_found(fabric: RedfishFabric) -> No
         await fabric.attach("host-99", "r1-t4-2")
 
 
-async def test_short_outage_is_ridden_out(simulator: str, fabric: RedfishFabric) -> None:
-    sim_call(simulator, "PUT", "/sim/faults", {"unreachable_for_s": 0.5})
+async def test_short_outage_is_ridden_out(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    simulator.switches.faults(unreachable_for_s=0.5)
     inventory = await fabric.inventory()
     assert len(inventory.hosts) == 8
 
 
+@only(*EXPANDABLE)
 async def test_fabric_that_drops_everything_is_unreachable(
-    simulator: str, fabric: RedfishFabric
+    simulator: RunningSimulator, fabric: RedfishFabric
 ) -> None:
-    sim_call(simulator, "PUT", "/sim/faults", {"drop_connections": True})
+    simulator.switches.faults(drop_connections=True)
     with pytest.raises(FabricUnreachable):
         await fabric.attach("host-01", "r1-t4-3")
 
 
-async def test_etags_that_stay_stale(simulator: str, fabric: RedfishFabric) -> None:
-    sim_call(simulator, "PUT", "/sim/faults", {"stale_etags": True})
+@only(*EXPANDABLE)
+async def test_etags_that_stay_stale(simulator: RunningSimulator, fabric: RedfishFabric) -> None:
+    simulator.switches.faults(stale_etags=True)
     with pytest.raises(StaleETag):
         await fabric.tag_host("host-02", CompositionTag("hub-test", "m-8", "bob/"))
 
 
-async def test_failing_attachments_are_refused(simulator: str, fabric: RedfishFabric) -> None:
-    sim_call(simulator, "PUT", "/sim/faults", {"fail_after_attachments": 0})
+@only(*EXPANDABLE)
+async def test_failing_attachments_are_refused(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    simulator.switches.faults(fail_after_attachments=0)
     with pytest.raises(FabricRefused) as failed:
         await fabric.attach("host-03", "r1-l40s-1")
     assert type(failed.value) is FabricRefused
     assert failed.value.status == 500
-    state = sim_call(simulator, "GET", "/sim/state")
+    state = simulator.switches.state()
     assert "r1-l40s-1" not in json.dumps(state["hosts"])
 
 
+@only(*EXPANDABLE)
 async def test_failed_task(running_simulator: RunningSimulator, fabric: RedfishFabric) -> None:
     asynchronous = running_simulator.asynchronous
-    sim_call(running_simulator.url, "PUT", "/sim/faults", {"task_failure": True})
+    running_simulator.switches.faults(task_failure=True)
     if asynchronous:
         with pytest.raises(FabricTaskFailed) as failed:
             await fabric.attach("host-04", "r1-nvme-1")
@@ -243,3 +269,261 @@ async def test_failed_task(running_simulator: RunningSimulator, fabric: RedfishF
     host = (await fabric.inventory()).host("host-04")
     assert host is not None
     assert host.attached == (() if asynchronous else ("r1-nvme-1",))
+
+
+# --- compose / decompose, in every mode -----------------------------------------------------
+
+TAG = CompositionTag(hub="hub-test", machine="m-21", owner="ada/thesis")
+
+
+async def devices_of(fabric: RedfishFabric, *block_ids: str) -> list[Device]:
+    inventory = await fabric.inventory()
+    found = [inventory.device(b) for b in block_ids]
+    assert all(found)
+    return [d for d in found if d is not None]
+
+
+async def test_compose_then_decompose_a_machine(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    host = host_id(simulator, "host-01")
+    devices = await devices_of(fabric, "r1-a100-1", "r1-nic100-1", "r1-nvme-1")
+    lines: list[str] = []
+
+    system_id = await fabric.compose(host, devices, TAG, lines.append)
+
+    if simulator.composition == "expandable":
+        assert system_id == host
+        assert lines == [
+            f"attaching GPU 1/1 (NVIDIA A100 80GB PCIe) to {host}",
+            f"attaching 100 Gb/s network card to {host}",
+            f"attaching scratch NVMe 1/1 to {host}",
+        ]
+    else:
+        assert system_id.startswith("composed-")
+        assert lines == [f"composing 1 GPU, 1 network card, 1 scratch NVMe on {host}"]
+    composed = await fabric.inventory()
+    found = composed.host(host)
+    assert found is not None
+    assert (found.tag, set(found.attached)) == (TAG, {d.block_id for d in devices})
+    assert (found.cpus, found.memory_gib) == (64, 512)
+    for device in devices:
+        assert composed.device(device.block_id) == replace(
+            device, state="attached", attached_to=host
+        )
+    assert await fabric.host_mark(host) == (TAG, (host_block(simulator, host), *found.attached))
+    # Again, as a retry after a lost answer would: the same machine, not a second one.
+    assert await fabric.compose(host, devices, TAG, lines.append) == system_id
+
+    assert await fabric.decompose(host, [d.block_id for d in devices], TAG) is True
+    released = await fabric.inventory()
+    free_host = released.host(host)
+    assert free_host is not None
+    assert (free_host.tag, free_host.attached, free_host.state) == (None, (), "enabled")
+    assert all(d.state == "free" for d in released.devices)
+    assert await fabric.decompose(host, [d.block_id for d in devices], TAG) is False
+
+
+def host_block(simulator: RunningSimulator, host: str) -> str:
+    return f"{host}-block" if simulator.composition == "expandable" else host
+
+
+async def test_a_fresh_client_finds_the_machine_already_composed(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    host = host_id(simulator, "host-02")
+    devices = await devices_of(fabric, "r1-l40s-1")
+    first = await fabric.compose(host, devices, TAG, lambda line: None)
+    other = simulator.client(simulator.tls.ca_bundle)
+    try:
+        assert await other.compose(host, devices, TAG, lambda line: None) == first
+    finally:
+        await other.close()
+    systems = simulator.switches.state()
+    assert json.dumps(systems).count("r1-l40s-1") == 1
+
+
+@only(*WHOLE_SYSTEM)
+async def test_two_tries_at_once_compose_one_machine(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    # Both look, find nothing and send: the service takes one, refuses the other
+    # (ResourceBlockInUse), and the refused one finds the machine composed for it.
+    # As when a POST whose answer was lost is sent again.
+    host = host_id(simulator, "host-05")
+    devices = await devices_of(fabric, "r2-a100-3")
+    other = simulator.client(simulator.tls.ca_bundle)
+    try:
+        results = await asyncio.gather(
+            fabric.compose(host, devices, TAG, lambda line: None),
+            other.compose(host, devices, TAG, lambda line: None),
+        )
+    finally:
+        await other.close()
+    assert results[0] == results[1]
+    assert len(simulator.switches.state()["composed"]) == 1
+
+
+async def test_a_host_composed_for_another_machine_is_in_use(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    host = host_id(simulator, "host-03")
+    mine, theirs = await devices_of(fabric, "r1-t4-1"), await devices_of(fabric, "r1-t4-2")
+    await fabric.compose(host, mine, TAG, lambda line: None)
+    other = CompositionTag(hub="hub-test", machine="m-22", owner="bob/")
+    with pytest.raises(DeviceInUse, match="m-21"):
+        await fabric.compose(host, theirs, other, lambda line: None)
+    assert (await fabric.inventory()).device("r1-t4-2").state == "free"  # type: ignore[union-attr]
+    # Nor does a release for the other machine touch ours.
+    assert await fabric.decompose(host, ["r1-t4-1"], other) is False
+    assert (await fabric.inventory()).device("r1-t4-1").state == "attached"  # type: ignore[union-attr]
+
+
+async def test_devices_of_another_rack_are_an_incompatible_zone(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    host = host_id(simulator, "host-04")
+    devices = await devices_of(fabric, "r1-a100-2", "r2-h100-1")
+    with pytest.raises(IncompatibleZone):
+        await fabric.compose(host, devices, TAG, lambda line: None)
+    if simulator.composition != "expandable":  # all or nothing: nothing taken
+        inventory = await fabric.inventory()
+        assert inventory.device("r1-a100-2").state == "free"  # type: ignore[union-attr]
+        assert inventory.host(host).tag is None  # type: ignore[union-attr]
+
+
+async def test_a_failing_composition_takes_nothing(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    simulator.switches.faults(fail_after_attachments=1)
+    host = host_id(simulator, "host-06")
+    devices = await devices_of(fabric, "r2-h100-2", "r2-h100-3")
+    with pytest.raises(FabricRefused) as failed:
+        await fabric.compose(host, devices, TAG, lambda line: None)
+    assert failed.value.status == 500
+    if simulator.composition != "expandable":
+        assert (await fabric.inventory()).host(host).tag is None  # type: ignore[union-attr]
+
+
+@only(*(mode for mode in WHOLE_SYSTEM if MODES[mode][1]))
+async def test_a_failed_composition_task(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    simulator.switches.faults(task_failure=True)
+    host = host_id(simulator, "host-07")
+    with pytest.raises(FabricTaskFailed):
+        await fabric.compose(host, await devices_of(fabric, "r2-t4-1"), TAG, lambda line: None)
+    assert (await fabric.inventory()).host(host).tag is None  # type: ignore[union-attr]
+
+
+@only(*WHOLE_SYSTEM)
+async def test_whole_system_fabrics_refuse_attach_detach_and_tag(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    host = host_id(simulator, "host-08")
+    for call in (
+        fabric.attach(host, "r2-a100-1"),
+        fabric.detach(host, "r2-a100-1"),
+        fabric.tag_host(host, TAG),
+    ):
+        with pytest.raises(FabricRefused, match="composes whole systems"):
+            await call
+
+
+# --- TLS ---------------------------------------------------------------------------------
+
+
+async def test_a_certificate_from_an_unknown_ca_is_refused_at_once(
+    simulator: RunningSimulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The system's CAs, and a CA bundle of another CA: neither signed the simulator's
+    # certificate. RETRY allows 10 tries: a certificate error must use none of them.
+    caplog.set_level(logging.DEBUG, logger="composespawner.fabric.redfish")
+    stranger = make_tls_files(tmp_path).ca_bundle
+    for ca_bundle in (None, stranger):
+        client = simulator.client(ca_bundle)
+        try:
+            with pytest.raises(FabricCertificateError) as refused:
+                await client.inventory()
+        finally:
+            await client.close()
+        message = str(refused.value)
+        assert simulator.url in message
+        assert "certificate verify failed" in message
+        assert "CA bundle" in message
+        assert isinstance(refused.value, FabricUnreachable)  # unknown, never "free"
+    assert "trying again" not in caplog.text
+
+
+async def test_the_ca_bundle_knob_makes_it_trusted(simulator: RunningSimulator) -> None:
+    simulator.switches.reset()
+    client = simulator.client(simulator.tls.ca_bundle)
+    try:
+        inventory = await client.inventory()
+    finally:
+        await client.close()
+    assert len(inventory.hosts) == 8
+
+
+def test_an_unusable_ca_bundle_is_refused_when_configured(tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate")
+    for path in (tmp_path / "missing.pem", not_pem):
+        with pytest.raises(ValueError, match="as a CA bundle"):
+            RedfishFabric(
+                "https://127.0.0.1:1", username=USER, password=PASSWORD, ca_bundle=str(path)
+            )
+
+
+async def test_the_spawner_passes_its_ca_bundle_to_the_client(
+    simulator: RunningSimulator, tmp_path: Path
+) -> None:
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    upgrade_ledger(ledger_url)
+    spawner = ComposeSpawner(
+        fabric_url=simulator.url,
+        fabric_ca_bundle=str(simulator.tls.ca_bundle),
+        fabric_username=USER,
+        fabric_password=PASSWORD,
+        ledger_url=ledger_url,
+        catalog_file=str(CATALOG_FILE),
+        hub_id="tls-test",
+    )
+    composer = build_composer(spawner, spawner.log)  # this test's own, not the hub's shared one
+    try:
+        inventory = await composer.fabric.inventory()
+    finally:
+        await composer.close()
+    assert len(inventory.hosts) == 8
+
+
+@pytest.mark.parametrize("with_bundle", [True, False], ids=["ca-bundle", "system-cas"])
+def test_the_reconciler_reads_the_ca_bundle_from_the_hubs_config(
+    simulator: RunningSimulator, tmp_path: Path, with_bundle: bool
+) -> None:
+    config = tmp_path / "jupyterhub_config.py"
+    settings = {
+        "fabric_url": simulator.url,
+        "catalog_file": str(CATALOG_FILE),
+        "ledger_url": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        "hub_id": "tls-test",
+        "fabric_ca_bundle": str(simulator.tls.ca_bundle) if with_bundle else "",
+    }
+    config.write_text("".join(f"c.ComposeSpawner.{k} = {v!r}\n" for k, v in settings.items()))
+    upgrade_ledger(settings["ledger_url"])
+    command = [
+        sys.executable, "-c", "import sys; from composespawner.cli import main; sys.exit(main())",
+        "reconcile", "--once", "-f", str(config),
+    ]  # fmt: skip
+    environment = {
+        **os.environ, "COMPOSE_FABRIC_USERNAME": USER, "COMPOSE_FABRIC_PASSWORD": PASSWORD
+    }  # fmt: skip
+    for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN"):
+        environment.pop(name, None)
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fabric_reachable"] is with_bundle
+    if not with_bundle:
+        assert "certificate" in done.stderr

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from composespawner.fabric.base import (
-    CompositionTag,
     DeviceInUse,
     DeviceNotFound,
     FabricAuthError,
@@ -21,6 +20,7 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
+from composespawner.hardware import CompositionTag
 
 from .conftest import FAST_RETRY, FAST_TIMEOUTS
 from .fake_redfish import (

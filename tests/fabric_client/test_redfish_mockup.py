@@ -15,26 +15,30 @@ import re
 
 import pytest
 
-from composespawner.fabric.base import Device, Fabric, FabricAuthError, FabricRefused, Host
-from composespawner.fabric.mockserver import MockupServer
+from composespawner.fabric.base import Fabric, FabricAuthError, FabricRefused
 from composespawner.fabric.redfish import RedfishFabric
 from composespawner.fabric.redfish import client as redfish_client
+from composespawner.hardware import Device, Host
+from tests.support.mockserver import MockupServer
 
 from .conftest import COMPOSABILITY_MOCKUP, FAST_RETRY, FAST_TIMEOUTS, MOCKUP_CREDENTIALS
 
 ZONES_12 = frozenset({"1", "2"})
+# The mockup's Systems collection advertises ComputerSystemComposition (POST of
+# whole systems), so besides its expandable systems its compute blocks are hosts,
+# and a device in a composed system is attached to that system's compute block.
 
 EXPECTED_DEVICES = (
     Device("DriveBlock3", "nvme", "NVMe Drive Slot 0", ZONES_12, "ComposableModule3", "attached",
-           attached_to="ComposedSystem", capacity_gb=274),
+           attached_to="ComputeBlock1", capacity_gb=274),
     Device("DriveBlock4", "nvme", "NVMe Drive Slot 1", ZONES_12, "ComposableModule3", "attached",
-           attached_to="ComposedSystem", capacity_gb=274),
+           attached_to="ComputeBlock1", capacity_gb=274),
     Device("DriveBlock5", "nvme", "NVMe Drive Slot 2", ZONES_12, "ComposableModule3", "free",
            capacity_gb=274),
     Device("DriveBlock6", "nvme", "NVMe Drive Slot 3", ZONES_12, "ComposableModule3", "free",
            capacity_gb=274),
     Device("NetworkBlock8", "nic", "Network Block 8", frozenset({"2"}), "ComposableModule5",
-           "attached", attached_to="ComposedSystem2", speed_gbps=0),
+           "attached", attached_to="ComputeBlock2", speed_gbps=0),
     Device("OffloadBlock9", "gpu", "Contoso Workstation VID2000", frozenset({"2"}),
            "ComposableModule6", "free"),
     Device("DriveBlock10", "nvme", "NVMe Drive Slot 4", frozenset({"3"}), "ComposableModule7",
@@ -45,6 +49,11 @@ EXPECTED_HOSTS = (
     Host("SystemAfterResourceBlock", "SystemBlock11", frozenset({"3"}), 0, 0, "enabled"),
     Host("SystemAfterAddResourceAction", "SystemBlock12", frozenset({"3"}), 0, 0, "enabled",
          attached=("DriveBlock10",)),
+    # Composed by someone else (no mark of ours): not available.
+    Host("ComputeBlock1", "ComputeBlock1", frozenset({"1"}), 0, 0, "unavailable",
+         attached=("DriveBlock3", "DriveBlock4")),
+    Host("ComputeBlock2", "ComputeBlock2", frozenset({"2"}), 0, 0, "unavailable",
+         attached=("DriveBlock3", "NetworkBlock8")),
 )  # fmt: skip
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from composespawner.fabric.base import (
-    CompositionTag,
     DeviceInUse,
     DeviceNotFound,
     FabricAuthError,
@@ -28,6 +27,7 @@ from composespawner.fabric.redfish.mapping import (
     expand_query,
     expand_subordinates,
     gpu_memory_gib,
+    host_from_system,
     inline_parts,
     nvme_drives,
 )
@@ -37,6 +37,7 @@ from composespawner.fabric.redfish.transport import (
     origin_of,
     retry_after_seconds,
 )
+from composespawner.hardware import CompositionTag, Host
 
 
 def error(*message_ids: str) -> dict[str, Any]:
@@ -263,6 +264,69 @@ def test_only_nvme_drives_count() -> None:
     }
     models = [d["Model"] for d in nvme_drives(document, parts)]
     assert models == ["unknown protocol", "via storage"]
+
+
+def test_a_drive_linked_directly_and_through_storage_counts_once() -> None:
+    parts = {
+        "/d/1": {"@odata.id": "/d/1", "Protocol": "NVMe", "CapacityBytes": 2 * 10**12},
+        "/s/1": {"@odata.type": "#Storage.v1_15_0.Storage", "Drives": [{"@odata.id": "/d/1/"}]},
+    }
+    document = block(
+        ResourceBlockType=["Storage"],
+        Processors=[],
+        Drives=[{"@odata.id": "/d/1"}],
+        Storage=[{"@odata.id": "/s/1"}],
+    )
+    assert len(nvme_drives(document, parts)) == 1
+    device = device_from_block(document, parts, frozenset())
+    assert device is not None
+    assert (device.kind, device.capacity_gb) == ("nvme", 2000)
+
+
+def expandable_host(own_block_types: list[str]) -> Host | None:
+    """DMTF's mockup host SystemAfterAddResourceAction, its own block typed as given."""
+    blocks_uri = "/redfish/v1/CompositionService/ResourceBlocks"
+    system = {
+        "@odata.id": "/redfish/v1/Systems/SystemAfterAddResourceAction",
+        "Id": "SystemAfterAddResourceAction",
+        "Composition": {"UseCases": ["ExpandableSystem"]},
+        "Status": {"State": "Enabled"},
+        "Links": {
+            "ResourceBlocks": [
+                {"@odata.id": f"{blocks_uri}/SystemBlock12"},
+                {"@odata.id": f"{blocks_uri}/DriveBlock10"},
+            ]
+        },
+    }
+    blocks = {
+        f"{blocks_uri}/SystemBlock12": {
+            "Id": "SystemBlock12",
+            "ResourceBlockType": own_block_types,
+            "Status": {"State": "Enabled"},
+            "Links": {"Zones": [{"@odata.id": "/redfish/v1/CompositionService/ResourceZones/3"}]},
+        },
+        f"{blocks_uri}/DriveBlock10": {"Id": "DriveBlock10", "ResourceBlockType": ["Storage"]},
+    }
+    return host_from_system(system, blocks, {})
+
+
+@pytest.mark.parametrize(
+    "own_block_types", [["ComputerSystem"], ["Compute"], ["Compute", "Network"]]
+)
+def test_a_host_is_found_by_its_own_block_of_either_type(own_block_types: list[str]) -> None:
+    host = expandable_host(own_block_types)
+    assert host is not None
+    assert (host.system_id, host.block_id, host.zones, host.attached, host.state) == (
+        "SystemAfterAddResourceAction",
+        "SystemBlock12",
+        frozenset({"3"}),
+        ("DriveBlock10",),
+        "enabled",
+    )
+
+
+def test_a_system_without_a_block_of_its_own_is_no_host() -> None:
+    assert expandable_host(["Storage"]) is None
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,14 @@ from composespawner.ledger import Ledger, migrate
 from composespawner.ledger.database import writing
 from composespawner.ledger.models import Base
 
-TABLES = {"devices", "machines", "machine_events", "usage_records", "quota_accounts"}
+TABLES = {
+    "devices",
+    "machines",
+    "machine_events",
+    "usage_records",
+    "quota_accounts",
+    "reconcile_actions",
+}
 
 
 @pytest.fixture
@@ -43,7 +50,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0001"
+    assert empty.schema_revision() == head == "0002"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:
@@ -83,8 +90,10 @@ def test_downgrade_to_base_then_upgrade_again(empty: Ledger) -> None:
         "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
         "INSERT INTO devices (block_id, kind, model, zone_ids, chassis, first_seen, last_seen) "
         "VALUES ('b', 'fpga', 'm', 'z', 'c', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO reconcile_actions (at, kind, outcome, reason) "
+        "VALUES (CURRENT_TIMESTAMP, 'reattach', 'maybe', '')",
     ],
-    ids=["event-of-unknown-machine", "holder-unknown", "kind-unknown"],
+    ids=["event-of-unknown-machine", "holder-unknown", "kind-unknown", "outcome-unknown"],
 )
 def test_the_database_enforces_references_and_kinds(empty: Ledger, sql: str) -> None:
     empty.upgrade()
@@ -96,7 +105,19 @@ def test_the_database_enforces_references_and_kinds(empty: Ledger, sql: str) -> 
 def test_upgrade_twice_is_harmless(empty: Ledger) -> None:
     empty.upgrade()
     empty.upgrade()
-    assert empty.schema_revision() == "0001"
+    assert empty.schema_revision() == migrate.head_revision()
+
+
+def test_a_ledger_of_the_first_version_upgrades_keeping_its_machines(empty: Ledger) -> None:
+    with writing(empty.engine).begin() as connection:
+        migrate.upgrade(connection, "0001")
+    machine_id = empty.request_machine("alice", "", {"gpu_count": 1})
+
+    empty.upgrade()
+
+    assert empty.schema_revision() == migrate.head_revision() != "0001"
+    assert empty.machine(machine_id) is not None
+    assert _diffs(empty) == []
 
 
 def test_the_package_never_creates_tables_by_itself(empty: Ledger) -> None:

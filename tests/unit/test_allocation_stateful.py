@@ -1,11 +1,11 @@
 """Allocation under faults: a Hypothesis state machine over the real ledger, placement and composer.
 
 Each example boots a hub (a :class:`Composer` over a real SQLite ledger, copied
-from a file migrated once per run) in front of the strict in-process fabric,
-wrapped in :class:`FaultyFabric`, which fails calls on cue and records any call
-the composer should never make. Rules compose and release machines, switch
-faults on and off, let another client take or disable devices directly in the
-fabric's state, restart the hub between calls, and retry the releases that
+from a file migrated once per run) in front of the strict in-process fabric
+with faults on cue (tests/support/faulty.py), as :class:`CheckedFabric`, which
+also records any call the composer should never make. Rules compose and
+release machines, switch faults on and off, let another client take or disable
+devices directly in the fabric's state, restart the hub between calls, and retry the releases that
 could not finish. After every step the invariants of ARCHITECTURE.md are read
 off the ledger and the fabric's state (never the composer's own view).
 
@@ -50,23 +50,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from composespawner.catalog import Catalog
-from composespawner.composer import ComposedMachine, ComposeFailed, Composer, ComposeRefused
-from composespawner.fabric.base import (
-    CompositionTag,
-    FabricError,
-    FabricTaskFailed,
-    FabricUnreachable,
-    Inventory,
-    StaleETag,
-)
-from composespawner.fabric.inprocess import InProcessFabric
-from composespawner.fabric.simulator.inventory import DeviceSpec, load_inventory
-from composespawner.fabric.simulator.state import FabricState
+from composespawner.composer import Composer
+from composespawner.fabric.base import FabricError
+from composespawner.failures import ComposeFailed, ComposeRefused
+from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import HOLDING, STATES, TERMINAL, Ledger, can_transition
 from composespawner.ledger.models import MachineEventRow, MachineRow
+from composespawner.machine import ComposedMachine
 from composespawner.reconcile import Reconciler, ServerView
 from composespawner.request import MachineRequest
+from fabricsim.inventory import DeviceSpec, load_inventory
+from fabricsim.state import FabricState
 from tests.paths import HUB_CONFIG
+from tests.support.faulty import AttachFailure, Faults, FaultyFabric
 
 T = TypeVar("T")
 
@@ -99,7 +95,7 @@ SERVERS = ("", "big", "small")
 AT_REST = frozenset({"composed", "running", "stopping"})
 ATTACHED = frozenset({"composed", "launching", "running"})
 # How the k-th attach fails: no answer, the answer lost after it took effect, a failed task.
-ATTACH_FAILURES = ("no-answer", "answer-lost", "task-failed")
+ATTACH_FAILURES: tuple[AttachFailure, ...] = ("no-answer", "answer-lost", "task-failed")
 STEP_TIMEOUT = 20.0  # seconds for one rule's coroutine; a hang is a bug, not a slow machine
 
 LOG = logging.getLogger("tests.allocation_stateful")
@@ -162,145 +158,91 @@ TEMPLATE = TemplateLedger()
 
 
 # ---------------------------------------------------------------------------
-# The fabric, with faults on cue and a record of misuse
+# The fabric, with faults on cue (tests/support/faulty.py) and a record of misuse
 # ---------------------------------------------------------------------------
 
 
 @dataclass
-class Faults:
-    """The switches of the world the hub lives in; they outlive hub restarts."""
+class Watch:
+    """What another client does behind the hub's back, and the hub's calls it should never make."""
 
-    unreachable: bool = False  # every call raises FabricUnreachable before acting
-    stale_etags: bool = False  # every write is refused with StaleETag
-    attach_fault: tuple[int, str] | None = None  # (k, how): the k-th attach from now fails
-    attaches_since_armed: int = 0
-    errors_raised: int = 0  # FabricErrors the composer saw, injected or from the fake
     foreign: dict[str, str] = field(default_factory=dict)  # block → host, by the other client
     misuse: list[str] = field(default_factory=list)  # calls the composer should never make
 
-    def heal(self) -> None:
-        self.unreachable = self.stale_etags = False
-        self.attach_fault = None
 
+class CheckedFabric(FaultyFabric):
+    """The faulty in-process fake (tests/support/faulty.py), checking the composer's use of it.
 
-class FaultyFabric:
-    """The strict in-process fake behind switchable faults.
-
-    It also checks the composer's use of the fabric: tag a host only after the
-    ledger gave the machine that host, attach only to a host tagged for a
-    machine that holds the device, never touch another client's host or tag,
-    and nothing after close().
+    Tag a host only after the ledger gave the machine that host, attach only to
+    a host tagged for a machine that holds the device, never touch another
+    client's host or tag, nothing after close(), and no call the strict fake
+    refuses unless another client took or disabled something.
     """
 
-    def __init__(self, state: FabricState, faults: Faults, ledger: Ledger) -> None:
-        self.fake = InProcessFabric(state)
-        self.state = state
-        self.faults = faults
+    def __init__(self, state: FabricState, faults: Faults, ledger: Ledger, watch: Watch) -> None:
+        super().__init__(state, faults)
         self.ledger = ledger
-        self.closed = False
+        self.watch = watch
 
     async def inventory(self) -> Inventory:
-        self._reach("inventory")
-        return await self._passed(self.fake.inventory())
+        self._note_after_close("inventory")
+        return await super().inventory()
 
     async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
-        self._reach("host_mark")
-        return await self._passed(self.fake.host_mark(system_id))
+        self._note_after_close("host_mark")
+        return await super().host_mark(system_id)
 
     async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        self._reach("tag_host")
+        self._note_after_close("tag_host")
         self._check_tag(system_id, tag)
-        self._write("tag_host")
         before = self.state.tag(system_id)
-        await self._passed(self.fake.tag_host(system_id, tag))
+        await super().tag_host(system_id, tag)
         if before is not None and before.hub != HUB_ID:
             # Taking is conditional (a refusal is fine); overwriting is the misuse.
-            self.faults.misuse.append(f"tag_host({system_id}, {tag}) overwrote {before}")
+            self.watch.misuse.append(f"tag_host({system_id}, {tag}) overwrote {before}")
 
     async def attach(self, system_id: str, block_id: str) -> None:
-        self._reach("attach")
+        self._note_after_close("attach")
         self._check_attach(system_id, block_id)
-        self._write("attach")
-        how = self._armed_attach_fault()
-        if how == "no-answer":
-            self._raise(FabricUnreachable(f"test: no answer attaching {block_id}"))
-        if how == "task-failed":
-            self._raise(FabricTaskFailed(f"test: the task attaching {block_id} failed"))
-        await self._passed(self.fake.attach(system_id, block_id))
-        if how == "answer-lost":
-            self._raise(FabricUnreachable(f"test: answer lost after attaching {block_id}"))
+        await super().attach(system_id, block_id)
 
     async def detach(self, system_id: str, block_id: str) -> None:
-        self._reach("detach")
+        self._note_after_close("detach")
         self._check_detach(system_id, block_id)
-        self._write("detach")
-        await self._passed(self.fake.detach(system_id, block_id))
+        await super().detach(system_id, block_id)
 
-    async def close(self) -> None:
-        self.closed = True
-        await self.fake.close()
+    def refused(self, error: FabricError) -> None:
+        if not (self.watch.foreign or self.state.disabled()):
+            self.watch.misuse.append(f"the fabric refused with nobody else about: {error!r}")
 
-    # -- faults ------------------------------------------------------------
-
-    def _reach(self, call: str) -> None:
+    def _note_after_close(self, call: str) -> None:
         if self.closed:
-            self.faults.misuse.append(f"{call} after close()")
-        if self.faults.unreachable:
-            self._raise(FabricUnreachable(f"test: fabric unreachable ({call})"))
-
-    def _write(self, call: str) -> None:
-        if self.faults.stale_etags:
-            self._raise(StaleETag(f"test: stale ETag on {call}", status=412))
-
-    def _armed_attach_fault(self) -> str | None:
-        if self.faults.attach_fault is None:
-            return None
-        self.faults.attaches_since_armed += 1
-        k, how = self.faults.attach_fault
-        if self.faults.attaches_since_armed < k:
-            return None
-        self.faults.attach_fault = None
-        return how
-
-    def _raise(self, error: FabricError) -> None:
-        self.faults.errors_raised += 1
-        raise error
-
-    async def _passed(self, call: Coroutine[Any, Any, T]) -> T:
-        try:
-            return await call
-        except FabricError as e:
-            self.faults.errors_raised += 1
-            if not (self.faults.foreign or self.state.disabled()):
-                self.faults.misuse.append(f"the fabric refused with nobody else about: {e!r}")
-            raise
-
-    # -- strictness --------------------------------------------------------
+            self.watch.misuse.append(f"{call} after close()")
 
     def _check_tag(self, system_id: str, tag: CompositionTag | None) -> None:
         current = self.state.tag(system_id)
         if tag is None:
             if current is not None and current.hub != HUB_ID:
-                self.faults.misuse.append(f"untag {system_id} over another's tag {current}")
+                self.watch.misuse.append(f"untag {system_id} over another's tag {current}")
             return
         host_block = self.state.host(system_id).block_id
         if tag.hub != HUB_ID or self.ledger.holders().get(host_block) != tag.machine:
-            self.faults.misuse.append(f"tag_host({system_id}, {tag}) before the ledger gave it")
+            self.watch.misuse.append(f"tag_host({system_id}, {tag}) before the ledger gave it")
 
     def _check_attach(self, system_id: str, block_id: str) -> None:
         tag = self.state.tag(system_id)
         holders = self.ledger.holders()
         host_block = self.state.host(system_id).block_id
         if tag is None or tag.hub != HUB_ID:
-            self.faults.misuse.append(f"attach({system_id}, {block_id}) to a host not tagged ours")
+            self.watch.misuse.append(f"attach({system_id}, {block_id}) to a host not tagged ours")
         elif holders.get(block_id) != tag.machine or holders.get(host_block) != tag.machine:
-            self.faults.misuse.append(f"attach({system_id}, {block_id}) before the ledger gave it")
+            self.watch.misuse.append(f"attach({system_id}, {block_id}) before the ledger gave it")
 
     def _check_detach(self, system_id: str, block_id: str) -> None:
         tag = self.state.tag(system_id)
         attached_here = self.state.holder(block_id) == system_id
         if attached_here and (tag is None or tag.hub != HUB_ID):
-            self.faults.misuse.append(f"detach({system_id}, {block_id}) from a host not ours")
+            self.watch.misuse.append(f"detach({system_id}, {block_id}) from a host not ours")
 
 
 # ---------------------------------------------------------------------------
@@ -530,7 +472,8 @@ class AllocationMachine(RuleBasedStateMachine):
         shutil.copyfile(TEMPLATE.path, self.dir / "ledger.sqlite")
         self.url = f"sqlite:///{self.dir / 'ledger.sqlite'}"
         self.state = FabricState(INVENTORY, epoch="stateful")
-        self.faults = Faults()
+        self.faults = Faults()  # outlive hub restarts, as the fabric does
+        self.watch = Watch()
         self.loop = asyncio.new_event_loop()
         self.limits: dict[str, int | None] = {}
         self.snapshot_ttl = 0.0
@@ -553,7 +496,7 @@ class AllocationMachine(RuleBasedStateMachine):
         ledger = Ledger(self.url, timeout=10.0)
         self.hub = Composer(
             ledger=ledger,
-            fabric=FaultyFabric(self.state, self.faults, ledger),
+            fabric=CheckedFabric(self.state, self.faults, ledger, self.watch),
             catalog=CATALOG,
             hub_id=HUB_ID,
             snapshot_ttl=self.snapshot_ttl,
@@ -592,7 +535,7 @@ class AllocationMachine(RuleBasedStateMachine):
         ttl: float,
         limits: dict[str, int | None],
         composes: list[tuple[str, str, MachineRequest, bool]],
-        then: str | tuple[int, str] = "heal",
+        then: str | tuple[int, AttachFailure] = "heal",
     ) -> None:
         # 60 s: every step of an example sees the first snapshot unless something refreshes it.
         self.snapshot_ttl, self.limits = ttl, limits
@@ -699,7 +642,7 @@ class AllocationMachine(RuleBasedStateMachine):
     @rule(user=st.sampled_from(USERS))
     def offer(self, user: str) -> None:
         errors = self.faults.errors_raised
-        offer, error = self.attempt(self.composer.offer(user, GROUPS[user]))
+        offer, error = self.attempt(self.composer.pool.offer(user, GROUPS[user]))
         if offer is None:
             assert isinstance(error, FabricError), f"offer raised {error!r}"
             assert self.faults.errors_raised > errors, f"{error!r} with no fabric error"
@@ -713,7 +656,7 @@ class AllocationMachine(RuleBasedStateMachine):
     # -- the fabric misbehaves ---------------------------------------------
 
     @rule(change=fabric_changes)
-    def fabric(self, change: str | tuple[int, str]) -> None:
+    def fabric(self, change: str | tuple[int, AttachFailure]) -> None:
         """'heal', 'unreachable', 'stale-etags', or (k, how): the k-th attach from now fails."""
         if change == "heal":
             self.faults.heal()
@@ -723,7 +666,8 @@ class AllocationMachine(RuleBasedStateMachine):
             self.faults.stale_etags = True
         else:
             assert isinstance(change, tuple)
-            self.faults.attach_fault, self.faults.attaches_since_armed = change, 0
+            k, how = change
+            self.faults.fail_attach(after=k - 1, how=how)
 
     @rule(action=st.sampled_from(OTHER_CLIENT_ACTIONS), pick=st.integers(0, 255))
     def other_client(self, action: str, pick: int) -> None:
@@ -747,7 +691,7 @@ class AllocationMachine(RuleBasedStateMachine):
         if self.state.tag(host) is None:
             tag = CompositionTag(hub=OTHER_HUB, machine="theirs", owner="someone/else")
             self.state.set_tag(host, tag, if_match="*")
-        self.faults.foreign[block_id] = host
+        self.watch.foreign[block_id] = host
 
     def _free_on_fabric(self, block_id: str) -> bool:
         return self.state.holder(block_id) is None and self.state.is_enabled(block_id)
@@ -762,14 +706,14 @@ class AllocationMachine(RuleBasedStateMachine):
         return tag.hub == OTHER_HUB
 
     def other_client_lets_go(self) -> None:
-        for block, host in self.faults.foreign.items():
+        for block, host in self.watch.foreign.items():
             self.state.remove_resource_block(host, block)
         for host in [h.id for h in INVENTORY.hosts]:
             tag = self.state.tag(host)
             if tag is not None and tag.hub == OTHER_HUB:
                 self.state.set_tag(host, None, if_match="*")
         self.state.set_disabled(())
-        self.faults.foreign.clear()
+        self.watch.foreign.clear()
 
     # -- the hub -----------------------------------------------------------
 
@@ -833,11 +777,11 @@ class AllocationMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants_hold(self) -> None:
-        assert not self.faults.misuse, self.faults.misuse
+        assert not self.watch.misuse, self.watch.misuse
         view = read_view(self.ledger, self.state)
         check_one_holder(view, self.state)
         check_ours_attached(view)
-        check_nothing_stray(view, self.faults.foreign)
+        check_nothing_stray(view, self.watch.foreign)
         check_colocated(view)
         check_quota(view, self.limits)
         check_lifecycle(view)

@@ -2,8 +2,8 @@
 
 The service layer runs over a real SQLite ledger and the strict in-process fake
 of the fabric (the simulator's own state model, so it refuses whatever the
-simulator refuses). Faults come from a thin subclass of the fake that fails or
-holds chosen calls and passes everything else through. Assertions read the
+simulator refuses). Faults come from tests/support/faulty.py, the fake with
+switches that fail or hold chosen calls and pass everything else through. Assertions read the
 fabric's state and the ledger directly, never the composer's own view.
 """
 
@@ -21,18 +21,16 @@ import pytest
 import sqlalchemy as sa
 
 from composespawner.catalog import Catalog
-from composespawner.composer import ComposedMachine, ComposeFailed, Composer, ComposeRefused
-from composespawner.fabric.base import (
-    CompositionTag,
-    FabricError,
-    FabricRefused,
-    FabricUnreachable,
-    Inventory,
-)
-from composespawner.fabric.inprocess import InProcessFabric
-from composespawner.ledger import Ledger, Machine
+from composespawner.composer import Composer
+from composespawner.fabric.base import FabricError, FabricUnreachable
+from composespawner.failures import ComposeFailed, ComposeRefused
+from composespawner.hardware import CompositionTag
+from composespawner.ledger import DeviceRecord, Ledger, Machine
 from composespawner.ledger.models import MachineRow
+from composespawner.machine import ComposedMachine
 from composespawner.request import MachineRequest
+from tests.support.faulty import AttachFailure, FaultyFabric
+from tests.support.inprocess import InProcessFabric
 
 HUB_CONFIG = Path(__file__).resolve().parents[2] / "hub_config"
 HUB_ID = "test-hub"
@@ -47,73 +45,6 @@ def ask(model: str, count: int) -> MachineRequest:
 
 def ignore_progress(message: str) -> None:
     del message
-
-
-# ---------------------------------------------------------------------------
-# A fake fabric that fails on cue
-# ---------------------------------------------------------------------------
-
-
-class FaultyFabric(InProcessFabric):
-    """The strict in-process fake, with chosen calls failing or held.
-
-    Attach calls are counted from 1; a fault keyed by that number fires on
-    that call only. Every tag written is recorded, so a test can learn the
-    machine id and host of a compose that never returned.
-    """
-
-    def __init__(self, state_from: InProcessFabric) -> None:
-        super().__init__(state_from.state)
-        self.attach_calls = 0
-        self.refuse_attach: dict[int, FabricRefused] = {}  # refused before acting
-        self.lose_attach_answer: set[int] = set()  # acts, then the answer is lost
-        self.hold_attach: dict[int, asyncio.Event] = {}  # waits for the event first
-        self.attach_held = asyncio.Event()
-        self.inventory_unreachable = False
-        self.detach_calls = 0
-        self.detach_failures = 0
-        self.detaches_before_outage: int | None = None  # None: detach always works
-        self.tags_written: list[tuple[str, CompositionTag | None]] = []
-
-    def heal(self) -> None:
-        self.inventory_unreachable = False
-        self.detaches_before_outage = None
-
-    async def inventory(self) -> Inventory:
-        if self.inventory_unreachable:
-            raise FabricUnreachable("test: inventory read timed out")
-        return await super().inventory()
-
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        self.tags_written.append((system_id, tag))
-        await super().tag_host(system_id, tag)
-
-    async def attach(self, system_id: str, block_id: str) -> None:
-        self.attach_calls += 1
-        call = self.attach_calls
-        if call in self.hold_attach:
-            self.attach_held.set()
-            await self.hold_attach[call].wait()
-        if call in self.refuse_attach:
-            raise self.refuse_attach[call]
-        await super().attach(system_id, block_id)
-        if call in self.lose_attach_answer:
-            raise FabricUnreachable(f"test: connection dropped after attaching {block_id}")
-
-    async def detach(self, system_id: str, block_id: str) -> None:
-        self.detach_calls += 1
-        outage = self.detaches_before_outage
-        if outage is not None and self.detach_calls > outage:
-            self.detach_failures += 1
-            raise FabricUnreachable(f"test: no answer detaching {block_id}")
-        await super().detach(system_id, block_id)
-
-    def composed_for(self) -> tuple[str, str]:
-        """(host, machine id) of the first tag we wrote: the compose under test."""
-        host, tag = self.tags_written[0]
-        assert tag is not None
-        assert tag.hub == HUB_ID
-        return host, tag.machine
 
 
 class HeldClaimLedger(Ledger):
@@ -201,6 +132,13 @@ class Rig:
         assert machine is not None, machine_id
         return machine
 
+    def composed_for(self) -> tuple[str, str]:
+        """(host, machine id) of the first tag written: the compose under test."""
+        host, tag = self.fabric.tags_written[0]
+        assert tag is not None
+        assert tag.hub == HUB_ID
+        return host, tag.machine
+
     def host_block(self, host: str) -> str:
         return self.fabric.state.host(host).block_id
 
@@ -246,7 +184,7 @@ async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
     def make(ledger_class: type[Ledger] = Ledger) -> Rig:
         ledger = ledger_class(f"sqlite:///{tmp_path}/ledger-{len(made)}.sqlite")
         ledger.upgrade()
-        fabric = FaultyFabric(InProcessFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"))
+        fabric = FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml")
         composer = Composer(
             ledger=ledger,
             fabric=fabric,
@@ -325,13 +263,10 @@ async def test_compose_attaches_tags_and_records_then_release_gives_it_all_back(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["refused", "answer lost after attaching"])
-async def test_fabric_failure_mid_compose_undoes_everything(rig: Rig, fault: str) -> None:
-    if fault == "refused":
-        rig.fabric.refuse_attach[2] = FabricRefused("test: internal error", status=500)
-    else:
-        # The fabric did attach the 2nd GPU but we never heard: undo must detach it too.
-        rig.fabric.lose_attach_answer.add(2)
+@pytest.mark.parametrize("fault", ["refused", "answer-lost"])
+async def test_fabric_failure_mid_compose_undoes_everything(rig: Rig, fault: AttachFailure) -> None:
+    # "answer-lost": the fabric did attach the 2nd GPU but we never heard: undo must detach it too.
+    rig.fabric.faults.fail_attach(after=1, how=fault)
 
     with pytest.raises(ComposeFailed) as failed:
         await rig.compose("u", T4_PAIR_WITH_EXTRAS)
@@ -340,24 +275,23 @@ async def test_fabric_failure_mid_compose_undoes_everything(rig: Rig, fault: str
     assert "GPU fabric" in message, message
     assert "try again" in message.lower(), message
     assert isinstance(failed.value.__cause__, FabricError)
-    assert rig.fabric.attach_calls == 2, "compose went on attaching after a failure"
-    host, machine_id = rig.fabric.composed_for()
+    assert rig.fabric.faults.calls["attach"] == 2, "compose went on attaching after a failure"
+    host, machine_id = rig.composed_for()
     assert rig.leftovers(machine_id, host) == []
     assert rig.attachments() == {}
     assert rig.machine(machine_id).failure == message
 
     # Nothing is left that would block the user's next start.
-    rig.fabric.refuse_attach.clear()
-    rig.fabric.lose_attach_answer.clear()
+    rig.fabric.faults.heal()
     again = await rig.compose("u", T4_PAIR_WITH_EXTRAS)
     assert rig.machine(again.machine_id).state == "composed"
 
 
 async def test_cancelled_compose_undoes_everything_and_stays_cancelled(rig: Rig) -> None:
-    rig.fabric.hold_attach[2] = asyncio.Event()  # never set: only cancellation gets it out
+    held = rig.fabric.faults.fail_attach(after=1, how="hang")  # only cancellation gets it out
     task = asyncio.create_task(rig.compose("u", T4_PAIR_WITH_EXTRAS))
-    await asyncio.wait_for(rig.fabric.attach_held.wait(), timeout=5)
-    host, machine_id = rig.fabric.composed_for()
+    await asyncio.wait_for(held.reached.wait(), timeout=5)
+    host, machine_id = rig.composed_for()
     assert len(rig.fabric.state.attached(host)) == 1  # there is something to undo
     assert rig.machine(machine_id).state == "claimed"
 
@@ -423,8 +357,8 @@ async def test_colocated_devices_only_for_their_owner_group(rig: Rig) -> None:
     assert rig.attachments() == {}
     assert [m.state for m in rig.machines("eve")] == ["failed"]
 
-    outsider_offer = await rig.composer.offer("eve", outsider)
-    owner_offer = await rig.composer.offer("ann", owner)
+    outsider_offer = await rig.composer.pool.offer("eve", outsider)
+    owner_offer = await rig.composer.pool.offer("ann", owner)
     assert "rtx6000" not in outsider_offer.free
     assert "t4" in outsider_offer.free
     assert "rtx6000" in owner_offer.free
@@ -434,6 +368,16 @@ async def test_colocated_devices_only_for_their_owner_group(rig: Rig) -> None:
     assert [g.chassis for g in machine.gpus] == ["expansion-1"] * 2
     assert set(rig.fabric.state.attached(machine.host)) == {g.block_id for g in machine.gpus}
     assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_the_offer_counts_only_what_the_quota_left_allows(rig: Rig) -> None:
+    await rig.compose("u", ask("t4", 3), gpu_limit=4)
+    offer = await rig.composer.pool.offer("u", frozenset(), gpu_limit=4)
+    assert (offer.gpus_in_use, offer.quota_left) == (3, 1)
+    assert offer.free["t4"].most_to_ask == 1
+    assert offer.free["t4"].most_per_machine == 4
+    unlimited = await rig.composer.pool.offer("u", frozenset())
+    assert unlimited.free["t4"].most_to_ask == 4
 
 
 async def test_a_server_with_a_live_machine_is_refused_a_second_one(rig: Rig) -> None:
@@ -453,6 +397,45 @@ async def test_a_server_with_a_live_machine_is_refused_a_second_one(rig: Rig) ->
     assert [m.id for m in rig.machines("u")] == [first.machine_id]
 
 
+async def test_devices_given_to_another_group_underneath_are_a_refusal(rig: Rig) -> None:
+    # Another hub on this ledger, with a newer catalog, gave the T4s to vision-lab;
+    # this composer's placement (older catalog) still offers them to anyone.
+    inventory = await rig.composer.pool.inventory()
+    t4s = [d for d in inventory.devices if d.model == "NVIDIA T4"]
+    rig.ledger.sync_devices([DeviceRecord.from_device(d, "vision-lab") for d in t4s])
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("eve", ask("t4", 1), groups=frozenset({"students"}))
+
+    assert refused.value.status == 403
+    assert str(refused.value) == (
+        "Some of the devices chosen are reserved to another group. Choose others."
+    )
+    assert rig.ledger.holders() == {}
+    assert rig.attachments() == {}
+    assert [m.state for m in rig.machines("eve")] == ["failed"]
+
+
+async def test_a_machine_ended_underneath_while_attaching_is_a_refusal_and_detached(
+    rig: Rig,
+) -> None:
+    held = rig.fabric.faults.fail_attach(after=1, how="hang")
+    compose = asyncio.ensure_future(rig.compose("u", ask("t4", 2)))
+    await asyncio.wait_for(held.reached.wait(), timeout=5)
+    host, machine_id = rig.composed_for()
+    # An admin (or the reconciler) ends the machine while its GPUs are attached.
+    rig.ledger.transition(machine_id, "stopping", "stopped by an admin")
+    held.released.set()
+
+    with pytest.raises(ComposeRefused) as refused:
+        await compose
+
+    assert refused.value.status == 409
+    assert "ended while it was being set up" in str(refused.value)
+    assert rig.leftovers(machine_id, host) == []
+    assert rig.attachments() == {}
+
+
 # ---------------------------------------------------------------------------
 # 7. Unknown is not dead
 # ---------------------------------------------------------------------------
@@ -462,7 +445,7 @@ async def test_release_keeps_devices_held_while_the_fabric_is_unreachable(rig: R
     machine = await rig.compose("u", T4_PAIR_WITH_EXTRAS)
     machine_id, host = machine.machine_id, machine.host
     held = {b: machine_id for b in rig.machine(machine_id).block_ids}
-    rig.fabric.detaches_before_outage = 1  # one detach goes through, then silence
+    rig.fabric.faults.detaches_left = 1  # one detach goes through, then silence
 
     with pytest.raises(FabricError):
         await rig.composer.release(machine_id, reason="server stopped")
@@ -472,13 +455,13 @@ async def test_release_keeps_devices_held_while_the_fabric_is_unreachable(rig: R
     assert rig.ledger.holders() == held  # the detached one too: we never heard it confirmed
     assert len(rig.fabric.state.attached(host)) == 3  # 2 GPUs, NIC, drive: 1 detached
 
-    failures = rig.fabric.detach_failures
+    failures = rig.fabric.faults.errors_raised
     rig.composer.release_soon(machine_id, reason="server stopped")
-    await eventually(lambda: rig.fabric.detach_failures > failures, what="a background retry")
+    await eventually(lambda: rig.fabric.faults.errors_raised > failures, what="a background retry")
     assert rig.machine(machine_id).state == "stopping"
     assert rig.ledger.holders() == held
 
-    rig.fabric.heal()
+    rig.fabric.faults.heal()
     await eventually(lambda: rig.machine(machine_id).state == "released", what="released")
     assert rig.ledger.holders() == {}
     assert rig.attachments() == {}
@@ -549,13 +532,13 @@ async def test_concurrent_composes_in_one_hub_place_around_each_other(
 
 
 async def test_unreachable_fabric_before_the_claim_leaves_no_live_machine(rig: Rig) -> None:
-    rig.fabric.inventory_unreachable = True
+    rig.fabric.faults.unreachable = True
 
     with pytest.raises(ComposeFailed):
         await rig.compose("u", ask("t4", 1))
 
     assert rig.ledger.live_machine("u", "") is None
-    rig.fabric.heal()
+    rig.fabric.faults.heal()
     machine = await rig.compose("u", ask("t4", 1))  # not refused as "already starting"
     assert rig.machine(machine.machine_id).state == "composed"
 
@@ -668,7 +651,7 @@ async def test_a_stale_holders_read_never_makes_a_double_holder(
 ) -> None:
     a, b, ledger = two_hubs
     await compose_on(b, "bo", ask("t4", 1))  # B reads holders while almost all is free
-    t4s_left = [d for d in (await a.inventory()).devices if d.model == "NVIDIA T4"][1:]
+    t4s_left = [d for d in (await a.pool.inventory()).devices if d.model == "NVIDIA T4"][1:]
     taken = [await compose_on(a, f"a{i}", ask("t4", 1)) for i in range(len(t4s_left) - 1)]
 
     late = await compose_on(b, "bea", ask("t4", 1))  # B's read still shows them free
@@ -678,3 +661,92 @@ async def test_a_stale_holders_read_never_makes_a_double_holder(
     assert late.gpus[0].block_id not in {m.gpus[0].block_id for m in taken}
     with pytest.raises(ComposeRefused):
         await compose_on(b, "bex", ask("t4", 1))  # and now every T4 is held
+
+
+# ---------------------------------------------------------------------------
+# 8. A hung fabric: nobody waits on it for long
+# ---------------------------------------------------------------------------
+
+
+async def test_the_offer_waits_briefly_then_shows_the_last_inventory_with_its_age(
+    rig: Rig,
+) -> None:
+    rig.fabric.faults.hung = asyncio.Event()
+    with pytest.raises(FabricUnreachable, match=r"within 0\.05 s"):
+        await rig.composer.pool.offer("u", frozenset(), within=0.05)  # nothing read yet
+    assert rig.fabric.faults.calls["inventory"] == 1
+
+    rig.fabric.faults.heal()  # the read that outlived the form lands for the next one
+    await rig.composer.pool.inventory()
+    fresh = await rig.composer.pool.offer("u", frozenset(), within=0.05)
+    assert fresh.inventory_age is None
+    assert fresh.free["t4"].free == 8
+
+    rig.fabric.faults.hung = asyncio.Event()
+    calls = rig.fabric.faults.calls["inventory"]
+    first, second = await asyncio.gather(
+        rig.composer.pool.offer("u", frozenset(), within=0.05),
+        rig.composer.pool.offer("v", frozenset(), within=0.05),
+    )
+    for aged in (first, second):
+        assert aged.inventory_age is not None
+        assert aged.inventory_age >= 0.05
+        assert aged.free["t4"].free == 8
+    assert rig.fabric.faults.calls["inventory"] == calls + 1, "one read serves every form"
+    rig.fabric.faults.heal()
+
+
+async def test_a_spawn_meeting_a_hung_fabric_is_refused_quickly_holding_nothing(
+    rig: Rig,
+) -> None:
+    rig.composer.fabric_wait = 0.2
+    rig.fabric.faults.hung = asyncio.Event()
+    began = time.monotonic()
+    with pytest.raises(ComposeFailed, match="not answering right now, so nothing was claimed"):
+        await rig.compose("u", ask("t4", 1))
+    assert time.monotonic() - began < 2
+    assert rig.ledger.live_machine("u", "") is None
+    assert rig.ledger.holders() == {}
+    rig.fabric.faults.heal()
+
+
+async def test_a_release_in_the_background_marks_stopping_and_keeps_devices_held(
+    rig: Rig,
+) -> None:
+    machine = await rig.compose("u", ask("t4", 2))
+    held = {b: machine.machine_id for b in rig.machine(machine.machine_id).block_ids}
+    rig.fabric.faults.detaches_left = 0
+
+    await rig.composer.release_in_background(machine.machine_id, reason="server stopped")
+
+    assert rig.machine(machine.machine_id).state == "stopping"
+    await eventually(lambda: rig.fabric.faults.errors_raised > 1, what="retries in the background")
+    assert rig.ledger.holders() == held  # unknown is not dead
+    rig.fabric.faults.heal()
+    await eventually(lambda: rig.machine(machine.machine_id).state == "released", what="released")
+    assert rig.ledger.holders() == {}
+    assert rig.attachments() == {}
+
+
+async def test_a_restart_waits_for_the_last_machine_to_be_given_back(rig: Rig) -> None:
+    rig.composer.fabric_wait = 5
+    first = await rig.compose("u", ask("t4", 2))
+    await rig.composer.release_in_background(first.machine_id, reason="server stopped")
+    assert rig.machine(first.machine_id).state == "stopping"
+
+    second = await rig.compose("u", ask("t4", 2))  # not "already running or starting"
+    assert rig.machine(first.machine_id).state == "released"
+    assert rig.machine(second.machine_id).state == "composed"
+
+
+async def test_a_restart_while_the_fabric_withholds_the_release_says_so(rig: Rig) -> None:
+    rig.composer.fabric_wait = 0.2
+    first = await rig.compose("u", ask("t4", 1))
+    rig.fabric.faults.detaches_left = 0
+    await rig.composer.release_in_background(first.machine_id, reason="server stopped")
+
+    with pytest.raises(ComposeRefused, match="still giving the devices of its last machine"):
+        await rig.compose("u", ask("t4", 1))
+    assert rig.machine(first.machine_id).state == "stopping"
+    rig.fabric.faults.heal()
+    await eventually(lambda: rig.machine(first.machine_id).state == "released", what="released")

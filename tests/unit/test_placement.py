@@ -1,10 +1,12 @@
 """Placement: one zone per machine, models and counts as asked, co-located only for owners."""
 
-from composespawner.fabric.base import CompositionTag, Device, Host, Inventory
+from composespawner.hardware import CompositionTag, Device, Host, Inventory
 from composespawner.placement import (
+    Availability,
     DeviceAsk,
     NoFit,
     Plan,
+    Pool,
     availability,
     place,
     pool_for,
@@ -36,7 +38,7 @@ def ask(models: str, count: int, **kw: int) -> DeviceAsk:
     return DeviceAsk(frozenset({models}), count, label=models, **kw)
 
 
-def everyone(inventory: Inventory, held: frozenset[str] = frozenset()) -> object:
+def everyone(inventory: Inventory, held: frozenset[str] = frozenset()) -> Pool:
     return pool_for(inventory, held=held, owners={}, groups=())
 
 
@@ -161,6 +163,12 @@ def test_nic_and_drives_come_from_the_same_zone() -> None:
     assert "network card" in refusal.reason
 
 
+def t4_availability(pool: Pool, cap: int = 4, quota_left: int | None = None) -> Availability:
+    return availability(
+        pool, frozenset({T4}), label="T4", per_machine_cap=cap, quota_left=quota_left
+    )
+
+
 def test_availability_counts_what_one_machine_could_get() -> None:
     inventory = Inventory(
         hosts=(host("h1", "r1"), host("h2", "r2")),
@@ -168,6 +176,52 @@ def test_availability_counts_what_one_machine_could_get() -> None:
         zones=("r1", "r2"),
     )
     pool = pool_for(inventory, held={"a0"}, owners={}, groups=())
-    result = availability(pool, frozenset({T4}), per_machine_cap=4)
-    assert (result.free, result.most_per_machine) == (3, 2)
-    assert availability(pool, frozenset({T4}), per_machine_cap=1).most_per_machine == 1
+    result = t4_availability(pool)
+    assert (result.free, result.most_per_machine, result.most_to_ask) == (3, 2, 2)
+    assert result.why_none == ""
+    assert t4_availability(pool, cap=1).most_per_machine == 1
+
+
+def test_gpus_in_a_rack_without_a_free_host_are_not_counted_free() -> None:
+    inventory = Inventory(
+        hosts=(host("h1", "r1"), host("h2", "r2", attached=("someone-elses",))),
+        devices=(gpu("a", T4, "r1"), *(gpu(f"b{i}", T4, "r2") for i in range(6))),
+        zones=("r1", "r2"),
+    )
+    result = t4_availability(everyone(inventory))
+    assert (result.free, result.most_per_machine, result.most_to_ask) == (1, 1, 1)
+
+
+def test_no_free_host_near_free_gpus_offers_none_and_says_why() -> None:
+    inventory = Inventory(
+        hosts=(host("h1", "r1", attached=("someone-elses",)),),
+        devices=tuple(gpu(f"a{i}", T4, "r1") for i in range(8)),
+        zones=("r1",),
+    )
+    result = t4_availability(everyone(inventory))
+    assert (result.free, result.most_per_machine, result.most_to_ask) == (0, 0, 0)
+    assert result.why_none.startswith("No free host in a rack with free T4 GPUs")
+
+
+def test_no_gpu_of_the_model_free_says_so() -> None:
+    inventory = Inventory(
+        hosts=(host("h1", "r1"),), devices=(gpu("a", T4, "r1", state="attached"),), zones=("r1",)
+    )
+    result = t4_availability(everyone(inventory))
+    assert (result.free, result.most_to_ask) == (0, 0)
+    assert result.why_none.startswith("No T4 is free right now")
+
+
+def test_the_quota_left_caps_what_may_be_asked() -> None:
+    inventory = Inventory(
+        hosts=(host("h1", "r1"),),
+        devices=tuple(gpu(f"a{i}", T4, "r1") for i in range(8)),
+        zones=("r1",),
+    )
+    pool = everyone(inventory)
+    one_left = t4_availability(pool, quota_left=1)
+    assert (one_left.free, one_left.most_per_machine, one_left.most_to_ask) == (8, 4, 1)
+    used_up = t4_availability(pool, quota_left=0)
+    assert (used_up.free, used_up.most_to_ask) == (8, 0)
+    assert used_up.why_none.startswith("Your GPU quota is used up: stop one of your servers")
+    assert t4_availability(pool, quota_left=None).most_to_ask == 4

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from composespawner.catalog import Catalog
-from composespawner.composer import ComposedMachine, Composer
-from composespawner.fabric.base import CompositionTag, FabricUnreachable, Inventory
-from composespawner.fabric.inprocess import InProcessFabric
+from composespawner.composer import Composer
+from composespawner.fabric.base import FabricUnreachable
+from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import Ledger
+from composespawner.machine import ComposedMachine
 from composespawner.reconcile import (
     HubUnreachable,
     Reconciler,
@@ -26,6 +27,7 @@ from composespawner.reconcile import (
 )
 from composespawner.request import MachineRequest
 from tests.paths import HUB_CONFIG
+from tests.support.inprocess import InProcessFabric
 
 HUB_ID = "hub-a"
 ONE_T4 = MachineRequest(gpu_model="t4", gpu_count=1, network="shared", scratch_gb=0)
@@ -37,6 +39,7 @@ class FakeHub:
     def __init__(self) -> None:
         self.views: list[ServerView] = []
         self.reachable = True
+        self.refuses_stops = False
         self.stopped: list[tuple[str, str]] = []
 
     async def servers(self) -> list[ServerView]:
@@ -47,6 +50,8 @@ class FakeHub:
     async def stop_server(self, user: str, server: str) -> None:
         if not any((v.user, v.server) == (user, server) for v in self.views):
             raise AssertionError(f"stop of {user}/{server}, which the hub never reported")
+        if self.refuses_stops:
+            raise HubUnreachable("test: the stop timed out")
         self.stopped.append((user, server))
 
 
@@ -108,6 +113,7 @@ async def test_a_machine_no_server_uses_is_released(world: World) -> None:
     assert machine.state == "failed"
     assert "reconciler" in " ".join(e.message for e in world.ledger.events(orphan.machine_id))
     assert world.reconciler.totals["release-orphan"] == 1
+    assert world.ledger.reconcile_action_counts() == {("release-orphan", "done"): 1}
 
 
 async def test_a_running_server_with_its_devices_is_left_alone(world: World) -> None:
@@ -228,6 +234,21 @@ async def test_a_server_whose_machine_ended_is_stopped(world: World) -> None:
 
     assert report.done == {"stop-server": 1}
     assert world.hub.stopped == [("u1", "")]
+
+
+async def test_an_action_that_fails_is_recorded_and_tried_again(world: World) -> None:
+    machine = await world.compose("u1")
+    world.serve("u1", machine)
+    await world.composer.release(machine.machine_id, reason="released behind the hub's back")
+    world.hub.refuses_stops = True
+
+    first = await world.reconciler.run_once()
+    world.hub.refuses_stops = False
+    second = await world.reconciler.run_once()
+
+    assert (first.errors, second.done) == ({"stop-server": 1}, {"stop-server": 1})
+    counts = world.ledger.reconcile_action_counts()
+    assert counts == {("stop-server", "error"): 1, ("stop-server", "done"): 1}
 
 
 def test_plan_leaves_machines_unknown_to_the_ledger_running() -> None:

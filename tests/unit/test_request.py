@@ -7,7 +7,9 @@ import pytest
 
 from composespawner.catalog import Catalog
 from composespawner.request import (
+    MAX_OPTIONS_BYTES,
     MachineRequest,
+    OptionsTooLarge,
     RequestError,
     check_server_name,
     parse_form,
@@ -96,3 +98,15 @@ def test_plain_server_names_pass(name: str) -> None:
 def test_odd_server_names_are_refused(name: str) -> None:
     with pytest.raises(RequestError, match="is not allowed"):
         check_server_name(name)
+
+
+def test_oversized_options_are_refused_before_anything_else() -> None:
+    padding = "x" * MAX_OPTIONS_BYTES
+    with pytest.raises(OptionsTooLarge) as api:
+        parse_options({"gpu_model": "t4", "gpu_count": 1, "notes": padding}, CATALOG, PUBLIC)
+    with pytest.raises(OptionsTooLarge) as form:
+        parse_form({"gpu_model": ["t4"], "notes": [padding]}, CATALOG, PUBLIC)
+    for refused in (api.value, form.value):
+        assert refused.status == 413
+        assert f"at most {MAX_OPTIONS_BYTES:,} bytes" in str(refused)
+        assert "Send only gpu_model, gpu_count" in str(refused)

@@ -1,0 +1,69 @@
+"""Who a shared-account notebook runs as, and what keeps that account from running it."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from composespawner.accounts import (
+    closed_dirs,
+    notebook_account_for,
+    reach_problem,
+    switch_account_command,
+)
+
+
+@pytest.mark.parametrize(
+    ("shared", "euid", "account", "expected"),
+    [
+        (True, 0, "composespawner-nb", "composespawner-nb"),  # root hub: never root notebooks
+        (True, 1000, "composespawner-nb", None),  # a hub that is not root runs them as itself
+        (True, 0, "", None),  # explicitly as root
+        (False, 0, "composespawner-nb", None),  # each user's own account: not ours to choose
+    ],
+)
+def test_the_notebook_account_is_used_only_by_a_root_hub_with_shared_account(
+    shared: bool, euid: int, account: str, expected: str | None
+) -> None:
+    assert notebook_account_for(shared, euid, account) == expected
+
+
+def test_the_command_runs_as_the_account_with_its_group_alone() -> None:
+    # The suite runs as root, as the demo's hub does: setpriv may change accounts.
+    nobody = pwd.getpwnam("nobody")
+    command = [*switch_account_command(nobody), "sh", "-c", "id -u; id -g; id -G"]
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True)
+
+    uid, gid, groups = done.stdout.split("\n")[:3]
+    assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
+    assert groups.split() == [str(nobody.pw_gid)]  # none of root's groups
+    assert switch_account_command(None) == []
+
+
+def test_closed_dirs_lists_the_folders_others_cannot_enter() -> None:
+    modes = {"/": 0o755, "/root": 0o700, "/root/.pyenv": 0o755, "/root/.pyenv/bin": 0o750}
+    found = closed_dirs(Path("/root/.pyenv/bin/python"), lambda p: stat.S_IFDIR | modes[str(p)])
+    assert found == [Path("/root"), Path("/root/.pyenv/bin")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a command as another account")
+def test_reach_problem_names_the_closed_folder_and_the_fix(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    program = closed / "notebook"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    open_program = Path("/bin/sh")
+    nobody = pwd.getpwnam("nobody")
+
+    assert reach_problem(nobody, [open_program]) is None
+    problem = reach_problem(nobody, [open_program, program])
+    assert problem is not None
+    assert f"cannot run {program}" in problem
+    assert f"`setfacl -m u:nobody:x {closed}`" in problem

@@ -1,0 +1,166 @@
+"""The spawn form says what may be asked for, and why not when nothing may.
+
+Rendered from real placement numbers (``availability`` over a small pool) with
+the demo's catalog and templates, then read back as HTML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from html.parser import HTMLParser
+from pathlib import Path
+
+from composespawner.catalog import Catalog
+from composespawner.form import render_form, render_unavailable
+from composespawner.hardware import Device, Host, Inventory
+from composespawner.placement import availability, pool_for
+from composespawner.pool import Offer
+
+CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
+T4, A100 = "NVIDIA T4", "NVIDIA A100 80GB PCIe"
+
+
+def gpus(model: str, zone: str, n: int) -> tuple[Device, ...]:
+    return tuple(
+        Device(f"{zone}-{model}-{i}", "gpu", model, frozenset({zone}), zone, "free")
+        for i in range(n)
+    )
+
+
+def host(system: str, zone: str, busy: bool = False) -> Host:
+    attached = ("elsewhere",) if busy else ()
+    return Host(system, f"{system}-b", frozenset({zone}), 64, 512, "enabled", attached)
+
+
+def offer(inventory: Inventory, *, in_use: int = 0, limit: int | None = 4) -> Offer:
+    """What Composer.offer computes, for the demo catalog's T4 and A100."""
+    pool = pool_for(inventory, held=(), owners={}, groups=())
+    quota_left = None if limit is None else max(limit - in_use, 0)
+    free = {
+        m.id: availability(
+            pool,
+            m.fabric_models,
+            label=m.label,
+            per_machine_cap=CATALOG.max_gpus_per_machine,
+            quota_left=quota_left,
+        )
+        for m in CATALOG.gpu_models
+        if m.id in ("t4", "a100")
+    }
+    return Offer(free=free, gpus_in_use=in_use, gpu_limit=limit)
+
+
+@dataclass
+class Form(HTMLParser):
+    """The parts of the rendered form a person acts on."""
+
+    models: dict[str, dict[str, str | None]] = field(default_factory=dict)  # radio attributes
+    counts: list[str] = field(default_factory=list)  # the count selector's options
+    count_disabled: bool = False
+    notes: dict[str, str] = field(default_factory=dict)  # model id → its free/why text
+    ids: set[str] = field(default_factory=set)
+    _note_of: str | None = None
+    _in_count: bool = False
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(str(a["id"]))
+        if tag == "input" and a.get("name") == "gpu_model" and a.get("type") == "radio":
+            self.models[str(a["value"])] = a
+        elif tag == "select" and a.get("name") == "gpu_count":
+            self.count_disabled = "disabled" in a
+            self._in_count = True
+        elif tag == "option" and self._in_count:
+            self.counts.append(str(a.get("value")))
+        elif tag == "span" and "compose-free" in (a.get("class") or ""):
+            self._note_of = str(a["data-model"])
+            self.notes[self._note_of] = ""
+
+    def handle_data(self, data: str) -> None:
+        if self._note_of:
+            self.notes[self._note_of] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "span":
+            self._note_of = None
+        if tag == "select":
+            self._in_count = False
+
+    def enabled(self) -> list[str]:
+        return [m for m, a in self.models.items() if "disabled" not in a]
+
+    def checked(self) -> list[str]:
+        return [m for m, a in self.models.items() if "checked" in a]
+
+    def note(self, model: str) -> str:
+        return " ".join(self.notes[model].split())
+
+
+def read(html: str) -> Form:
+    form = Form()
+    form.feed(html)
+    return form
+
+
+def render(inventory: Inventory, previous: dict[str, object] | None = None, **kw: int) -> Form:
+    return read(render_form(CATALOG, offer(inventory, **kw), previous or {}))
+
+
+def test_no_free_host_shows_the_model_disabled_with_the_reason() -> None:
+    inventory = Inventory(
+        hosts=(host("h1", "r1", busy=True), host("h2", "r2")),
+        devices=(*gpus(T4, "r1", 8), *gpus(A100, "r2", 2)),
+        zones=("r1", "r2"),
+    )
+    form = render(inventory)
+    assert form.enabled() == ["a100"]
+    assert form.note("t4") == "No free host in a rack with free NVIDIA T4 16GB GPUs right now:" + (
+        " choose another model or try again when a server stops."
+    )
+    assert "8 free" not in form.note("t4")
+    assert form.note("a100") == "2 free · up to 2 per machine"
+    assert form.checked() == ["a100"]
+    assert form.counts == ["1", "2"]
+
+
+def test_one_gpu_of_quota_left_offers_a_count_of_one() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 8), zones=("r1",))
+    form = render(inventory, {"gpu_model": "t4", "gpu_count": 3}, in_use=3)
+    assert form.checked() == ["t4"]
+    assert form.counts == ["1"]
+    assert form.note("t4") == "8 free · up to 4 per machine · 1 within your quota"
+    assert form.models["t4"]["data-most"] == "1"
+
+
+def test_quota_used_up_disables_every_model_and_the_count() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 8), zones=("r1",))
+    form = render(inventory, in_use=4)
+    assert form.enabled() == []
+    assert form.checked() == []
+    assert form.note("t4").startswith("Your GPU quota is used up: stop one of your servers")
+    assert form.count_disabled
+    assert form.counts == []
+
+
+def test_without_a_limit_the_count_follows_the_machine() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    form = render(inventory, limit=None)
+    assert form.counts == ["1", "2", "3"]
+
+
+def test_an_old_inventory_says_how_old() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    aged = replace(offer(inventory), inventory_age=40.2)
+    html = render_form(CATALOG, aged, {})
+    assert "Free counts as of 40 s ago: the GPU fabric is slow to answer." in " ".join(html.split())
+    assert "compose-stale" not in render_form(CATALOG, offer(inventory), {})
+
+
+def test_the_unavailable_banner_takes_start_away() -> None:
+    form = read(render_unavailable())
+    assert "compose-unavailable" in form.ids
+    assert 'setAttribute("disabled"' in render_unavailable()

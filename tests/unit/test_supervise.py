@@ -1,0 +1,57 @@
+"""The demo command's plan, and with-hub's refusal when the hub is already gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from composespawner.embedded import config_dir
+from composespawner.supervise import demo_plan
+
+
+def test_the_demo_runs_the_fabric_beside_the_hub_with_one_set_of_credentials(
+    tmp_path: Path,
+) -> None:
+    plan = demo_plan(
+        {"COMPOSE_STATE_DIR": str(tmp_path), "COMPOSE_FABRIC_PORT": "9123"},
+        Path("/venv/bin"),
+        ["--debug"],
+    )
+    assert plan.env["COMPOSE_FABRIC_EXTERNAL"] == "1"  # the hub starts no simulator itself
+    assert plan.env["COMPOSE_STATE_DIR"] == str(tmp_path)
+    assert plan.fabric_port == 9123
+    assert plan.simulator[:2] == ["/venv/bin/composespawner", "fabric-simulator"]
+    assert plan.simulator[plan.simulator.index("--port") + 1] == "9123"
+    assert plan.simulator[plan.simulator.index("--state-file") + 1] == str(
+        tmp_path / "fabric-state.json"
+    )
+    assert plan.hub == [
+        "/venv/bin/jupyterhub",
+        "-f",
+        str(config_dir() / "jupyterhub_config.py"),
+        "--debug",
+    ]
+    assert plan.env["COMPOSE_FABRIC_PASSWORD"]
+
+
+def test_the_demo_keeps_credentials_given_in_the_environment(tmp_path: Path) -> None:
+    environ = {"COMPOSE_STATE_DIR": str(tmp_path), "COMPOSE_FABRIC_PASSWORD": "s3cret"}
+    assert demo_plan(environ, Path("/b"), []).env["COMPOSE_FABRIC_PASSWORD"] == "s3cret"
+
+
+@pytest.mark.timeout(30)
+def test_with_hub_refuses_to_start_a_service_whose_hub_is_gone() -> None:
+    # pid 1 is nobody's parent here: as if the hub died before the service started.
+    composespawner = str(Path(sys.executable).parent / "composespawner")
+    done = subprocess.run(
+        [composespawner, "with-hub", "--hub-pid=1", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "the hub (pid 1) is gone" in done.stderr
