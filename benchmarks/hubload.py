@@ -21,6 +21,7 @@ import re
 import shutil
 import statistics
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -215,6 +216,22 @@ class HolderCheck:
     fabric_attached: list[str] = field(default_factory=list)
     tagged_hosts: list[str] = field(default_factory=list)
     live_machines: int = 0
+
+
+def wait_released(hub: Hub, timeout: float = 120.0) -> float:
+    """Seconds until the ledger has no live machine left, or ``timeout``.
+
+    A stop returns once the notebook is down; the machine's release goes on in
+    the background. Leaks are counted once the releases had time to end.
+    """
+    started = time.monotonic()
+    ledger = Ledger(hub.ledger_url())
+    try:
+        while ledger.live_machines() and time.monotonic() - started < timeout:
+            time.sleep(0.1)  # polling the ledger, bounded by the timeout
+    finally:
+        ledger.close()
+    return time.monotonic() - started
 
 
 def check_holders(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from composespawner.fabric.base import Device, Host, Inventory
+from composespawner.hardware import Device, Host, Inventory
 from composespawner.placement import DeviceAsk, NoFit, Plan, place, pool_for
 
 RESULTS = Path(__file__).with_name("results")

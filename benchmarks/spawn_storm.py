@@ -65,6 +65,7 @@ from benchmarks.hubload import (
     load_env,
     percentile,
     ratio,
+    wait_released,
     write_result,
 )
 from tests.hubharness import Hub, process_env, running_hub
@@ -161,6 +162,8 @@ def run_side(
             start_all(hub, session, runs)
             peak = None if stock else check_holders(hub, server_devices(hub, session, users))
             stop_all_s, stop_errors, listings = stop_all(hub, session, runs)
+            if not stock:
+                wait_released(hub)
             after = None if stock else check_holders(hub)
             log = hub_log_problems(hub)
         name = "SimpleLocalProcessSpawner" if stock else "ComposeSpawner"

@@ -17,14 +17,19 @@ from pathlib import Path
 from playwright.sync_api import Page, sync_playwright
 
 from composespawner.ledger import Ledger
-from tests.browser.test_pages import CHROMIUM, FLAGS, log_in
 from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from tests.support.browser import CHROMIUM, FLAGS, log_in
 
 RUNS = 5
 RESULTS = Path(__file__).with_name("results")
+# The stock spawner runs JupyterLab as the hub's account: as root (here) it
+# must be let, where composespawner switches to its notebook account.
 BASELINE_CONFIG = """
+import os
 c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
 c.SimpleLocalProcessSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
+if os.getuid() == 0:
+    c.SimpleLocalProcessSpawner.args = ["--allow-root"]
 """
 
 

@@ -44,7 +44,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from composespawner.fabric.base import Device, Host, Inventory
+from composespawner.hardware import Device, Host, Inventory
 from composespawner.placement import DeviceAsk, NoFit, Plan, place, pool_for
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
