@@ -45,10 +45,12 @@ from .ledger import (
     QuotaExceeded,
     ServerBusy,
 )
+from .ledger.quota import check_ask
 from .machine import ComposedMachine
 from .metrics import measure_compose
 from .placement import DeviceAsk, NoFit, Plan, place
-from .pool import PoolView
+from .pool import Offer, PoolView
+from .quota import NO_SITE_QUOTA, Quota, QuotaRule, effective_quota, under_site_default
 from .releases import BackgroundReleases
 from .request import MachineRequest
 from .reservations import Reservations
@@ -75,12 +77,15 @@ class Composer:
         snapshot_ttl: float = 3.0,
         release_retry_max: float = 60.0,
         fabric_wait: float | None = None,
+        site_quota: QuotaRule = NO_SITE_QUOTA,
         log: logging.Logger | None = None,
     ) -> None:
         """``fabric_wait``: seconds a spawn waits for the fabric's inventory, or for
         its server's last machine to be given back, before it is refused (None: as
-        long as the fabric client's own timeouts take)."""
+        long as the fabric client's own timeouts take). ``site_quota``: the site
+        default from the config, under what the ledger's own site rule sets."""
         self.ledger = ledger
+        self.site_quota = site_quota
         self.fabric = fabric
         self.catalog = catalog
         self.hub_id = hub_id
@@ -108,6 +113,16 @@ class Composer:
     def fabric_wait(self, seconds: float | None) -> None:
         self.pool.fabric_wait = seconds
 
+    async def quota_for(self, user: str, groups: frozenset[str]) -> Quota:
+        """The user's effective quota: the config's site default, then the ledger's rules."""
+        rules = await self.runner.run(self.ledger.policy.quota_rules, user, groups)
+        return effective_quota(under_site_default(rules, self.site_quota), user, groups)
+
+    async def offer(self, user: str, groups: frozenset[str], *, within: float | None) -> Offer:
+        """What the spawn form shows ``user``, under their effective quota (see PoolView.offer)."""
+        quota = await self.quota_for(user, groups)
+        return await self.pool.offer(user, groups, quota=quota, within=within)
+
     async def record(self, machine_id: str, to: str, message: str) -> None:
         """Record a non-terminal lifecycle step the spawner took (``running``).
 
@@ -128,18 +143,24 @@ class Composer:
         groups: frozenset[str],
         server: str,
         request: MachineRequest,
-        gpu_limit: int | None,
         progress: Progress,
         then: tuple[str, str] | None = None,
     ) -> ComposedMachine:
         """Claim, then attach; all-or-nothing. Raises ComposeRefused or ComposeFailed.
 
+        The user's effective quota is read first: what one server may ask for is
+        checked at once, what the user holds in the claim's transaction.
         ``then``: a next lifecycle step (state, message) the caller takes at once,
         recorded in the same ledger transaction as ``composed``.
         """
+        quota = await self.quota_for(user, groups)
+        try:
+            check_ask(user, quota, request.gpu_model, request.gpu_count)
+        except QuotaExceeded as e:
+            raise refusal(e) from e
         ask = self._ask(request)
         machine_id = await self._request_machine(user, server, request)
-        claim = self._claim(machine_id, groups, ask, gpu_limit, progress)
+        claim = self._claim(machine_id, groups, ask, quota, progress)
         plan = await self._claim_or_end(machine_id, claim)
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
@@ -222,7 +243,7 @@ class Composer:
         machine_id: str,
         groups: frozenset[str],
         ask: DeviceAsk,
-        gpu_limit: int | None,
+        quota: Quota,
         progress: Progress,
     ) -> Plan:
         """Place and claim, placing again on fresh data while claims lose races."""
@@ -232,7 +253,7 @@ class Composer:
                 await self._fail_unclaimed(machine_id, plan.reason)
                 raise ComposeRefused(plan.reason, status=409, reason="no-fit")
             progress(f"claiming {ask.gpu_count} × {ask.label} in {plan.zone}")
-            if await self._take(machine_id, plan, groups, gpu_limit):
+            if await self._take(machine_id, plan, groups, quota):
                 return plan
             self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
         why = "The devices you chose were taken by other users while we claimed them. Try again."
@@ -251,7 +272,7 @@ class Composer:
         return plan
 
     async def _take(
-        self, machine_id: str, plan: Plan, groups: frozenset[str], gpu_limit: int | None
+        self, machine_id: str, plan: Plan, groups: frozenset[str], quota: Quota
     ) -> bool:
         """Claim the plan's blocks in the ledger; False when another claim took one first."""
         blocks = (plan.host.block_id, *plan.block_ids)
@@ -262,7 +283,7 @@ class Composer:
                 host_id=plan.host.system_id,
                 zone=plan.zone,
                 block_ids=blocks,
-                gpu_limit=gpu_limit,
+                quota=quota,
                 groups=groups,
             )
         except DevicesTaken:

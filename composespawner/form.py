@@ -16,6 +16,7 @@ import jinja2
 from .catalog import Catalog, GpuModel
 from .placement import Availability
 from .pool import Offer
+from .quota import Quota
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("composespawner", "templates"),
@@ -77,7 +78,31 @@ def _chosen_count(previous: object, most: int) -> int:
 
 
 def _quota_view(offer: Offer) -> dict[str, Any]:
-    return {"limit": offer.gpu_limit, "in_use": offer.gpus_in_use, "left": offer.quota_left}
+    quota = offer.quota
+    return {
+        "limit": offer.gpu_limit,
+        "in_use": offer.gpus_in_use,
+        "left": offer.quota_left,
+        "source": quota.gpus_held.source,
+        "others": _other_limits(quota),
+    }
+
+
+def _other_limits(quota: Quota) -> list[str]:
+    """The limits besides GPUs held, one line each, with where each comes from."""
+    lines = []
+    per_server = quota.gpus_per_server
+    if per_server.value is not None:
+        lines.append(f"At most {per_server.value} GPUs per server ({per_server.source}).")
+    if quota.servers.value is not None:
+        lines.append(f"At most {quota.servers.value} servers at once ({quota.servers.source}).")
+    if quota.gpu_hours_week.value is not None:
+        hours = quota.gpu_hours_week
+        lines.append(f"{hours.value:g} GPU-hours per 7 days ({hours.source}).")
+    if quota.models.value is not None:
+        models = ", ".join(sorted(quota.models.value)) or "none"
+        lines.append(f"GPU models: {models} ({quota.models.source}).")
+    return lines
 
 
 def _age_text(age_s: float | None) -> str:

@@ -19,6 +19,7 @@ from .hardware import Inventory
 from .ledger import DeviceRecord, Ledger, LedgerRunner
 from .placement import Availability, Pool, availability, pool_for
 from .placement import visible_models as _visible_models
+from .quota import NO_QUOTA, Quota
 from .reservations import Reservations
 from .snapshot import Snapshot
 
@@ -27,10 +28,15 @@ from .snapshot import Snapshot
 class Offer:
     free: dict[str, Availability]  # catalog GPU model id → availability, visible models only
     gpus_in_use: int
-    gpu_limit: int | None = None  # GPUs the user may hold at once (None: no limit)
+    quota: Quota = NO_QUOTA  # the user's effective quota
     # Seconds since the inventory behind ``free`` was read, when a fresh read did
     # not finish in time; None when it is fresh.
     inventory_age: float | None = None
+
+    @property
+    def gpu_limit(self) -> int | None:
+        """GPUs the user may hold at once (None: no limit)."""
+        return self.quota.gpus_held.value
 
     @property
     def quota_left(self) -> int | None:
@@ -133,32 +139,35 @@ class PoolView:
         user: str,
         groups: frozenset[str],
         *,
-        gpu_limit: int | None = None,
+        quota: Quota = NO_QUOTA,
         within: float | None = None,
     ) -> Offer:
         """What the spawn form shows one user: models they may use, what is free, quota.
 
-        ``gpu_limit``: GPUs the user may hold at once (None: no limit). ``within``:
-        seconds to wait for a fresh inventory before offering the last one, with
-        its age; with none read yet, FabricUnreachable.
+        ``quota``: the user's effective quota (models it does not allow are not
+        offered). ``within``: seconds to wait for a fresh inventory before
+        offering the last one, with its age; with none read yet, FabricUnreachable.
         """
         inventory, age = await self._inventory_within(within)
         owners = self.owners(inventory)
         held = await self.runner.run(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=owners, groups=groups)
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
-        quota_left = _quota_left(gpu_limit, in_use)
+        quota_left = _quota_left(quota.gpus_held.value, in_use)
+        per_server = quota.gpus_per_server.value
+        cap = self.catalog.max_gpus_per_machine
         free = {
             m.id: availability(
                 pool,
                 m.fabric_models,
                 label=m.label,
-                per_machine_cap=self.catalog.max_gpus_per_machine,
+                per_machine_cap=cap if per_server is None else min(cap, per_server),
                 quota_left=quota_left,
             )
             for m in self._visible_catalog_models(inventory, owners, groups)
+            if quota.allows_model(m.id)
         }
-        return Offer(free=free, gpus_in_use=in_use, gpu_limit=gpu_limit, inventory_age=age)
+        return Offer(free=free, gpus_in_use=in_use, quota=quota, inventory_age=age)
 
     async def _inventory_within(self, budget: float | None) -> tuple[Inventory, float | None]:
         if budget is None:

@@ -28,6 +28,7 @@ from .composer import Composer
 from .fabric.redfish import RedfishFabric, RedfishTimeouts
 from .ledger import Ledger
 from .metrics import MeasuredFabric, PoolCollector
+from .quota import QuotaRule
 
 # Config sections that carry the settings, least specific first: the
 # spawner's own section wins, as it does for the spawner itself.
@@ -95,8 +96,10 @@ class ComposeSettings(LoggingConfigurable):
     max_gpus_per_user = Integer(
         4,
         config=True,
-        help="""GPUs one user may hold at once, over all their servers (0: no limit).
-        Checked in the same transaction as the claim, so racing spawns cannot exceed it.""",
+        help="""The site default of GPUs one user may hold at once, over all their
+        servers (0: no limit). Admins can change it, and set cohort and user quotas
+        over it, in the portal. Checked in the same transaction as the claim, so
+        racing spawns cannot exceed it.""",
     )
     fabric_wait_timeout = Float(
         5.0,
@@ -192,6 +195,7 @@ def build_composer(
         hub_id=settings.hub_id,
         snapshot_ttl=settings.inventory_cache_seconds,
         fabric_wait=settings.fabric_wait_timeout if for_spawns else None,
+        site_quota=QuotaRule("site", gpus_held=settings.max_gpus_per_user or None),
         log=log,
     )
 

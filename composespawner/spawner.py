@@ -157,11 +157,8 @@ class ComposeMixin(ComposeSettings, Spawner):
 
     async def render_options_form(self) -> str:
         try:
-            offer = await self.composer.pool.offer(
-                self.user.name,
-                self.groups,
-                gpu_limit=self.max_gpus_per_user or None,
-                within=self.form_fabric_timeout,
+            offer = await self.composer.offer(
+                self.user.name, self.groups, within=self.form_fabric_timeout
             )
         except Exception:
             self.log.exception("Could not read the fabric for %s's spawn form", self.user.name)
@@ -289,7 +286,6 @@ class ComposeMixin(ComposeSettings, Spawner):
                 groups=self.groups,
                 server=self.name,
                 request=request,
-                gpu_limit=self.max_gpus_per_user or None,
                 progress=self._progress,
                 then=("launching", "starting notebook"),
             )

@@ -28,6 +28,7 @@ from composespawner.ledger.lifecycle import (
     is_terminal,
 )
 from composespawner.ledger.models import AppendOnlyViolation
+from composespawner.ledger.policy import Actor, AuditEntry, Policy
 from composespawner.ledger.records import (
     HOLDABLE_KINDS,
     DeviceRecord,
@@ -49,7 +50,9 @@ __all__ = [
     "STATES",
     "TERMINAL",
     "TRANSITIONS",
+    "Actor",
     "AppendOnlyViolation",
+    "AuditEntry",
     "DeviceRecord",
     "DevicesTaken",
     "HoldableKind",
@@ -61,6 +64,7 @@ __all__ = [
     "MachineEvent",
     "MachineState",
     "NotOwner",
+    "Policy",
     "QuotaExceeded",
     "SchemaNotCurrent",
     "ServerBusy",

@@ -4,7 +4,7 @@
     ├── UnknownMachine       no machine with that id
     ├── IllegalTransition    the lifecycle does not allow that step (or someone else moved first)
     ├── ServerBusy           the user's server already has a live machine
-    ├── QuotaExceeded        the claim would take the user past their GPU limit
+    ├── QuotaExceeded        the spawn would take the user past a limit of their quota
     ├── NotOwner             a co-located device belongs to a group the user is not in
     ├── DevicesTaken         a block is held by another machine
     │   └── UnknownDevices   a block is not in the ledger at all
@@ -16,9 +16,9 @@ it is rolled back. Errors a user can act on carry a ``user_message``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from composespawner.ledger.records import ServerUse, server_label
+from composespawner.ledger.records import server_label
 
 
 class LedgerError(Exception):
@@ -73,35 +73,26 @@ class ServerBusy(LedgerError):
 
 
 class QuotaExceeded(LedgerError):
-    """The claim would take the user's GPUs held at once past ``limit``."""
+    """The spawn would take the user past one limit of their effective quota.
 
-    def __init__(self, user: str, limit: int, asked: int, in_use: Sequence[ServerUse]) -> None:
+    ``limit`` names the limit (a field of :class:`~composespawner.quota.Quota`),
+    ``source`` the rule it comes from; ``user_message`` says what to do.
+    """
+
+    def __init__(self, user: str, limit: str, source: str, user_message: str) -> None:
         self.user = user
         self.limit = limit
-        self.asked = asked
-        self.in_use = tuple(in_use)
-        super().__init__(f"{user}: {self.user_message}")
-
-    @property
-    def used(self) -> int:
-        return sum(use.gpus for use in self.in_use)
+        self.source = source
+        self._user_message = user_message
+        super().__init__(f"{user}: {limit} from {source}: {user_message}")
 
     @property
     def user_message(self) -> str:
-        asked = f"You asked for {_gpus(self.asked)}"
-        if self.limit == 0:
-            return f"{asked} but you may not use GPUs (your limit is 0). Ask an admin for access."
-        limit = f"your limit is {_gpus(self.limit)} at once"
-        if self.used == 0:
-            return f"{asked} but {limit}. Ask for fewer."
-        servers = ", ".join(
-            f"{server_label(use.server)}: {use.gpus}" for use in self.in_use if use.gpus
-        )
-        verb = "is" if self.used == 1 else "are"
-        return (
-            f"{asked} but {limit} and {self.used} {verb} in use ({servers}). "
-            "Stop a server or ask for fewer."
-        )
+        return self._user_message
+
+
+def gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 class NotOwner(LedgerError):
@@ -138,10 +129,6 @@ class UnknownDevices(DevicesTaken):
 
     def __init__(self, block_ids: Iterable[str]) -> None:
         super().__init__(block_ids, reason="unknown devices")
-
-
-def _gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 class SchemaNotCurrent(LedgerError):

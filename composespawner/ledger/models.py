@@ -17,6 +17,7 @@ from sqlalchemy import (
     DateTime,
     Delete,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -34,6 +35,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column
 from composespawner.ledger.errors import LedgerError
 from composespawner.ledger.lifecycle import STATES, TERMINAL
 from composespawner.ledger.records import HOLDABLE_KINDS
+from composespawner.quota import LEVELS
 
 # Deterministic constraint names, so migrations can refer to them on every back-end.
 NAMING_CONVENTION = {
@@ -189,6 +191,37 @@ class ReconcileActionRow(Base):
     machine_id: Mapped[str | None] = mapped_column(String(32))  # not a key: it may be unknown
     host_id: Mapped[str | None] = mapped_column(String(128))
     reason: Mapped[str] = mapped_column(Text)
+
+
+class QuotaRuleRow(Base):
+    """What one level of the quota hierarchy says (see :mod:`composespawner.quota`)."""
+
+    __tablename__ = "quota_rules"
+    __table_args__ = (CheckConstraint(f"level IN ({_sql_list(LEVELS)})", name="level"),)
+
+    level: Mapped[str] = mapped_column(String(8), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)  # '' for the site
+    gpus_held: Mapped[int | None] = mapped_column(Integer)
+    gpus_per_server: Mapped[int | None] = mapped_column(Integer)
+    models: Mapped[list[str] | None] = mapped_column(JSON)
+    gpu_hours_week: Mapped[float | None] = mapped_column(Float)
+    servers: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_by: Mapped[str] = mapped_column(String(255))
+
+
+class AuditEntryRow(Base):
+    """One admin or staff action: who, from where, what, to what, when."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    actor: Mapped[str] = mapped_column(String(255))
+    origin: Mapped[str] = mapped_column(String(255))  # the client's address, as the proxy saw it
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(512))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 @event.listens_for(MachineEventRow, "before_update")

@@ -1,20 +1,109 @@
-"""The GPU quota decision, pure: the store feeds it numbers read under the user's lock."""
+"""The quota decisions, pure.
+
+:func:`check_use` is made inside the claim's transaction, on numbers read under
+the user's lock, so concurrent spawns cannot jointly pass a limit (invariant 3).
+:func:`check_ask` needs no lock: what one server asks for does not depend on
+anybody's use, so the composer makes it before it places anything.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from composespawner.ledger.errors import QuotaExceeded
-from composespawner.ledger.records import ServerUse
+from composespawner.ledger.errors import QuotaExceeded, gpus
+from composespawner.ledger.records import ServerUse, server_label
+from composespawner.quota import Quota
 
 
-def check_gpu_quota(user: str, limit: int | None, asked: int, in_use: Sequence[ServerUse]) -> None:
-    """Raise :class:`QuotaExceeded` if ``asked`` more GPUs would take ``user`` past ``limit``.
+@dataclass(frozen=True)
+class Use:
+    """What a user holds while they ask for more: read under their lock."""
 
-    ``limit`` None means no limit. Asking for no GPUs never exceeds a quota, so a
-    user at their limit can still start a CPU-only server.
+    servers: Sequence[ServerUse] = ()  # their other live servers
+    gpu_hours_week: float = 0.0  # GPU-hours in the last 7 days, live machines' so far included
+
+    @property
+    def gpus(self) -> int:
+        return sum(use.gpus for use in self.servers)
+
+
+def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
+    """Raise :class:`QuotaExceeded` unless one server may have ``asked`` GPUs of ``model``."""
+    if asked == 0:
+        return  # a server without GPUs is within every GPU limit
+    models = quota.models
+    if model is not None and not quota.allows_model(model):
+        allowed = ", ".join(sorted(models.value or ()))
+        choose = f"Choose one of: {allowed}." if allowed else "You may not use GPUs at all."
+        raise QuotaExceeded(
+            user,
+            "models",
+            models.source,
+            f"{models.source.capitalize()} does not allow {model} GPUs. {choose}"
+            " Ask an admin if your work needs it.",
+        )
+    per_server = quota.gpus_per_server
+    if per_server.value is not None and asked > per_server.value:
+        raise QuotaExceeded(
+            user,
+            "gpus_per_server",
+            per_server.source,
+            f"You asked for {gpus(asked)} on one server but {per_server.source} allows"
+            f" {gpus(per_server.value)} per server. Ask for fewer.",
+        )
+
+
+def check_use(user: str, quota: Quota, asked: int, use: Use) -> None:
+    """Raise :class:`QuotaExceeded` if one more server with ``asked`` GPUs passes a limit.
+
+    Asking for no GPUs passes the GPU limits, so a user at their limit can still
+    start a CPU-only server; servers at once counts every server.
     """
-    if limit is None or asked == 0:
+    servers = quota.servers
+    if servers.value is not None and len(use.servers) + 1 > servers.value:
+        running = len(use.servers)
+        raise QuotaExceeded(
+            user,
+            "servers",
+            servers.source,
+            f"You have {running} server{'s' if running != 1 else ''} running and"
+            f" {servers.source} allows {servers.value} at once. Stop one first.",
+        )
+    if asked == 0:
         return
-    if sum(use.gpus for use in in_use) + asked > limit:
-        raise QuotaExceeded(user, limit, asked, in_use)
+    _check_gpus_held(user, quota, asked, use)
+    hours = quota.gpu_hours_week
+    if hours.value is not None and use.gpu_hours_week >= hours.value:
+        raise QuotaExceeded(
+            user,
+            "gpu_hours_week",
+            hours.source,
+            f"You have used {use.gpu_hours_week:.1f} GPU-hours in the last 7 days and"
+            f" {hours.source} allows {hours.value:g}. Hours stop counting 7 days after"
+            " they were used; until then you can start a server without GPUs.",
+        )
+
+
+def _check_gpus_held(user: str, quota: Quota, asked: int, use: Use) -> None:
+    held = quota.gpus_held
+    if held.value is None or use.gpus + asked <= held.value:
+        return
+    you_asked = f"You asked for {gpus(asked)}"
+    if held.value == 0:
+        message = f"{you_asked} but you may not use GPUs ({held.source} allows 0)."
+        message += " Ask an admin for access."
+    else:
+        limit = f"your limit is {gpus(held.value)} at once (from {held.source})"
+        if use.gpus == 0:
+            message = f"{you_asked} but {limit}. Ask for fewer."
+        else:
+            servers = ", ".join(
+                f"{server_label(u.server)}: {u.gpus}" for u in use.servers if u.gpus
+            )
+            verb = "is" if use.gpus == 1 else "are"
+            message = (
+                f"{you_asked} but {limit} and {use.gpus} {verb} in use ({servers})."
+                " Stop a server or ask for fewer."
+            )
+    raise QuotaExceeded(user, "gpus_held", held.source, message)

@@ -38,7 +38,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
@@ -52,7 +52,9 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    null,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -79,7 +81,8 @@ from composespawner.ledger.models import (
     UsageRecordRow,
     refuse_event_rewrites,
 )
-from composespawner.ledger.quota import check_gpu_quota
+from composespawner.ledger.policy import Policy
+from composespawner.ledger.quota import Use, check_use
 from composespawner.ledger.records import (
     DeviceRecord,
     HoldableKind,
@@ -89,6 +92,7 @@ from composespawner.ledger.records import (
     UsageRecord,
     utcnow,
 )
+from composespawner.quota import NO_QUOTA, Quota
 
 
 class Ledger:
@@ -117,6 +121,7 @@ class Ledger:
             threading.Lock() if self.is_local_file else nullcontext()
         )
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
+        self.policy = Policy(self._engine, self._write, self._now)
 
     @property
     def engine(self) -> Engine:
@@ -207,17 +212,17 @@ class Ledger:
         host_id: str | None,
         zone: str,
         block_ids: Sequence[str],
-        gpu_limit: int | None,
+        quota: Quota = NO_QUOTA,
         groups: frozenset[str] = frozenset(),
         host_block: str | None = None,
     ) -> Machine:
         """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
 
         In one transaction: the user's quota row is locked, the blocks are
-        checked (known, allowed to ``groups``, within ``gpu_limit`` counting the
-        user's live machines, free) and taken, and the machine moves to
-        ``claimed``. Raises :class:`UnknownDevices`, :class:`NotOwner`,
-        :class:`QuotaExceeded`, :class:`DevicesTaken` or
+        checked (known, allowed to ``groups``, free, and within ``quota``
+        counting the user's other live machines and GPU-hours) and taken, and
+        the machine moves to ``claimed``. Raises :class:`UnknownDevices`,
+        :class:`NotOwner`, :class:`QuotaExceeded`, :class:`DevicesTaken` or
         :class:`IllegalTransition`, having changed nothing.
         """
         wanted = _claim_set(block_ids, host_block)
@@ -229,8 +234,8 @@ class Ledger:
             devices = _lock_devices(connection, wanted)
             _check_claimable(machine.user_name, wanted, devices, groups)
             asked = sum(1 for device in devices if device.kind == "gpu")
-            in_use = _gpu_use(connection, machine.user_name)
-            check_gpu_quota(machine.user_name, gpu_limit, asked, in_use)
+            use = _use(connection, machine, quota, now)
+            check_use(machine.user_name, quota, asked, use)
             _take_devices(connection, machine_id, wanted, devices, now)
             message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
             changes = {"host_id": host_id, "zone": zone}
@@ -409,6 +414,8 @@ class Ledger:
 # Steps inside one transaction
 # ---------------------------------------------------------------------------
 
+WEEK = timedelta(days=7)  # the window of the GPU-hours limit
+
 MACHINES = cast(Table, MachineRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 EVENTS = cast(Table, MachineEventRow.__table__)
@@ -463,6 +470,20 @@ _GPU_USE = (
     .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
     .group_by(MACHINES.c.server_name)
     .order_by(MACHINES.c.server_name)
+)
+
+
+# Each GPU's period of use that reaches past b_since: usage records of ended
+# machines, then GPUs held now (still running, so no end yet).
+_GPU_PERIODS = union_all(
+    select(USAGE.c.started_at, USAGE.c.ended_at).where(
+        USAGE.c.user_name == bindparam("b_user"),
+        USAGE.c.kind == "gpu",
+        USAGE.c.ended_at > bindparam("b_since"),
+    ),
+    select(DEVICES.c.held_since, null())
+    .join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
+    .where(MACHINES.c.user_name == bindparam("b_user"), DEVICES.c.kind == "gpu"),
 )
 
 
@@ -585,6 +606,23 @@ def _end(
         connection.execute(_INSERT_USAGE, [_usage_values(machine, d, now) for d in held])
         connection.execute(_FREE_DEVICES_OF, {"b_machine_id": machine.id})
     return _moved(machine, to, now, (), **ended)
+
+
+def _use(connection: Connection, machine: Row[Any], quota: Quota, now: datetime) -> Use:
+    """What the machine's user holds besides it; GPU-hours read only where a limit needs them."""
+    user, server = machine.user_name, machine.server_name
+    servers = [use for use in _gpu_use(connection, user) if use.server != server]
+    if quota.gpu_hours_week.value is None:
+        return Use(servers)
+    return Use(servers, _gpu_hours_since(connection, user, now - WEEK, now))
+
+
+def _gpu_hours_since(connection: Connection, user: str, since: datetime, now: datetime) -> float:
+    """GPU-hours used by ``user`` from ``since`` to ``now``: ended machines and live ones."""
+    seconds = 0.0
+    for started, ended in connection.execute(_GPU_PERIODS, {"b_user": user, "b_since": since}):
+        seconds += max((min(ended or now, now) - max(started, since)).total_seconds(), 0.0)
+    return seconds / 3600
 
 
 def _gpu_use(connection: Connection, user: str) -> list[ServerUse]:

@@ -25,7 +25,16 @@ from .support import GPUS, PATHS, Clock, MachineMaker, gpu_ids, inventory
 
 PG_ADDRESS = "127.0.0.1:5432"
 PG_USERS = ("postgres", "root")
-TABLES = ("usage_records", "machine_events", "devices", "machines", "quota_accounts")
+TABLES = (
+    "usage_records",
+    "machine_events",
+    "devices",
+    "machines",
+    "quota_accounts",
+    "reconcile_actions",
+    "quota_rules",
+    "audit_log",
+)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -212,9 +221,7 @@ def machine_in(ledger: Ledger) -> MachineMaker:
         machine_id = ledger.request_machine(user, name, {"gpus": len(blocks)})
         for step in PATHS[state]:
             if step == "claimed":
-                ledger.claim(
-                    machine_id, host_id="host-1", zone="rack-1", block_ids=blocks, gpu_limit=None
-                )
+                ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=blocks)
             else:
                 ledger.transition(machine_id, step, f"to {step}")
         return machine_id

@@ -20,6 +20,7 @@ from composespawner.ledger import (
     ServerUse,
     UnknownDevices,
 )
+from composespawner.quota import Quota
 
 from .support import Clock, MachineMaker
 
@@ -38,7 +39,7 @@ def claim(
         host_id="host-1",
         zone="rack-1",
         block_ids=blocks,
-        gpu_limit=limit,
+        quota=Quota.site_default(limit),
         groups=groups,
         host_block=host_block,
     )
@@ -67,8 +68,8 @@ def test_quota_counts_every_live_server_of_the_user(ledger: Ledger, gpus: list[s
     with pytest.raises(QuotaExceeded) as refused:
         claim(ledger, third, gpus[5:7], limit=4)
     assert refused.value.user_message == (
-        "You asked for 2 GPUs but your limit is 4 GPUs at once and 3 are in use "
-        "(default server: 1, server 'thesis': 2). Stop a server or ask for fewer."
+        "You asked for 2 GPUs but your limit is 4 GPUs at once (from the site default) and 3"
+        " are in use (default server: 1, server 'thesis': 2). Stop a server or ask for fewer."
     )
     assert_unchanged_after_refusal(ledger, third, gpus[5:7])
     assert claim(ledger, third, gpus[5:6], limit=4).state == "claimed"  # within quota

@@ -27,9 +27,7 @@ def test_every_legal_transition_is_taken(
 ) -> None:
     machine_id = machine_in(from_state, blocks=gpus[:1])
     if to_state == "claimed":
-        moved = ledger.claim(
-            machine_id, host_id="host-1", zone="rack-1", block_ids=gpus[:1], gpu_limit=None
-        )
+        moved = ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=gpus[:1])
     else:
         moved = ledger.transition(machine_id, to_state, "next")
     assert moved.state == to_state
@@ -49,7 +47,7 @@ def test_every_illegal_transition_is_refused_and_changes_nothing(
             ledger.transition(machine_id, to_state, "not allowed")
     if "claimed" not in TRANSITIONS[from_state]:
         with pytest.raises(IllegalTransition):
-            ledger.claim(machine_id, host_id="h", zone="z", block_ids=[], gpu_limit=None)
+            ledger.claim(machine_id, host_id="h", zone="z", block_ids=[])
     assert ledger.machine(machine_id) == before
     assert ledger.events(machine_id) == events
 

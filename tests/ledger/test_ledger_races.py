@@ -29,6 +29,7 @@ from composespawner.ledger import (
     QuotaExceeded,
     ServerBusy,
 )
+from composespawner.quota import Quota
 
 from .support import gpu_ids
 
@@ -56,7 +57,11 @@ def claimer(
 ) -> Callable[[], Machine]:
     def _claim() -> Machine:
         return ledger.claim(
-            machine_id, host_id="host-1", zone="rack-1", block_ids=blocks, gpu_limit=limit
+            machine_id,
+            host_id="host-1",
+            zone="rack-1",
+            block_ids=blocks,
+            quota=Quota.site_default(limit),
         )
 
     return _claim
@@ -77,7 +82,6 @@ def last_free_gpus(ledger: Ledger, gpus: list[str], free: int) -> list[str]:
         host_id="host-2",
         zone="rack-1",
         block_ids=held,
-        gpu_limit=None,
     )
     return gpus[len(gpus) - free :]
 
@@ -173,7 +177,9 @@ def test_one_user_racing_servers_stays_within_quota(
     assert Counter(type(o).__name__ for o in outcomes) == {"Machine": 2, "QuotaExceeded": 18}
     assert sum(use.gpus for use in ledger.gpu_use("alice")) == 4
     refused = [o for o in outcomes if isinstance(o, QuotaExceeded)]
-    assert all(r.used == 4 and r.asked == 2 for r in refused)
+    assert {r.limit for r in refused} == {"gpus_held"}
+    assert all("asked for 2 GPUs" in r.user_message for r in refused)
+    assert all("4 are in use" in r.user_message for r in refused)
     assert_one_holder_each(ledger)
 
 
@@ -194,7 +200,7 @@ def test_racing_releases_release_once(
     ledger: Ledger, open_ledger: Callable[[], Ledger], gpus: list[str]
 ) -> None:
     machine_id = ledger.request_machine("alice", "", {})
-    ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=gpus[:3], gpu_limit=None)
+    ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=gpus[:3])
     ledger.transition(machine_id, "stopping")
     ledgers = racers(open_ledger, 10)
     outcomes = race([partial(lg.release, machine_id) for lg in ledgers])
@@ -213,7 +219,7 @@ def test_a_transition_loses_to_a_concurrent_writer(
     SQLite cannot interleave like this: its writers start with BEGIN IMMEDIATE.
     """
     machine_id = ledger.request_machine("alice", "", {})
-    ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=[], gpu_limit=None)
+    ledger.claim(machine_id, host_id="host-1", zone="rack-1", block_ids=[])
     mover = racers(open_ledger, 1)[0]
     with ThreadPoolExecutor(max_workers=1) as pool, ledger.engine.connect() as other:
         stopping = sa.text("UPDATE machines SET state = 'stopping' WHERE id = :id")

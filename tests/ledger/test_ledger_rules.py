@@ -16,7 +16,8 @@ from composespawner.ledger import (
     can_transition,
     check_transition,
 )
-from composespawner.ledger.quota import check_gpu_quota
+from composespawner.ledger.quota import Use, check_use
+from composespawner.quota import Quota
 
 # The lifecycle as agreed (ARCHITECTURE.md invariant 7), written out independently
 # of the code so a change to the table has to change this test too.
@@ -81,30 +82,35 @@ def test_a_holding_machine_ends_only_through_stopping() -> None:
         assert "stopping" in TRANSITIONS[state]
 
 
-def test_quota_message_names_servers_and_counts() -> None:
-    in_use = [ServerUse("thesis", 2), ServerUse("", 1), ServerUse("idle", 0)]
+def test_quota_message_names_servers_counts_and_source() -> None:
+    in_use = Use([ServerUse("thesis", 2), ServerUse("", 1), ServerUse("idle", 0)])
     with pytest.raises(QuotaExceeded) as refused:
-        check_gpu_quota("alice", 4, 2, in_use)
+        check_use("alice", Quota.site_default(4), 2, in_use)
     assert refused.value.user_message == (
-        "You asked for 2 GPUs but your limit is 4 GPUs at once and 3 are in use "
-        "(server 'thesis': 2, default server: 1). Stop a server or ask for fewer."
+        "You asked for 2 GPUs but your limit is 4 GPUs at once (from the site default) and 3"
+        " are in use (server 'thesis': 2, default server: 1). Stop a server or ask for fewer."
     )
-    assert (refused.value.limit, refused.value.asked, refused.value.used) == (4, 2, 3)
+    assert (refused.value.limit, refused.value.source) == ("gpus_held", "the site default")
 
 
 @pytest.mark.parametrize(
     ("limit", "asked", "in_use", "message"),
     [
-        (1, 1, [ServerUse("", 1)], "You asked for 1 GPU but your limit is 1 GPU at once and 1 is"),
-        (4, 5, [], "You asked for 5 GPUs but your limit is 4 GPUs at once. Ask for fewer."),
-        (0, 1, [], "You asked for 1 GPU but you may not use GPUs (your limit is 0)."),
+        (1, 1, [ServerUse("", 1)], "You asked for 1 GPU but your limit is 1 GPU at once (from"),
+        (
+            4,
+            5,
+            [],
+            "You asked for 5 GPUs but your limit is 4 GPUs at once (from the site default).",
+        ),
+        (0, 1, [], "You asked for 1 GPU but you may not use GPUs (the site default allows 0)."),
     ],
 )
 def test_quota_message_reads_well_at_the_edges(
     limit: int, asked: int, in_use: list[ServerUse], message: str
 ) -> None:
     with pytest.raises(QuotaExceeded) as refused:
-        check_gpu_quota("bob", limit, asked, in_use)
+        check_use("bob", Quota.site_default(limit), asked, Use(in_use))
     assert refused.value.user_message.startswith(message)
 
 
@@ -113,5 +119,5 @@ def test_quota_message_reads_well_at_the_edges(
     [(None, 100, 100), (4, 2, 2), (4, 0, 9), (0, 0, 0), (1, 1, 0)],
 )
 def test_within_quota_passes(limit: int | None, asked: int, used: int) -> None:
-    check_gpu_quota("carol", limit, asked, [ServerUse("x", used)])  # raises if refused
+    check_use("carol", Quota.site_default(limit), asked, Use([ServerUse("x", used)]))
     assert limit is None or asked == 0 or used + asked <= limit

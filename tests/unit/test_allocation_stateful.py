@@ -54,9 +54,10 @@ from composespawner.composer import Composer
 from composespawner.fabric.base import FabricError
 from composespawner.failures import ComposeFailed, ComposeRefused
 from composespawner.hardware import CompositionTag, Inventory
-from composespawner.ledger import HOLDING, STATES, TERMINAL, Ledger, can_transition
+from composespawner.ledger import HOLDING, STATES, TERMINAL, Actor, Ledger, can_transition
 from composespawner.ledger.models import MachineEventRow, MachineRow
 from composespawner.machine import ComposedMachine
+from composespawner.quota import QuotaRule
 from composespawner.reconcile import Reconciler, ServerView
 from composespawner.request import MachineRequest
 from fabricsim.inventory import DeviceSpec, load_inventory
@@ -540,6 +541,10 @@ class AllocationMachine(RuleBasedStateMachine):
         # 60 s: every step of an example sees the first snapshot unless something refreshes it.
         self.snapshot_ttl, self.limits = ttl, limits
         self.boot()
+        for user, limit in limits.items():
+            if limit is not None:
+                rule = QuotaRule("user", user, gpus_held=limit)
+                self.hub.ledger.policy.set_quota_rule(rule, Actor("test-admin"))
         self.compose_each(composes)
         self.fabric(then)
 
@@ -570,7 +575,6 @@ class AllocationMachine(RuleBasedStateMachine):
                 groups=GROUPS[user],
                 server=server,
                 request=request,
-                gpu_limit=self.limits[user],
                 progress=_ignore_progress,
             )
         )

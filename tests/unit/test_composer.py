@@ -25,9 +25,10 @@ from composespawner.composer import Composer
 from composespawner.fabric.base import FabricError, FabricUnreachable
 from composespawner.failures import ComposeFailed, ComposeRefused
 from composespawner.hardware import CompositionTag
-from composespawner.ledger import DeviceRecord, Ledger, Machine
+from composespawner.ledger import Actor, DeviceRecord, Ledger, Machine, QuotaExceeded
 from composespawner.ledger.models import MachineRow
 from composespawner.machine import ComposedMachine
+from composespawner.quota import NO_QUOTA, Quota, QuotaRule
 from composespawner.request import MachineRequest
 from tests.support.faulty import AttachFailure, FaultyFabric
 from tests.support.inprocess import InProcessFabric
@@ -68,7 +69,7 @@ class HeldClaimLedger(Ledger):
         host_id: str | None,
         zone: str,
         block_ids: Sequence[str],
-        gpu_limit: int | None,
+        quota: Quota = NO_QUOTA,
         groups: frozenset[str] = frozenset(),
         host_block: str | None = None,
     ) -> Machine:
@@ -80,7 +81,7 @@ class HeldClaimLedger(Ledger):
             host_id=host_id,
             zone=zone,
             block_ids=block_ids,
-            gpu_limit=gpu_limit,
+            quota=quota,
             groups=groups,
             host_block=host_block,
         )
@@ -107,14 +108,16 @@ class Rig:
         gpu_limit: int | None = None,
         progress: Callable[[str], None] = ignore_progress,
     ) -> ComposedMachine:
+        """``gpu_limit``: set the user's own quota of GPUs held at once first."""
+        if gpu_limit is not None:
+            self.set_gpus_held(user, gpu_limit)
         return await self.composer.compose(
-            user=user,
-            groups=groups,
-            server=server,
-            request=request,
-            gpu_limit=gpu_limit,
-            progress=progress,
+            user=user, groups=groups, server=server, request=request, progress=progress
         )
+
+    def set_gpus_held(self, user: str, limit: int) -> None:
+        rule = QuotaRule("user", user, gpus_held=limit)
+        self.ledger.policy.set_quota_rule(rule, Actor("test-admin"))
 
     def machines(self, user: str, server: str = "") -> list[Machine]:
         """Every ledger machine of one server, oldest first (the ledger has no such query)."""
@@ -330,6 +333,27 @@ async def test_quota_refuses_a_second_server_past_the_limit(rig: Rig) -> None:
     await rig.compose("v", ask("t4", 2), gpu_limit=2)
 
 
+async def test_a_cohorts_quota_refuses_a_model_and_a_count_before_anything_is_stored(
+    rig: Rig,
+) -> None:
+    course = QuotaRule("cohort", "cs-101", models=frozenset({"t4"}), gpus_per_server=1)
+    rig.ledger.policy.set_quota_rule(course, Actor("admin"))
+    held, attached = rig.ledger.holders(), rig.attachments()
+
+    for request, limit in ((ask("h100", 1), "models"), (ask("t4", 2), "gpus_per_server")):
+        with pytest.raises(ComposeRefused) as refused:
+            await rig.compose("u", request, groups=frozenset({"cs-101"}))
+        assert refused.value.status == 403
+        assert isinstance(refused.value.__cause__, QuotaExceeded)
+        assert refused.value.__cause__.limit == limit
+        assert "cs-101" in str(refused.value)
+
+    assert rig.machines("u") == []  # nothing requested, so nothing to clean up
+    assert (rig.ledger.holders(), rig.attachments()) == (held, attached)
+    # Outside the cohort the course's rule does not apply.
+    await rig.compose("v", ask("t4", 2))
+
+
 async def test_no_fit_names_what_is_short_when_another_client_holds_a_device(rig: Rig) -> None:
     h100s = rig.model_blocks(H100_MODEL)
     assert len(h100s) == 4, "the inventory changed: this test needs exactly 4 H100"
@@ -372,7 +396,7 @@ async def test_colocated_devices_only_for_their_owner_group(rig: Rig) -> None:
 
 async def test_the_offer_counts_only_what_the_quota_left_allows(rig: Rig) -> None:
     await rig.compose("u", ask("t4", 3), gpu_limit=4)
-    offer = await rig.composer.pool.offer("u", frozenset(), gpu_limit=4)
+    offer = await rig.composer.offer("u", frozenset(), within=None)
     assert (offer.gpus_in_use, offer.quota_left) == (3, 1)
     assert offer.free["t4"].most_to_ask == 1
     assert offer.free["t4"].most_per_machine == 4
@@ -625,7 +649,6 @@ async def compose_on(hub: Composer, user: str, request: MachineRequest) -> Compo
         groups=frozenset(),
         server="",
         request=request,
-        gpu_limit=None,
         progress=ignore_progress,
     )
 

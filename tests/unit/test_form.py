@@ -15,6 +15,7 @@ from composespawner.form import render_form, render_unavailable
 from composespawner.hardware import Device, Host, Inventory
 from composespawner.placement import availability, pool_for
 from composespawner.pool import Offer
+from composespawner.quota import Quota, QuotaRule, effective_quota
 
 CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
 T4, A100 = "NVIDIA T4", "NVIDIA A100 80GB PCIe"
@@ -47,7 +48,7 @@ def offer(inventory: Inventory, *, in_use: int = 0, limit: int | None = 4) -> Of
         for m in CATALOG.gpu_models
         if m.id in ("t4", "a100")
     }
-    return Offer(free=free, gpus_in_use=in_use, gpu_limit=limit)
+    return Offer(free=free, gpus_in_use=in_use, quota=Quota.site_default(limit))
 
 
 @dataclass
@@ -150,6 +151,25 @@ def test_without_a_limit_the_count_follows_the_machine() -> None:
     inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
     form = render(inventory, limit=None)
     assert form.counts == ["1", "2", "3"]
+
+
+def test_the_quota_says_where_each_limit_comes_from_as_text() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    cohort = "<b>cs-101</b>"
+    rules = [
+        QuotaRule("site", gpus_held=0),
+        QuotaRule("cohort", cohort, gpus_per_server=1, models=frozenset({"t4"}), servers=2),
+    ]
+    quota = effective_quota(rules, "u", {cohort})
+    html = " ".join(render_form(CATALOG, replace(offer(inventory), quota=quota), {}).split())
+    assert (
+        "<strong>0</strong> of 0 GPUs left (0 in use by your other servers), from the site default."
+        in html
+    )
+    assert "At most 1 GPUs per server (cohort &lt;b&gt;cs-101&lt;/b&gt;)." in html
+    assert "At most 2 servers at once (cohort &lt;b&gt;cs-101&lt;/b&gt;)." in html
+    assert "GPU models: t4 (cohort &lt;b&gt;cs-101&lt;/b&gt;)." in html
+    assert "<b>cs-101" not in html
 
 
 def test_an_old_inventory_says_how_old() -> None:

@@ -14,8 +14,9 @@ from composespawner.composer import Composer
 from composespawner.fabric.base import FabricUnreachable
 from composespawner.failures import ComposeRefused
 from composespawner.hardware import Device, Inventory
-from composespawner.ledger import Ledger
+from composespawner.ledger import Actor, Ledger
 from composespawner.metrics import MeasuredFabric, PoolCollector, device_counts
+from composespawner.quota import QuotaRule
 from composespawner.request import MachineRequest
 from tests.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
@@ -89,7 +90,6 @@ async def test_a_scrape_shows_the_devices_a_compose_holds_and_the_reconcilers_ac
         groups=frozenset(),
         server="",
         request=TWO_T4,
-        gpu_limit=None,
         progress=lambda message: None,
     )
     composer.ledger.record_reconcile_action("reattach", "error", "test", host_id=machine.host)
@@ -143,16 +143,15 @@ async def test_composes_are_timed_and_refusals_counted_by_reason(composer: Compo
         groups=frozenset(),
         server="",
         request=TWO_T4,
-        gpu_limit=None,
         progress=lambda message: None,
     )
+    composer.ledger.policy.set_quota_rule(QuotaRule("user", "u1", gpus_held=3), Actor("admin"))
     with pytest.raises(ComposeRefused):
         await composer.compose(
             user="u1",
             groups=frozenset(),
             server="second",
             request=TWO_T4,
-            gpu_limit=3,
             progress=lambda message: None,
         )
 

@@ -80,7 +80,6 @@ class World:
             groups=frozenset(),
             server=server,
             request=ONE_T4,
-            gpu_limit=None,
             progress=lambda message: None,
         )
 

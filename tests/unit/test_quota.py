@@ -1,0 +1,132 @@
+"""The quota hierarchy, pure: which rule wins each limit, and what may not be stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from composespawner.ledger import QuotaExceeded, ServerUse
+from composespawner.ledger.quota import Use, check_ask, check_use
+from composespawner.quota import (
+    InvalidQuota,
+    Limit,
+    Quota,
+    QuotaRule,
+    effective_quota,
+    under_site_default,
+)
+
+SITE = QuotaRule("site", gpus_held=2, gpus_per_server=2, servers=2, gpu_hours_week=20.0)
+COURSE = QuotaRule("cohort", "cs-101", gpus_held=1, models=frozenset({"t4"}))
+LAB = QuotaRule("cohort", "vision-lab", gpus_held=8, gpus_per_server=4, models=frozenset({"a100"}))
+ALICE = QuotaRule("user", "alice", gpus_held=3)
+RULES = [SITE, COURSE, LAB, ALICE]
+
+
+def test_the_site_default_applies_to_everyone() -> None:
+    quota = effective_quota(RULES, "zoe", frozenset())
+    assert quota.gpus_held == Limit(2, "the site default")
+    assert quota.models == Limit(None, "no rule")
+    assert quota.servers == Limit(2, "the site default")
+
+
+def test_a_cohort_sets_what_it_names_and_leaves_the_rest_to_the_site() -> None:
+    quota = effective_quota(RULES, "bob", frozenset({"cs-101"}))
+    assert quota.gpus_held == Limit(1, "cohort cs-101")  # a course may give less than the site
+    assert quota.models == Limit(frozenset({"t4"}), "cohort cs-101")
+    assert quota.gpus_per_server == Limit(2, "the site default")
+
+
+def test_the_most_generous_cohort_wins_and_models_add_up() -> None:
+    quota = effective_quota(RULES, "carol", frozenset({"cs-101", "vision-lab"}))
+    assert quota.gpus_held == Limit(8, "cohort vision-lab")
+    assert quota.gpus_per_server == Limit(4, "cohort vision-lab")
+    assert quota.models == Limit(frozenset({"t4", "a100"}), "cohorts cs-101, vision-lab")
+
+
+def test_a_users_own_rule_wins_over_their_cohorts() -> None:
+    quota = effective_quota(RULES, "alice", frozenset({"vision-lab"}))
+    assert quota.gpus_held == Limit(3, "alice's own quota")
+    assert quota.gpus_per_server.source == "cohort vision-lab"
+
+
+def test_rules_of_other_users_and_groups_do_not_apply() -> None:
+    quota = effective_quota(RULES, "alicex", frozenset({"cs-1011"}))
+    assert quota == effective_quota([SITE], "alicex", frozenset())
+
+
+def test_the_ledgers_site_rule_lies_over_the_configs_default() -> None:
+    config = QuotaRule("site", gpus_held=4, servers=3)
+    stored = QuotaRule("site", gpus_held=1)
+    rules = under_site_default([stored, COURSE], config)
+    assert rules == [QuotaRule("site", gpus_held=1, servers=3), COURSE]
+    assert under_site_default([], config) == [config]
+
+
+def test_as_dict_is_plain_json() -> None:
+    quota = effective_quota(RULES, "carol", frozenset({"cs-101", "vision-lab"}))
+    assert quota.as_dict()["models"] == {
+        "value": ["a100", "t4"],
+        "source": "cohorts cs-101, vision-lab",
+    }
+    assert quota.as_dict()["gpu_hours_week"] == {"value": 20.0, "source": "the site default"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"level": "site", "gpus_held": -1}, "gpus_held must be from 0 to 10000, not -1"),
+        ({"level": "site", "servers": 10**9}, "servers must be from 0 to 10000"),
+        ({"level": "site", "gpus_per_server": 1.5}, "gpus_per_server must be a whole number"),
+        ({"level": "site", "gpus_held": True}, "gpus_held must be a number, not bool"),
+        ({"level": "site", "gpus_held": "2"}, "gpus_held must be a number, not str"),
+        ({"level": "site", "gpu_hours_week": float("nan")}, "gpu_hours_week must be from 0"),
+        ({"level": "site", "subject": "x"}, "the site default names no subject"),
+        ({"level": "cohort"}, "a cohort or user rule must"),
+        ({"level": "planet", "subject": "x"}, "level must be one of site, cohort, user"),
+    ],
+)
+def test_a_rule_that_cannot_be_stored_says_why(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidQuota, match=message):
+        QuotaRule(**kwargs)
+
+
+def test_an_ask_outside_the_models_or_per_server_limit_is_refused() -> None:
+    course = effective_quota(RULES, "bob", frozenset({"cs-101"}))
+    with pytest.raises(QuotaExceeded) as refused:
+        check_ask("bob", course, "a100", 1)
+    assert refused.value.user_message == (
+        "Cohort cs-101 does not allow a100 GPUs. Choose one of: t4."
+        " Ask an admin if your work needs it."
+    )
+    with pytest.raises(QuotaExceeded) as refused:
+        check_ask("bob", course, "t4", 3)
+    assert refused.value.user_message == (
+        "You asked for 3 GPUs on one server but the site default allows 2 GPUs per server."
+        " Ask for fewer."
+    )
+    check_ask("bob", course, "t4", 2)  # within both: no refusal
+    check_ask("bob", course, "a100", 0)  # no GPUs: no GPU limit applies
+
+
+def test_servers_at_once_counts_servers_without_gpus_too() -> None:
+    quota = Quota(servers=Limit(2, "cohort cs-101"))
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("bob", quota, 0, Use([ServerUse("a", 0), ServerUse("b", 0)]))
+    assert refused.value.user_message == (
+        "You have 2 servers running and cohort cs-101 allows 2 at once. Stop one first."
+    )
+    check_use("bob", quota, 1, Use([ServerUse("a", 0)]))
+
+
+def test_gpu_hours_used_up_refuse_gpus_but_not_a_cpu_server() -> None:
+    quota = Quota(gpu_hours_week=Limit(10.0, "the site default"))
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("bob", quota, 1, Use([], gpu_hours_week=10.25))
+    assert refused.value.limit == "gpu_hours_week"
+    assert refused.value.user_message.startswith(
+        "You have used 10.2 GPU-hours in the last 7 days and the site default allows 10."
+    )
+    check_use("bob", quota, 0, Use([], gpu_hours_week=99.0))
+    check_use("bob", quota, 1, Use([], gpu_hours_week=9.9))
