@@ -21,7 +21,12 @@ setup(
     ],
     package_dir={"composespawner.hub_config": "hub_config"},
     package_data={
-        "composespawner": ["py.typed", "templates/*.html", "templates/hub/*.html"],
+        "composespawner": [
+            "py.typed",
+            "templates/*.html",
+            "templates/hub/*.html",
+            "portal/templates/*.html",
+        ],
         "composespawner.hub_config": ["*.py", "*.toml"],
         "fabricsim": ["py.typed"],
         "composespawner.ledger": ["alembic.ini", "migrations/*.py", "migrations/versions/*.py"],

@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
         "upgrade-db", help="upgrade the ledger's schema (-f the hub's config)", add_help=False
     )
     commands.add_parser(
+        "portal", help="the GPU portal, a hub-managed service (-f the hub's config)", add_help=False
+    )
+    commands.add_parser(
         "demo",
         help="start the fabric simulator and the embedded default hub at http://127.0.0.1:8000",
     )
@@ -37,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         from .reconcile import ReconcilerApp
 
         ReconcilerApp.launch_instance(rest)
+        return 0
+    if args.command == "portal":
+        from .portal.app import PortalApp
+
+        PortalApp.launch_instance(rest)
         return 0
     if args.command == "upgrade-db":
         from .application import UpgradeDB

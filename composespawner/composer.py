@@ -50,7 +50,7 @@ from .machine import ComposedMachine
 from .metrics import measure_compose
 from .placement import DeviceAsk, NoFit, Plan, place
 from .pool import Offer, PoolView
-from .quota import NO_SITE_QUOTA, Quota, QuotaRule, effective_quota, under_site_default
+from .quota import NO_SITE_QUOTA, Quota, QuotaRule
 from .releases import BackgroundReleases
 from .request import MachineRequest
 from .reservations import Reservations
@@ -115,8 +115,7 @@ class Composer:
 
     async def quota_for(self, user: str, groups: frozenset[str]) -> Quota:
         """The user's effective quota: the config's site default, then the ledger's rules."""
-        rules = await self.runner.run(self.ledger.policy.quota_rules, user, groups)
-        return effective_quota(under_site_default(rules, self.site_quota), user, groups)
+        return await self.runner.run(self.ledger.policy.quota_of, user, groups, self.site_quota)
 
     async def offer(self, user: str, groups: frozenset[str], *, within: float | None) -> Offer:
         """What the spawn form shows ``user``, under their effective quota (see PoolView.offer)."""

@@ -13,6 +13,7 @@
 #   COMPOSE_PROXY_API_PORT  configurable-http-proxy's API port   (8001)
 #   COMPOSE_HUB_API_PORT    the hub's internal API port          (8081)
 #   COMPOSE_FABRIC_PORT     the fabric simulator's Redfish port  (8010)
+#   COMPOSE_PORTAL_PORT     the GPU portal service's own port    (8002)
 #   COMPOSE_CULL_TIMEOUT    seconds idle before a server is culled (600)
 #   COMPOSE_CULL_EVERY      seconds between culler checks        (60)
 #   COMPOSE_NOTEBOOK_CMD    command that runs a notebook         (jupyterhub-singleuser)
@@ -52,6 +53,7 @@ HUB_PORT = int(os.environ.get("COMPOSE_HUB_PORT", "8000"))
 PROXY_API_PORT = int(os.environ.get("COMPOSE_PROXY_API_PORT", "8001"))
 HUB_API_PORT = int(os.environ.get("COMPOSE_HUB_API_PORT", "8081"))
 FABRIC_PORT = int(os.environ.get("COMPOSE_FABRIC_PORT", "8010"))
+PORTAL_PORT = int(os.environ.get("COMPOSE_PORTAL_PORT", "8002"))
 PASSWORD = os.environ.get("COMPOSE_DEMO_PASSWORD", "compose-demo")
 CULL_TIMEOUT = int(os.environ.get("COMPOSE_CULL_TIMEOUT", "600"))
 CULL_EVERY = int(os.environ.get("COMPOSE_CULL_EVERY", "60"))
@@ -147,6 +149,22 @@ c.JupyterHub.services = [
         ],
     },
     {
+        # The GPU portal at /services/compose/: "my machine" for everyone, quotas and
+        # the audit log for admins. It reads this file for the ledger and the catalog.
+        "name": "compose",
+        "url": f"http://127.0.0.1:{PORTAL_PORT}",
+        "command": [
+            *WITH_HUB,
+            str(BIN / "composespawner"),
+            "portal",
+            f"--config={Path(__file__).resolve()}",
+        ],
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")},
+        "oauth_no_confirm": True,
+        # What the portal may learn of a visitor: their custom:compose:* scopes.
+        "oauth_client_allowed_scopes": ["custom:compose:admin"],
+    },
+    {
         # Makes ledger, fabric and servers agree at hub start and then periodically.
         # It reads this file for the ledger, the fabric and the catalog.
         "name": "compose-reconciler",
@@ -165,7 +183,29 @@ c.JupyterHub.services = [
 ]
 if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
     c.JupyterHub.services.insert(0, SIMULATOR)
+c.JupyterHub.custom_scopes = {
+    "custom:compose:admin": {
+        "description": "Manage the GPU pool in its portal: quotas, the audit log.",
+    },
+}
 c.JupyterHub.load_roles = [
+    {
+        # JupyterHub's default user role, and the GPU portal.
+        "name": "user",
+        "scopes": ["self", "access:services!service=compose"],
+    },
+    {
+        "name": "compose-admin",
+        "description": "The GPU pool's admins",
+        "scopes": ["custom:compose:admin", "access:services!service=compose"],
+        "users": ["admin"],
+    },
+    {
+        # Checks that a cohort's group exists; reads a user's groups for their quota.
+        "name": "compose-portal",
+        "scopes": ["read:groups:name", "read:users:groups", "read:users:name"],
+        "services": ["compose"],
+    },
     {
         "name": "idle-culler",
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],

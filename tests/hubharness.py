@@ -287,7 +287,7 @@ def running_hub(
     homes = _homes_dir()
     extra = tmp / "test_config.py"
     extra.write_text(_TEST_CONFIG + extra_config)
-    ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric")}
+    ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric", "portal")}
     if fabric_port is not None:
         ports["fabric"] = fabric_port
         env_overrides = {"COMPOSE_FABRIC_EXTERNAL": "1", **env_overrides}
@@ -299,6 +299,7 @@ def running_hub(
         "COMPOSE_PROXY_API_PORT": str(ports["proxy"]),
         "COMPOSE_HUB_API_PORT": str(ports["api"]),
         "COMPOSE_FABRIC_PORT": str(ports["fabric"]),
+        "COMPOSE_PORTAL_PORT": str(ports["portal"]),
         "COMPOSE_DEMO_PASSWORD": PASSWORD,
         "COMPOSE_FABRIC_USERNAME": FABRIC_AUTH[0],
         "COMPOSE_FABRIC_PASSWORD": FABRIC_AUTH[1],

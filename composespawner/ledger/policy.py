@@ -6,7 +6,7 @@ transaction, so no change is stored without who made it, and from where.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -15,7 +15,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
 
 from composespawner.ledger.models import AuditEntryRow, QuotaRuleRow
-from composespawner.quota import Level, QuotaRule
+from composespawner.quota import Level, Quota, QuotaRule, effective_quota, under_site_default
 
 QUOTA_RULES = cast(Table, QuotaRuleRow.__table__)
 AUDIT = cast(Table, AuditEntryRow.__table__)
@@ -68,6 +68,12 @@ class Policy:
         with self._engine.begin() as connection:
             return [_rule(row._mapping) for row in connection.execute(query)]
 
+    def quota_of(self, user: str, groups: Collection[str], site_default: QuotaRule) -> Quota:
+        """The effective quota of ``user`` in ``groups``: ``site_default`` (the config's)
+        under the stored site rule, then their cohorts' rules and their own."""
+        rules = under_site_default(self.quota_rules(user, groups), site_default)
+        return effective_quota(rules, user, groups)
+
     def set_quota_rule(self, rule: QuotaRule, actor: Actor) -> None:
         """Store ``rule`` in place of what its level and subject said before."""
         values = _limit_values(rule)
@@ -94,17 +100,12 @@ class Policy:
 
     # -- the audit log ------------------------------------------------------------
 
-    def audit_log(self, *, limit: int = 1000) -> list[AuditEntry]:
-        """The latest ``limit`` entries, newest first."""
-        query = select(AUDIT).order_by(AUDIT.c.id.desc()).limit(limit)
+    def audit_log(self, limit: int | None = 1000, oldest_first: bool = False) -> list[AuditEntry]:
+        """The latest ``limit`` entries (None: all), newest first unless ``oldest_first``."""
+        order = AUDIT.c.id if oldest_first else AUDIT.c.id.desc()
+        query = select(AUDIT).order_by(order).limit(limit)
         with self._engine.begin() as connection:
             return [AuditEntry(**row._mapping) for row in connection.execute(query)]
-
-    def iter_audit_log(self) -> Iterator[AuditEntry]:
-        """Every entry, oldest first (for exports)."""
-        with self._engine.connect() as connection:
-            for row in connection.execute(select(AUDIT).order_by(AUDIT.c.id)):
-                yield AuditEntry(**row._mapping)
 
 
 def _audit(

@@ -94,6 +94,8 @@ from composespawner.ledger.records import (
 )
 from composespawner.quota import NO_QUOTA, Quota
 
+WEEK = timedelta(days=7)  # the window of the GPU-hours limit
+
 
 class Ledger:
     """The allocation ledger on one database URL (``sqlite:///...`` or ``postgresql+psycopg://``).
@@ -344,6 +346,12 @@ class Ledger:
         with self._engine.begin() as connection:
             return _gpu_use(connection, user)
 
+    def gpu_hours(self, user: str, within: timedelta = WEEK) -> float:
+        """GPU-hours ``user`` used in the last ``within``, running machines' so far included."""
+        now = self._now()
+        with self._engine.begin() as connection:
+            return _gpu_hours_since(connection, user, now - within, now)
+
     def holders(self) -> dict[str, str]:
         """block_id → machine_id for every held block."""
         return self._blocks_with("machine_id")
@@ -413,8 +421,6 @@ class Ledger:
 # ---------------------------------------------------------------------------
 # Steps inside one transaction
 # ---------------------------------------------------------------------------
-
-WEEK = timedelta(days=7)  # the window of the GPU-hours limit
 
 MACHINES = cast(Table, MachineRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)

@@ -32,7 +32,10 @@ def test_rules_are_stored_replaced_and_deleted_with_an_audit_entry_each(ledger: 
     ]
     assert {(e.actor, e.origin) for e in entries} == {("admin", "203.0.113.9")}
     assert entries[2].detail["models"] == ["t4", "v100"]
-    assert [e.id for e in policy.iter_audit_log()] == [e.id for e in reversed(entries)]
+    assert [e.id for e in policy.audit_log(None, oldest_first=True)] == [
+        e.id for e in reversed(entries)
+    ]
+    assert policy.audit_log(2) == entries[:2]
 
 
 def test_a_user_reads_only_the_rules_that_apply_to_them(ledger: Ledger) -> None:

@@ -1,0 +1,111 @@
+"""``composespawner portal``: the portal service, started by the hub with its own config."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from urllib.parse import urlparse
+
+import jinja2
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from tornado.httpserver import HTTPServer
+from tornado.web import Application
+from traitlets import Integer, Unicode, default
+
+from ..application import ComposeApplication
+from ..catalog import Catalog
+from ..ledger import Ledger
+from ..quota import QuotaRule
+from ..settings import open_ledger
+from . import handlers
+from .hub import HubClient
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+class PortalApp(ComposeApplication):
+    """Serve the portal on the address the hub gave this service."""
+
+    name = "composespawner portal"
+    description = """The GPU pool's portal, as a hub-managed service: quotas and the audit log
+    for admins, each user's machine and quota. Run by the hub (see the demo's config)."""
+
+    service_url = Unicode(
+        config=True,
+        help="Where to listen: the service's url in the hub's config ($JUPYTERHUB_SERVICE_URL).",
+    )
+    service_prefix = Unicode(
+        config=True,
+        help="The path the proxy sends here ($JUPYTERHUB_SERVICE_PREFIX).",
+    )
+    max_body_bytes = Integer(
+        64 * 1024,
+        config=True,
+        help="Largest request body accepted; the portal's JSON calls are small.",
+    )
+
+    @default("service_url")
+    def _default_service_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+
+    @default("service_prefix")
+    def _default_service_prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/compose/")
+
+    def start(self) -> None:
+        asyncio.run(self.serve())
+
+    async def serve(self) -> None:
+        settings = self.settings
+        ledger = open_ledger(settings)
+        hub = HubClient.from_environment()
+        app = self.make_app(
+            ledger=ledger,
+            hub=hub,
+            catalog=Catalog.from_file(settings.catalog_file),
+            site_quota=QuotaRule("site", gpus_held=settings.max_gpus_per_user or None),
+        )
+        url = urlparse(self.service_url)
+        server = HTTPServer(app, xheaders=True, max_body_size=self.max_body_bytes)
+        server.listen(url.port or 80, url.hostname or "127.0.0.1")
+        self.log.info("Portal at %s, serving %s", self.service_url, self.service_prefix)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            server.stop()
+            await hub.close()
+            ledger.close()
+
+    def make_app(
+        self, *, ledger: Ledger, hub: HubClient, catalog: Catalog, site_quota: QuotaRule
+    ) -> Application:
+        prefix = self.service_prefix
+        routes = [(url_path_join(prefix, path), handler) for path, handler in handlers.ROUTES]
+        routes.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
+        # JupyterHub's own templates after ours: the pages extend its page.html.
+        loader = jinja2.ChoiceLoader(
+            [jinja2.FileSystemLoader(TEMPLATES), jinja2.FileSystemLoader(_hub_templates())]
+        )
+        return Application(
+            routes,
+            cookie_secret=os.urandom(32),
+            xsrf_cookies=True,
+            portal=handlers.Portal(
+                ledger=ledger, hub=hub, catalog=catalog, site_quota=site_quota, prefix=prefix
+            ),
+            jinja=jinja2.Environment(loader=loader, autoescape=True),
+        )
+
+
+def _hub_templates() -> Path:
+    """JupyterHub's templates, wherever its package put them."""
+    from jupyterhub._data import DATA_FILES_PATH
+
+    return Path(DATA_FILES_PATH) / "templates"

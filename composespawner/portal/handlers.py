@@ -1,0 +1,373 @@
+"""The portal's pages and JSON calls: HubOAuth for who, ``custom:compose:*`` scopes for what.
+
+Every handler reads or changes the ledger through its own transactions (in a
+worker thread for a database server), and admin changes carry the actor and
+their address into the audit log. Cookie-authenticated changes need the XSRF
+token (HubOAuth checks it); API tokens need the scope.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado.web import HTTPError, RequestHandler, authenticated
+
+from ..catalog import Catalog
+from ..ledger import Actor, Ledger
+from ..ledger.runner import LedgerRunner
+from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from . import views
+from .hub import HubClient, HubUnavailable
+
+T = TypeVar("T")
+
+ADMIN_SCOPE = "custom:compose:admin"
+AUDIT_PAGE_ROWS = 500
+
+
+@dataclass
+class Portal:
+    """What every handler shares: the ledger, the hub's API, the catalog, the site default."""
+
+    ledger: Ledger
+    hub: HubClient
+    catalog: Catalog
+    site_quota: QuotaRule
+    prefix: str
+    runner: LedgerRunner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.runner = LedgerRunner(self.ledger)
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [m.id for m in self.catalog.gpu_models]
+
+    async def quota_of(self, user: str, groups: list[str]) -> Quota:
+        return await self.runner.run(self.ledger.policy.quota_of, user, groups, self.site_quota)
+
+    async def my_machine(self, user: str, groups: list[str]) -> dict[str, Any]:
+        quota = await self.quota_of(user, groups)
+        machines = await self.runner.run(self.ledger.live_machines, user)
+        devices = {d.block_id: d for d in await self.runner.run(self.ledger.devices)}
+        hours = await self.runner.run(self.ledger.gpu_hours, user)
+        return views.my_machine(user, groups, quota, machines, devices, hours)
+
+
+class PortalHandler(HubOAuthenticated, RequestHandler):
+    """Base of every page and call: who is asking, and may they."""
+
+    @property
+    def portal(self) -> Portal:
+        portal: Portal = self.settings["portal"]
+        return portal
+
+    @property
+    def user(self) -> dict[str, Any]:
+        """The logged-in user's model; 403 for a request that is not authenticated."""
+        model: dict[str, Any] | None = self.current_user
+        if model is None:
+            raise HTTPError(403, "Log in to the hub first.")
+        return model
+
+    @property
+    def is_admin(self) -> bool:
+        model = self.current_user
+        return bool(model and self.hub_auth.check_scopes([ADMIN_SCOPE], model))
+
+    def require_admin(self) -> None:
+        self.user  # noqa: B018 (403 before anything else for an anonymous request)
+        if not self.is_admin:
+            raise HTTPError(403, "Only the GPU pool's admins may do this.")
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(self.user["name"], self.request.remote_ip or "")
+
+    async def ledger(self, func: Callable[..., T], *args: Any) -> T:
+        return await self.portal.runner.run(func, *args)
+
+    async def check_subject_exists(self, level: Level, subject: str) -> None:
+        """A cohort is a hub group: a rule for a group that does not exist is a typing slip."""
+        if level != "cohort":
+            return
+        try:
+            exists = await self.portal.hub.group_exists(subject)
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        if not exists:
+            raise HTTPError(
+                400, f"No group {subject!r} in the hub: create the cohort's group first."
+            )
+
+
+class ApiHandler(PortalHandler):
+    """JSON in and out; errors as ``{"status": ..., "message": ...}``."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], HTTPError) and exc_info[1].log_message:
+            message = exc_info[1].log_message
+        elif status_code >= 500:
+            message = "The portal failed; the admins will find why in its log."
+        self.finish({"status": status_code, "message": message})
+
+    def json_body(self) -> object:
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError:
+            raise HTTPError(400, "The body is not JSON.") from None
+
+    def write_json(self, value: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(value))
+
+
+class PageHandler(PortalHandler):
+    """Pages in the look of the hub's own (they extend JupyterHub's page.html)."""
+
+    def render_page(self, template: str, **context: Any) -> None:
+        user = self.user
+        env = self.settings["jinja"]
+        html = env.get_template(template).render(
+            **self._page_context(user),
+            **context,
+        )
+        self.finish(html)
+
+    def _page_context(self, user: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "base_url": "/hub/",
+            "prefix": "/",
+            "static_url": _hub_static_url,
+            "user": _PageUser(user["name"]),
+            "no_spawner_check": True,
+            "services": [],
+            "parsed_scopes": {},
+            "admin_access": False,
+            "xsrf_token": self.xsrf_token.decode(),
+            "xsrf_form_html": self.xsrf_form_html,
+            "login_url": "/hub/login",
+            "logout_url": "/hub/logout",
+            "portal_url": self.portal.prefix,
+            "is_admin": self.is_admin,
+            "announcement": None,
+            "version_hash": "",
+        }
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], HTTPError) and exc_info[1].log_message:
+            message = exc_info[1].log_message
+        env = self.settings["jinja"]
+        self.finish(
+            env.get_template("portal_error.html").render(
+                status=status_code,
+                phrase=HTTPStatus(status_code).phrase,
+                message=message,
+                portal_url=self.portal.prefix,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class _PageUser:
+    """What JupyterHub's page.html reads of a user."""
+
+    name: str
+
+    @property
+    def json_escaped_name(self) -> str:
+        return json.dumps(self.name)
+
+
+def _hub_static_url(path: str, include_version: bool = True) -> str:
+    del include_version
+    return url_path_join("/hub/static/", path)
+
+
+# -- everyone --------------------------------------------------------------------
+
+
+class MyMachinePage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        user = self.user
+        mine = await self.portal.my_machine(user["name"], list(user.get("groups", [])))
+        self.render_page("my_machine.html", mine=mine)
+
+
+class MeApi(ApiHandler):
+    async def get(self) -> None:
+        user = self.user
+        self.write_json(await self.portal.my_machine(user["name"], list(user.get("groups", []))))
+
+
+# -- admins ---------------------------------------------------------------------
+
+
+class QuotasApi(ApiHandler):
+    async def get(self) -> None:
+        self.require_admin()
+        rules = await self.ledger(self.portal.ledger.policy.quota_rules)
+        self.write_json({"rules": [views.rule_json(rule) for rule in rules]})
+
+
+class QuotaRuleApi(ApiHandler):
+    """One level's rule: ``api/quotas/site``, ``.../cohort/NAME``, ``.../user/NAME``."""
+
+    async def get(self, level: Level, subject: str) -> None:
+        self.require_admin()
+        self.write_json(views.rule_json(await self._stored(level, unquote(subject))))
+
+    async def put(self, level: Level, subject: str) -> None:
+        self.require_admin()
+        subject = unquote(subject)
+        try:
+            rule = views.rule_from_json(level, subject, self.json_body(), self.portal.model_ids)
+        except InvalidQuota as e:
+            raise HTTPError(400, str(e)) from None
+        await self.check_subject_exists(level, subject)
+        await self.ledger(self.portal.ledger.policy.set_quota_rule, rule, self.actor)
+        self.write_json(views.rule_json(rule))
+
+    async def delete(self, level: Level, subject: str) -> None:
+        self.require_admin()
+        subject = unquote(subject)
+        removed = await self.ledger(
+            self.portal.ledger.policy.delete_quota_rule, level, subject, self.actor
+        )
+        if not removed:
+            raise HTTPError(404, f"No {level} quota for {subject!r} to delete.")
+        self.set_status(204)
+        self.finish()
+
+    async def _stored(self, level: Level, subject: str) -> QuotaRule:
+        rules = await self.ledger(self.portal.ledger.policy.quota_rules)
+        found = next((r for r in rules if (r.level, r.subject) == (level, subject)), None)
+        if found is None:
+            raise HTTPError(404, f"No {level} quota for {subject!r}.")
+        return found
+
+
+class UserQuotaApi(ApiHandler):
+    """Any user's effective quota, each limit with where it comes from."""
+
+    async def get(self, name: str) -> None:
+        self.require_admin()
+        name = unquote(name)
+        try:
+            groups = await self.portal.hub.user_groups(name)
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        if groups is None:
+            raise HTTPError(404, f"No user {name!r} in the hub.")
+        quota = await self.portal.quota_of(name, groups)
+        self.write_json({"name": name, "groups": sorted(groups), "quota": views.quota_json(quota)})
+
+
+class AuditApi(ApiHandler):
+    """The audit log, newest first; ``?format=csv`` exports all of it, oldest first."""
+
+    async def get(self) -> None:
+        self.require_admin()
+        if self.get_argument("format", "json") == "csv":
+            entries = await self.ledger(self.portal.ledger.policy.audit_log, None, True)
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", 'attachment; filename="audit-log.csv"')
+            self.finish(_csv([views.audit_json(e) for e in entries], views.AUDIT_COLUMNS))
+            return
+        entries = await self.ledger(self.portal.ledger.policy.audit_log, AUDIT_PAGE_ROWS)
+        self.write_json({"entries": [views.audit_json(e) for e in entries]})
+
+
+class QuotasPage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        await self._render()
+
+    @authenticated
+    async def post(self) -> None:
+        self.require_admin()
+        form = {name: self.get_body_argument(name, "") for name in (*views.LIMITS, "subject")}
+        level = self.get_body_argument("level", "")
+        action = self.get_body_argument("action", "set")
+        try:
+            if action == "delete":
+                views.check_subject(level, form["subject"])
+                await self.ledger(
+                    self.portal.ledger.policy.delete_quota_rule, level, form["subject"], self.actor
+                )
+            else:
+                rule = views.rule_from_form(level, form["subject"], form, self.portal.model_ids)
+                await self.check_subject_exists(rule.level, rule.subject)
+                await self.ledger(self.portal.ledger.policy.set_quota_rule, rule, self.actor)
+        except InvalidQuota as e:
+            self.set_status(400)
+            await self._render(error=str(e), form={**form, "level": level})
+            return
+        self.redirect(url_path_join(self.portal.prefix, "quotas"))
+
+    async def _render(self, **context: Any) -> None:
+        rules = await self.ledger(self.portal.ledger.policy.quota_rules)
+        self.render_page(
+            "quotas.html",
+            rules=[views.rule_json(rule) for rule in rules],
+            models=self.portal.model_ids,
+            limits=views.LIMITS,
+            **context,
+        )
+
+
+class AuditPage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        entries = await self.ledger(self.portal.ledger.policy.audit_log, AUDIT_PAGE_ROWS)
+        self.render_page("audit.html", entries=[views.audit_json(e) for e in entries])
+
+
+def _csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return out.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: no stored name turns into a formula."""
+    text = json.dumps(value) if isinstance(value, dict) else value
+    if isinstance(text, str) and text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + text
+    return text
+
+
+ROUTES: list[tuple[str, type[RequestHandler]]] = [
+    ("", MyMachinePage),
+    ("quotas", QuotasPage),
+    ("audit", AuditPage),
+    ("api/me", MeApi),
+    ("api/quotas", QuotasApi),
+    (r"api/quotas/(site)()", QuotaRuleApi),
+    (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),
+    (r"api/users/([^/]+)/quota", UserQuotaApi),
+    ("api/audit", AuditApi),
+]

@@ -1,0 +1,54 @@
+"""The little of JupyterHub's REST API the portal needs, with the service's own token."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+HUB_TIMEOUT = 10.0  # seconds for one call to the hub's API
+
+
+class HubUnavailable(Exception):
+    """The hub's API did not answer as expected; the message is for logs."""
+
+
+class HubClient:
+    def __init__(self, api_url: str, token: str, timeout: float = HUB_TIMEOUT) -> None:
+        self.api_url = api_url.rstrip("/")
+        self._headers = {"Authorization": f"token {token}"}
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_environment(cls) -> HubClient:
+        """The hub's API as a hub-managed service finds it in its environment."""
+        return cls(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
+
+    async def group_exists(self, name: str) -> bool:
+        return await self._get(f"/groups/{quote(name, safe='')}") is not None
+
+    async def user_groups(self, name: str) -> list[str] | None:
+        """The user's groups; None if the hub has no such user."""
+        model = await self._get(f"/users/{quote(name, safe='')}")
+        return None if model is None else list(model.get("groups", []))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _get(self, path: str) -> dict[str, Any] | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        try:
+            async with self._session.get(self.api_url + path) as response:
+                if response.status == 404:
+                    return None
+                if response.status != 200:
+                    raise HubUnavailable(f"GET {path}: {response.status} {await response.text()}")
+                model: dict[str, Any] = await response.json()
+                return model
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise HubUnavailable(f"GET {path}: {e!r}") from e

@@ -1,0 +1,75 @@
+"""The GPU portal's pages in Chromium: reached from the hub's bar, quotas set by an admin."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.hubharness import Hub
+from tests.support.browser import log_in, shot
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+
+@pytest.mark.timeout(120)
+def test_the_hubs_bar_leads_to_my_machine_with_my_quota(hub: Hub, page: Page) -> None:
+    log_in(page, hub, "student1")
+    page.goto(f"{hub.url}/hub/home")
+    page.click("#portal-link")
+    page.wait_for_url(re.compile(r"/services/compose/$"))
+    expect(page.locator("#no-servers")).to_contain_text("You have no server running")
+    held = page.locator('#quota [data-limit="gpus_held"]')
+    expect(held).to_contain_text("4")
+    expect(held).to_contain_text("the site default")
+    expect(page.get_by_role("link", name="Quotas")).to_have_count(0)  # not an admin
+    shot(page, "portal-my-machine")
+
+
+@pytest.mark.timeout(120)
+def test_an_admin_sets_a_cohort_quota_that_the_students_form_then_names(
+    hub: Hub, page: Page
+) -> None:
+    log_in(page, hub, "admin")
+    page.goto(f"{hub.url}/services/compose/quotas")
+    page.select_option("#level", "cohort")
+    page.fill("#subject", "cs-101")
+    page.fill("#gpus_held", "1")
+    page.fill("#models", "t4")
+    page.click("#set-quota button[type=submit]")
+    row = page.locator('#quota-rules tr[data-level="cohort"][data-subject="cs-101"]')
+    expect(row).to_contain_text("t4")
+    shot(page, "portal-quotas")
+
+    page.fill("#gpus_held", "-2")
+    page.click("#set-quota button[type=submit]")
+    expect(page.locator("#quota-error")).to_have_text("gpus_held must be from 0 to 10000, not -2")
+
+    student = page.context.browser.new_context()  # type: ignore[union-attr]
+    try:
+        form = student.new_page()
+        log_in(form, hub, "student2")
+        form.goto(f"{hub.url}/hub/spawn")
+        expect(form.locator("#compose-quota")).to_contain_text("of 1 GPUs left")
+        expect(form.locator("#compose-quota")).to_contain_text("from cohort cs-101")
+        expect(form.locator('[data-model="a100"]')).to_have_count(0)  # the course allows T4s
+        shot(form, "spawn-form-cohort-quota")
+    finally:
+        student.close()
+
+    page.goto(f"{hub.url}/services/compose/quotas")
+    row.get_by_role("button", name="Delete").click()
+    expect(row).to_have_count(0)
+    page.goto(f"{hub.url}/services/compose/audit")
+    expect(page.locator("#audit-entries tbody tr").first).to_contain_text("quota.delete")
+
+
+@pytest.mark.timeout(120)
+def test_a_student_opening_the_quotas_page_is_told_it_is_for_admins(hub: Hub, page: Page) -> None:
+    log_in(page, hub, "student2")
+    response = page.goto(f"{hub.url}/services/compose/quotas")
+    assert response is not None
+    assert response.status == 403
+    expect(page.locator("#portal-error")).to_contain_text("Only the GPU pool's admins may do this.")
+    shot(page, "portal-forbidden")

@@ -1,0 +1,191 @@
+"""The GPU portal as a hub-managed service: who may see and change what, and what it changes.
+
+A real hub starts the portal (``composespawner portal``); clients log in to the
+hub and reach the portal through JupyterHub's OAuth, as a browser does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from tests.e2e.test_faults import TWO_T4
+from tests.hubharness import Hub, running_hub, wait_for
+
+pytestmark = [pytest.mark.e2e]
+
+PORTAL = "/services/compose/"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    with running_hub(tmp_path_factory.mktemp("portal")) as hub:
+        wait_for(lambda: _answers(hub), 60, "the portal to answer")
+        yield hub
+
+
+def _answers(hub: Hub) -> bool:
+    # Not logged in: the portal sends the browser to the hub's OAuth.
+    response = requests.get(f"{hub.url}{PORTAL}api/me", timeout=5, allow_redirects=False)
+    return response.status_code in (302, 403)
+
+
+class Visitor:
+    """A person logged in to the hub, using the portal with the cookie OAuth gave them."""
+
+    def __init__(self, hub: Hub, name: str) -> None:
+        self.hub = hub
+        self.session = hub.login(name)
+        landing = self.session.get(f"{hub.url}{PORTAL}", timeout=30)
+        assert landing.status_code in (200, 403), landing.text
+
+    def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        xsrf = self.session.cookies.get("_xsrf", path=PORTAL)
+        headers = {"X-XSRFToken": xsrf} if xsrf and method != "GET" else {}
+        return self.session.request(
+            method, f"{self.hub.url}{PORTAL}{path}", headers=headers, timeout=30, **kwargs
+        )
+
+
+@pytest.fixture(scope="module")
+def admin(hub: Hub) -> Visitor:
+    return Visitor(hub, "admin")
+
+
+@pytest.fixture(scope="module")
+def student(hub: Hub) -> Visitor:
+    return Visitor(hub, "student1")
+
+
+@pytest.mark.timeout(120)
+def test_my_machine_shows_the_server_its_devices_and_quota(hub: Hub, student: Visitor) -> None:
+    me = student.call("GET", "api/me").json()
+    assert me["servers"] == []
+    assert me["groups"] == ["cs-101"]
+    assert me["quota"]["gpus_held"] == {"value": 4, "source": "the site default"}
+
+    hub.spawn("student1", TWO_T4).raise_for_status()
+    hub.wait_ready("student1")
+    try:
+        me = student.call("GET", "api/me").json()
+        [server] = me["servers"]
+        assert server["state"] == "running"
+        assert len(server["gpus"]) == 2
+        assert server["host"] in hub.composed_hosts()
+        assert me["use"]["gpus_held"] == 2
+        page = student.call("GET", "")
+        assert page.status_code == 200
+        assert server["gpus"][0]["id"] in page.text
+    finally:
+        hub.stop("student1")
+        hub.wait_gone("student1")
+
+
+@pytest.mark.timeout(120)
+def test_an_admin_sets_a_cohort_quota_and_a_spawn_past_it_is_refused_naming_it(
+    hub: Hub, admin: Visitor, student: Visitor
+) -> None:
+    put = admin.call("PUT", "api/quotas/cohort/cs-101", json={"gpus_held": 1})
+    assert put.status_code == 200, put.text
+    try:
+        quota = admin.call("GET", "api/users/student1/quota").json()["quota"]
+        assert quota["gpus_held"] == {"value": 1, "source": "cohort cs-101"}
+        refused = hub.spawn("student1", TWO_T4)
+        assert refused.status_code == 403, refused.text
+        assert "from cohort cs-101" in refused.json()["message"]
+        assert hub.composed_hosts() == {}
+        assert student.call("GET", "api/me").json()["quota"]["gpus_held"]["value"] == 1
+    finally:
+        assert admin.call("DELETE", "api/quotas/cohort/cs-101").status_code == 204
+    entries = admin.call("GET", "api/audit").json()["entries"]
+    assert [(e["action"], e["target"], e["actor"]) for e in entries[:2]] == [
+        ("quota.delete", "quota cohort cs-101", "admin"),
+        ("quota.set", "quota cohort cs-101", "admin"),
+    ]
+    assert entries[0]["origin"] == "127.0.0.1"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "api/quotas", None),
+        ("PUT", "api/quotas/site", {"gpus_held": 99}),
+        ("DELETE", "api/quotas/user/student1", None),
+        ("GET", "api/users/student2/quota", None),
+        ("GET", "api/audit", None),
+        ("GET", "quotas", None),
+        ("GET", "audit", None),
+    ],
+)
+def test_a_student_gets_403_on_every_admin_page_and_call(
+    admin: Visitor, student: Visitor, method: str, path: str, body: Any
+) -> None:
+    before = admin.call("GET", "api/quotas").json()
+    response = student.call(method, path, json=body)
+    assert response.status_code == 403, response.text
+    assert "admins" in response.text
+    assert admin.call("GET", "api/quotas").json() == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("api/quotas/site", {"gpus_held": -1}, "gpus_held must be from 0 to 10000, not -1"),
+        ("api/quotas/site", {"gpus_held": "2"}, "gpus_held must be a number, not str"),
+        ("api/quotas/site", {"gpus_held": 10**12}, "gpus_held must be from 0 to 10000"),
+        ("api/quotas/site", {"gpu_limit": 1}, "unknown limit 'gpu_limit'"),
+        ("api/quotas/site", [1], "send a JSON object of limits"),
+        ("api/quotas/user/student1", {"models": ["tpu"]}, "unknown GPU model 'tpu'"),
+        ("api/quotas/cohort/no-such-group", {"gpus_held": 1}, "No group 'no-such-group'"),
+        (
+            "api/quotas/cohort/%3Cscript%3E",
+            {"gpus_held": 1},
+            "No group '<script>' in the hub",
+        ),
+    ],
+)
+def test_bad_quota_input_is_refused_with_a_message_and_nothing_stored(
+    admin: Visitor, path: str, body: Any, message: str
+) -> None:
+    before = admin.call("GET", "api/quotas").json()
+    audit = admin.call("GET", "api/audit").json()
+    response = admin.call("PUT", path, json=body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["message"]
+    assert admin.call("GET", "api/quotas").json() == before
+    assert admin.call("GET", "api/audit").json() == audit
+
+
+@pytest.mark.timeout(60)
+def test_a_change_without_the_xsrf_token_is_refused(hub: Hub, admin: Visitor) -> None:
+    response = admin.session.put(
+        f"{hub.url}{PORTAL}api/quotas/site", json={"gpus_held": 1}, timeout=30
+    )
+    assert response.status_code == 403
+    assert admin.call("GET", "api/quotas").json() == {"rules": []}
+
+
+@pytest.mark.timeout(60)
+def test_markup_in_a_users_name_is_shown_as_text(admin: Visitor) -> None:
+    name = "<img src=x onerror=alert(1)>"
+    put = admin.call(
+        "PUT", f"api/quotas/user/{requests.utils.quote(name, safe='')}", json={"servers": 1}
+    )
+    assert put.status_code == 200, put.text
+    try:
+        page = admin.call("GET", "quotas")
+        assert name not in page.text
+        assert "&lt;img src=x onerror=alert(1)&gt;" in page.text
+        audit = admin.call("GET", "audit")
+        assert name not in audit.text
+        csv = admin.call("GET", "api/audit", params={"format": "csv"})
+        assert csv.headers["Content-Type"].startswith("text/csv")
+        assert name in csv.text  # CSV is data, not a page
+    finally:
+        quoted = requests.utils.quote(name, safe="")
+        assert admin.call("DELETE", f"api/quotas/user/{quoted}").status_code == 204
