@@ -63,6 +63,7 @@ setup(
             "redfish-service-validator>=3.1",
             "redfish-protocol-validator>=1.3",
             "trustme>=1.2",
+            "schemathesis>=4.3",
             "ruff>=0.6",
             "mypy>=1.11",
         ],

@@ -96,7 +96,8 @@ class PortalApp(ComposeApplication):
         return Application(
             routes,
             cookie_secret=os.urandom(32),
-            xsrf_cookies=True,
+            # No xsrf_cookies: HubOAuth accepts its cookie on a change only with the
+            # XSRF token, and a token in the Authorization header needs none.
             portal=handlers.Portal(
                 ledger=ledger, hub=hub, catalog=catalog, site_quota=site_quota, prefix=prefix
             ),

@@ -72,6 +72,8 @@ def check_subject(level: str, subject: str) -> None:
         return
     if not subject or len(subject) > MOST_SUBJECT:
         raise InvalidQuota(f"name the {level}: 1 to {MOST_SUBJECT} characters")
+    if not subject.isprintable():
+        raise InvalidQuota(f"the {level}'s name has a control character; no hub name does")
 
 
 def quota_json(quota: Quota) -> dict[str, Any]:

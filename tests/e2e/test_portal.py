@@ -142,6 +142,7 @@ def test_a_student_gets_403_on_every_admin_page_and_call(
         ("api/quotas/site", [1], "send a JSON object of limits"),
         ("api/quotas/user/student1", {"models": ["tpu"]}, "unknown GPU model 'tpu'"),
         ("api/quotas/cohort/no-such-group", {"gpus_held": 1}, "No group 'no-such-group'"),
+        ("api/quotas/user/a%00b", {"servers": 1}, "the user's name has a control character"),
         (
             "api/quotas/cohort/%3Cscript%3E",
             {"gpus_held": 1},

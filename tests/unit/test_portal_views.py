@@ -1,0 +1,80 @@
+"""The portal's pure views: what a form or a body becomes, and what is refused."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from composespawner.ledger import DeviceRecord, Machine
+from composespawner.portal.views import my_machine, rule_from_form, rule_from_json, rule_json
+from composespawner.quota import InvalidQuota, QuotaRule, effective_quota
+
+MODELS = ["t4", "a100"]
+
+
+def test_a_form_becomes_a_rule_and_empty_fields_stay_unset() -> None:
+    form = {"gpus_held": " 2 ", "models": "t4, a100", "gpu_hours_week": "7.5", "servers": ""}
+    rule = rule_from_form("cohort", " cs-101 ", form, MODELS)
+    assert rule == QuotaRule(
+        "cohort", "cs-101", gpus_held=2, models=frozenset(MODELS), gpu_hours_week=7.5
+    )
+    assert rule_json(rule)["models"] == ["a100", "t4"]
+    assert rule_json(rule)["servers"] is None
+
+
+@pytest.mark.parametrize(
+    ("level", "subject", "form", "message"),
+    [
+        ("cohort", "x", {"gpus_held": "two"}, "gpus_held must be a number, not 'two'"),
+        ("cohort", "x", {"gpus_held": "1.5"}, "gpus_held must be a whole number"),
+        ("cohort", "", {"gpus_held": "1"}, "name the cohort: 1 to 255 characters"),
+        ("site", "x", {}, "the site default names no subject"),
+        ("planet", "x", {}, "choose the site default, a cohort or a user"),
+        ("user", "x", {"models": "t4, tpu"}, "unknown GPU model 'tpu'; the catalog has: a100, t4"),
+        ("user", "a\tb", {}, "the user's name has a control character"),
+    ],
+)
+def test_a_bad_form_says_what_to_change(
+    level: str, subject: str, form: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidQuota, match=message):
+        rule_from_form(level, subject, form, MODELS)
+
+
+def test_a_body_with_models_not_a_list_is_refused() -> None:
+    with pytest.raises(InvalidQuota, match="models must be a list"):
+        rule_from_json("site", "", {"models": "t4"}, MODELS)
+
+
+def test_my_machine_lists_gpus_and_other_devices_of_each_server() -> None:
+    at = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
+    machine = Machine(
+        id="m1",
+        user_name="u",
+        server_name="",
+        state="running",
+        host_id="host-01",
+        zone="rack-1",
+        request={},
+        failure=None,
+        created_at=at,
+        updated_at=at,
+        ended_at=None,
+        block_ids=("gpu-1", "host-01-block", "nic-1"),
+    )
+    devices = {
+        "gpu-1": DeviceRecord("gpu-1", "gpu", "NVIDIA T4", frozenset({"rack-1"}), "c1"),
+        "nic-1": DeviceRecord("nic-1", "nic", "25GbE", frozenset({"rack-1"}), "c1"),
+    }
+    quota = effective_quota([QuotaRule("site", gpus_held=4)], "u", ())
+    view = my_machine("u", ["b", "a"], quota, [machine], devices, 1.23456)
+    assert view["groups"] == ["a", "b"]
+    assert view["use"] == {"gpus_held": 1, "servers": 1, "gpu_hours_week": 1.235}
+    [server] = view["servers"]
+    assert server["gpus"] == [{"id": "gpu-1", "model": "NVIDIA T4"}]
+    assert [d["kind"] for d in server["devices"]] == [
+        "gpu",
+        "nic",
+    ]  # the host block is not a device
+    assert server["since"] == "2026-11-24T09:00:00+00:00"
