@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, tzinfo
 
+from .admission import Admission, ClaimTerms, admission
 from .catalog import Catalog
 from .fabric.base import Fabric, FabricError
 from .failures import (
@@ -43,7 +45,9 @@ from .ledger import (
     LedgerRunner,
     Machine,
     QuotaExceeded,
+    ReservedForCohort,
     ServerBusy,
+    utcnow,
 )
 from .ledger.quota import check_ask
 from .machine import ComposedMachine
@@ -78,14 +82,19 @@ class Composer:
         release_retry_max: float = 60.0,
         fabric_wait: float | None = None,
         site_quota: QuotaRule = NO_SITE_QUOTA,
+        timezone: tzinfo = UTC,
+        clock: Callable[[], datetime] = utcnow,
         log: logging.Logger | None = None,
     ) -> None:
         """``fabric_wait``: seconds a spawn waits for the fabric's inventory, or for
         its server's last machine to be given back, before it is refused (None: as
         long as the fabric client's own timeouts take). ``site_quota``: the site
-        default from the config, under what the ledger's own site rule sets."""
+        default from the config, under what the ledger's own site rule sets.
+        ``timezone``: where cohort session times are told; ``clock``: now, for them."""
         self.ledger = ledger
         self.site_quota = site_quota
+        self.timezone = timezone
+        self.clock = clock
         self.fabric = fabric
         self.catalog = catalog
         self.hub_id = hub_id
@@ -113,14 +122,28 @@ class Composer:
     def fabric_wait(self, seconds: float | None) -> None:
         self.pool.fabric_wait = seconds
 
+    async def admission_for(self, user: str, groups: frozenset[str]) -> Admission:
+        """The user's quota, and the cohort reservations in force now (one ledger read)."""
+        policy = await self.runner.run(
+            self.ledger.policy.spawn_policy, user, groups, self.site_quota
+        )
+        return admission(policy, self.catalog, self.clock().astimezone(self.timezone))
+
     async def quota_for(self, user: str, groups: frozenset[str]) -> Quota:
         """The user's effective quota: the config's site default, then the ledger's rules."""
-        return await self.runner.run(self.ledger.policy.quota_of, user, groups, self.site_quota)
+        return (await self.admission_for(user, groups)).quota
 
     async def offer(self, user: str, groups: frozenset[str], *, within: float | None) -> Offer:
-        """What the spawn form shows ``user``, under their effective quota (see PoolView.offer)."""
-        quota = await self.quota_for(user, groups)
-        return await self.pool.offer(user, groups, quota=quota, within=within)
+        """What the spawn form shows ``user``, under their quota and the reservations in force."""
+        allowed = await self.admission_for(user, groups)
+        return await self.pool.offer(
+            user,
+            groups,
+            quota=allowed.quota,
+            holdback=allowed.fabric_holdback(groups, self.catalog),
+            notes=allowed.notes(groups),
+            within=within,
+        )
 
     async def record(self, machine_id: str, to: str, message: str) -> None:
         """Record a non-terminal lifecycle step the spawner took (``running``).
@@ -152,14 +175,15 @@ class Composer:
         ``then``: a next lifecycle step (state, message) the caller takes at once,
         recorded in the same ledger transaction as ``composed``.
         """
-        quota = await self.quota_for(user, groups)
+        allowed = await self.admission_for(user, groups)
         try:
-            check_ask(user, quota, request.gpu_model, request.gpu_count)
+            check_ask(user, allowed.quota, request.gpu_model, request.gpu_count)
         except QuotaExceeded as e:
             raise refusal(e) from e
         ask = self._ask(request)
+        terms = allowed.terms(groups, request.gpu_model, self.catalog)
         machine_id = await self._request_machine(user, server, request)
-        claim = self._claim(machine_id, groups, ask, quota, progress)
+        claim = self._claim(machine_id, groups, ask, terms, progress)
         plan = await self._claim_or_end(machine_id, claim)
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
@@ -242,36 +266,40 @@ class Composer:
         machine_id: str,
         groups: frozenset[str],
         ask: DeviceAsk,
-        quota: Quota,
+        terms: ClaimTerms,
         progress: Progress,
     ) -> Plan:
         """Place and claim, placing again on fresh data while claims lose races."""
         for attempt in range(CLAIM_ATTEMPTS):
-            plan = await self._place(groups, ask, fresh=attempt > 0)
+            plan = await self._place(groups, ask, terms, fresh=attempt > 0)
             if isinstance(plan, NoFit):
-                await self._fail_unclaimed(machine_id, plan.reason)
-                raise ComposeRefused(plan.reason, status=409, reason="no-fit")
+                why = _with_reservations(plan.reason, ask, terms)
+                await self._fail_unclaimed(machine_id, why)
+                raise ComposeRefused(why, status=409, reason="no-fit")
             progress(f"claiming {ask.gpu_count} × {ask.label} in {plan.zone}")
-            if await self._take(machine_id, plan, groups, quota):
+            if await self._take(machine_id, plan, groups, terms):
                 return plan
             self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
         why = "The devices you chose were taken by other users while we claimed them. Try again."
         await self._fail_unclaimed(machine_id, why)
         raise ComposeRefused(why, status=409, reason="contention")
 
-    async def _place(self, groups: frozenset[str], ask: DeviceAsk, *, fresh: bool) -> Plan | NoFit:
-        plan = place(await self.pool.claimable(groups, fresh=fresh), ask)
+    async def _place(
+        self, groups: frozenset[str], ask: DeviceAsk, terms: ClaimTerms, *, fresh: bool
+    ) -> Plan | NoFit:
+        kept = terms.holdback
+        plan = place(await self.pool.claimable(groups, fresh=fresh, holdback=kept), ask)
         if isinstance(plan, NoFit) and not fresh:
             # Our snapshot may predate another hub's release: look again before
             # telling the user nothing fits.
-            plan = place(await self.pool.claimable(groups, fresh=True), ask)
+            plan = place(await self.pool.claimable(groups, fresh=True, holdback=kept), ask)
         if not isinstance(plan, NoFit):
             # No await between the read and this: no other spawn of ours interleaves.
             self.reservations.hold((plan.host.block_id, *plan.block_ids))
         return plan
 
     async def _take(
-        self, machine_id: str, plan: Plan, groups: frozenset[str], quota: Quota
+        self, machine_id: str, plan: Plan, groups: frozenset[str], terms: ClaimTerms
     ) -> bool:
         """Claim the plan's blocks in the ledger; False when another claim took one first."""
         blocks = (plan.host.block_id, *plan.block_ids)
@@ -282,13 +310,15 @@ class Composer:
                 host_id=plan.host.system_id,
                 zone=plan.zone,
                 block_ids=blocks,
-                quota=quota,
+                quota=terms.quota,
                 groups=groups,
+                keep_free=terms.keep_free,
+                cohort=terms.cohort,
             )
         except DevicesTaken:
             self.reservations.drop(blocks)
             return False
-        except QuotaExceeded as e:
+        except (QuotaExceeded, ReservedForCohort) as e:
             self.reservations.drop(blocks)
             await self._fail_unclaimed(machine_id, e.user_message)
             raise refusal(e) from e
@@ -433,3 +463,12 @@ class Composer:
         self.background.cancel_all()
         await self.fabric.close()
         await self.runner.run(self.ledger.close)
+
+
+def _with_reservations(reason: str, ask: DeviceAsk, terms: ClaimTerms) -> str:
+    """A no-fit reason, and why some GPUs were not offered: cohorts' sessions keep them."""
+    kept = [k for k in terms.keep_free if k.models & ask.gpu_models]
+    notes = [
+        f"{k.label} GPUs are kept for cohort {k.cohort}'s session until {k.until}." for k in kept
+    ]
+    return " ".join([reason, *notes])

@@ -29,6 +29,7 @@ _TEMPLATES = jinja2.Environment(
 class ModelChoice:
     model: GpuModel
     availability: Availability
+    kept: str = ""  # what cohorts' sessions keep of this model from the user, if anything
 
     @property
     def askable(self) -> bool:
@@ -42,7 +43,11 @@ def render_form(
 
     ``from_link``: the choices came from a spawn link, and the form says nothing started yet.
     """
-    choices = [ModelChoice(m, offer.free[m.id]) for m in catalog.gpu_models if m.id in offer.free]
+    choices = [
+        ModelChoice(m, offer.free[m.id], offer.kept.get(m.id, ""))
+        for m in catalog.gpu_models
+        if m.id in offer.free
+    ]
     chosen = _chosen_model(choices, previous.get("gpu_model"))
     most = chosen.availability.most_to_ask if chosen else 0
     return _TEMPLATES.get_template("compose_form.html").render(

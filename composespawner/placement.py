@@ -104,6 +104,22 @@ def pool_for(
     return Pool(hosts=tuple(hosts), devices=tuple(usable), zones=inventory.zones)
 
 
+def keep_back(pool: Pool, holdback: Mapping[frozenset[str], int]) -> Pool:
+    """``pool`` without ``n`` free GPUs of each model set: what cohorts' sessions keep.
+
+    Which GPUs does not matter to the claim (it counts them); the last in
+    block order go, so the choice is the same on every hub.
+    """
+    if not holdback:
+        return pool
+    dropped: set[str] = set()
+    for models, count in holdback.items():
+        matching = [d.block_id for d in pool.devices if d.kind == "gpu" and d.model in models]
+        dropped.update(sorted(matching)[-count:] if count > 0 else ())
+    devices = tuple(d for d in pool.devices if d.block_id not in dropped)
+    return Pool(hosts=pool.hosts, devices=devices, zones=pool.zones)
+
+
 def visible_models(
     inventory: Inventory, owners: Mapping[str, str], groups: Collection[str]
 ) -> frozenset[str]:

@@ -11,13 +11,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .catalog import Catalog, GpuModel
 from .fabric.base import Fabric, FabricUnreachable
 from .hardware import Inventory
 from .ledger import DeviceRecord, Ledger, LedgerRunner
-from .placement import Availability, Pool, availability, pool_for
+from .placement import Availability, Pool, availability, keep_back, pool_for
 from .placement import visible_models as _visible_models
 from .quota import NO_QUOTA, Quota
 from .reservations import Reservations
@@ -32,6 +32,7 @@ class Offer:
     # Seconds since the inventory behind ``free`` was read, when a fresh read did
     # not finish in time; None when it is fresh.
     inventory_age: float | None = None
+    kept: Mapping[str, str] = field(default_factory=dict)  # model → what cohorts keep of it
 
     @property
     def gpu_limit(self) -> int | None:
@@ -140,18 +141,23 @@ class PoolView:
         groups: frozenset[str],
         *,
         quota: Quota = NO_QUOTA,
+        holdback: Mapping[frozenset[str], int] | None = None,
+        notes: Mapping[str, str] | None = None,
         within: float | None = None,
     ) -> Offer:
         """What the spawn form shows one user: models they may use, what is free, quota.
 
         ``quota``: the user's effective quota (models it does not allow are not
-        offered). ``within``: seconds to wait for a fresh inventory before
+        offered). ``holdback``: free GPUs cohorts' sessions keep from this user
+        (fabric models → count), and ``notes`` what the form says of them (catalog
+        model → text). ``within``: seconds to wait for a fresh inventory before
         offering the last one, with its age; with none read yet, FabricUnreachable.
         """
         inventory, age = await self._inventory_within(within)
         owners = self.owners(inventory)
         held = await self.runner.run(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=owners, groups=groups)
+        pool = keep_back(pool, holdback or {})
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
         quota_left = _quota_left(quota.gpus_held.value, in_use)
         per_server = quota.gpus_per_server.value
@@ -167,7 +173,8 @@ class PoolView:
             for m in self._visible_catalog_models(inventory, owners, groups)
             if quota.allows_model(m.id)
         }
-        return Offer(free=free, gpus_in_use=in_use, quota=quota, inventory_age=age)
+        kept = {model: note for model, note in (notes or {}).items() if model in free}
+        return Offer(free=free, gpus_in_use=in_use, quota=quota, inventory_age=age, kept=kept)
 
     async def _inventory_within(self, budget: float | None) -> tuple[Inventory, float | None]:
         if budget is None:
@@ -195,7 +202,13 @@ class PoolView:
 
     # -- what a claim may take ----------------------------------------------------
 
-    async def claimable(self, groups: frozenset[str], *, fresh: bool) -> Pool:
+    async def claimable(
+        self,
+        groups: frozenset[str],
+        *,
+        fresh: bool,
+        holdback: Mapping[frozenset[str], int] | None = None,
+    ) -> Pool:
         """What placement may take for these groups: free in the ledger, not reserved by us.
 
         The holders are read once per snapshot, not per claim: in a rush every
@@ -203,12 +216,14 @@ class PoolView:
         cause a double holder: our own claims since it are reserved in-process,
         and the claim's compare-and-set refuses devices another hub took
         meanwhile (then we read again). Our releases drop it (forget), so freed
-        devices show at once.
+        devices show at once. ``holdback``: free GPUs cohorts' sessions keep from
+        these groups (fabric models → count); the claim checks them exactly.
         """
         inventory = await self.inventory(fresh=fresh)
         held, read_after = await self._holders.get(self._read_holders, fresh=fresh)
         taken = self.reservations.taken(held, read_after)
-        return pool_for(inventory, held=taken, owners=self.owners(inventory), groups=groups)
+        pool = pool_for(inventory, held=taken, owners=self.owners(inventory), groups=groups)
+        return keep_back(pool, holdback or {})
 
     async def _read_holders(self) -> tuple[Mapping[str, str], int]:
         read_after = self.reservations.commits

@@ -18,9 +18,10 @@ import logging
 import os
 import socket
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from prometheus_client import REGISTRY
-from traitlets import Float, Integer, Unicode, default
+from traitlets import Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Config, LoggingConfigurable
 
 from .catalog import Catalog
@@ -101,6 +102,22 @@ class ComposeSettings(LoggingConfigurable):
         over it, in the portal. Checked in the same transaction as the claim, so
         racing spawns cannot exceed it.""",
     )
+    site_timezone = Unicode(
+        "UTC",
+        config=True,
+        help="""The IANA time zone cohort session times are given in (e.g. "Europe/Berlin"):
+        a session "Mon 09:00-11:00" reserves its GPUs from 09:00 there.""",
+    )
+
+    @validate("site_timezone")
+    def _valid_timezone(self, proposal: Any) -> str:
+        name = str(proposal["value"])
+        try:
+            ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise TraitError(f"site_timezone: no time zone {name!r}; use an IANA name") from None
+        return name
+
     fabric_wait_timeout = Float(
         5.0,
         config=True,
@@ -196,6 +213,7 @@ def build_composer(
         snapshot_ttl=settings.inventory_cache_seconds,
         fabric_wait=settings.fabric_wait_timeout if for_spawns else None,
         site_quota=QuotaRule("site", gpus_held=settings.max_gpus_per_user or None),
+        timezone=ZoneInfo(settings.site_timezone),
         log=log,
     )
 

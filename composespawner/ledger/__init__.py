@@ -11,6 +11,7 @@ from composespawner.ledger.errors import (
     LedgerError,
     NotOwner,
     QuotaExceeded,
+    ReservedForCohort,
     SchemaNotCurrent,
     ServerBusy,
     UnknownDevices,
@@ -28,11 +29,12 @@ from composespawner.ledger.lifecycle import (
     is_terminal,
 )
 from composespawner.ledger.models import AppendOnlyViolation
-from composespawner.ledger.policy import Actor, AuditEntry, Policy
+from composespawner.ledger.policy import Actor, AuditEntry, Policy, SpawnPolicy
 from composespawner.ledger.records import (
     HOLDABLE_KINDS,
     DeviceRecord,
     HoldableKind,
+    KeepFree,
     Machine,
     MachineEvent,
     ServerUse,
@@ -57,6 +59,7 @@ __all__ = [
     "DevicesTaken",
     "HoldableKind",
     "IllegalTransition",
+    "KeepFree",
     "Ledger",
     "LedgerError",
     "LedgerRunner",
@@ -66,9 +69,11 @@ __all__ = [
     "NotOwner",
     "Policy",
     "QuotaExceeded",
+    "ReservedForCohort",
     "SchemaNotCurrent",
     "ServerBusy",
     "ServerUse",
+    "SpawnPolicy",
     "UnknownDevices",
     "UnknownMachine",
     "UsageRecord",

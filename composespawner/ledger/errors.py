@@ -6,6 +6,7 @@
     ├── ServerBusy           the user's server already has a live machine
     ├── QuotaExceeded        the spawn would take the user past a limit of their quota
     ├── NotOwner             a co-located device belongs to a group the user is not in
+    ├── ReservedForCohort    the GPUs left are reserved for a cohort's session
     ├── DevicesTaken         a block is held by another machine
     │   └── UnknownDevices   a block is not in the ledger at all
     └── SchemaNotCurrent     the database's schema is not the one this version needs
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from composespawner.ledger.records import server_label
+from composespawner.ledger.records import KeepFree, server_label
 
 
 class LedgerError(Exception):
@@ -93,6 +94,24 @@ class QuotaExceeded(LedgerError):
 
 def gpus(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+class ReservedForCohort(LedgerError):
+    """The claim would take GPUs a cohort's session keeps for its members."""
+
+    def __init__(self, user: str, keep: KeepFree, free: int) -> None:
+        self.user = user
+        self.keep = keep
+        self.free = free
+        super().__init__(f"{user}: {keep.label} reserved for cohort {keep.cohort} ({free} free)")
+
+    @property
+    def user_message(self) -> str:
+        keep = self.keep
+        return (
+            f"The free {keep.label} GPUs are reserved for cohort {keep.cohort}'s session until"
+            f" {keep.until}. Choose another model, or start your server after the session."
+        )
 
 
 class NotOwner(LedgerError):

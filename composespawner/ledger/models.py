@@ -8,12 +8,13 @@ holder by construction (invariant 1); claims set it only where it is NULL.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     CheckConstraint,
+    Date,
     DateTime,
     Delete,
     Dialect,
@@ -116,6 +117,8 @@ class MachineRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The cohort whose session reservation its GPUs were claimed under, if any.
+    cohort: Mapped[str | None] = mapped_column(String(255))
 
 
 class DeviceRow(Base):
@@ -206,6 +209,24 @@ class QuotaRuleRow(Base):
     models: Mapped[list[str] | None] = mapped_column(JSON)
     gpu_hours_week: Mapped[float | None] = mapped_column(Float)
     servers: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_by: Mapped[str] = mapped_column(String(255))
+
+
+class CohortRow(Base):
+    """A cohort (see :mod:`composespawner.cohorts`): its hub group's name is the key."""
+
+    __tablename__ = "cohorts"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    title: Mapped[str] = mapped_column(String(255))
+    starts_on: Mapped[date | None] = mapped_column(Date)
+    ends_on: Mapped[date | None] = mapped_column(Date)
+    sessions: Mapped[list[str]] = mapped_column(JSON)  # "Mon 09:00-11:00", site-local
+    stacks: Mapped[list[str] | None] = mapped_column(JSON)
+    starter_kit: Mapped[str | None] = mapped_column(String(255))
+    reserved_model: Mapped[str | None] = mapped_column(String(255))
+    reserved_gpus: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_by: Mapped[str] = mapped_column(String(255))
 

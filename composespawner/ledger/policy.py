@@ -9,16 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, or_, select, update
 
-from composespawner.ledger.models import AuditEntryRow, QuotaRuleRow
+from composespawner.cohorts import Cohort, Session
+from composespawner.ledger.models import (
+    AuditEntryRow,
+    CohortRow,
+    DeviceRow,
+    MachineRow,
+    QuotaRuleRow,
+)
 from composespawner.quota import Level, Quota, QuotaRule, effective_quota, under_site_default
 
 QUOTA_RULES = cast(Table, QuotaRuleRow.__table__)
 AUDIT = cast(Table, AuditEntryRow.__table__)
+COHORTS = cast(Table, CohortRow.__table__)
+MACHINES = cast(Table, MachineRow.__table__)
+DEVICES = cast(Table, DeviceRow.__table__)
 LIMIT_COLUMNS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
 
 
@@ -56,17 +66,8 @@ class Policy:
 
     def quota_rules(self, user: str | None = None, groups: Collection[str] = ()) -> list[QuotaRule]:
         """Every rule; with ``user``, those that apply to them: site, their cohorts, theirs."""
-        query = select(QUOTA_RULES).order_by(QUOTA_RULES.c.level, QUOTA_RULES.c.subject)
-        if user is not None:
-            query = query.where(
-                or_(
-                    QUOTA_RULES.c.level == "site",
-                    (QUOTA_RULES.c.level == "cohort") & QUOTA_RULES.c.subject.in_(list(groups)),
-                    (QUOTA_RULES.c.level == "user") & (QUOTA_RULES.c.subject == user),
-                )
-            )
         with self._engine.begin() as connection:
-            return [_rule(row._mapping) for row in connection.execute(query)]
+            return _quota_rules(connection, user, groups)
 
     def quota_of(self, user: str, groups: Collection[str], site_default: QuotaRule) -> Quota:
         """The effective quota of ``user`` in ``groups``: ``site_default`` (the config's)
@@ -98,6 +99,50 @@ class Policy:
                 _audit(connection, now, actor, "quota.delete", _target(level, subject), {})
         return bool(removed)
 
+    # -- cohorts ----------------------------------------------------------------------
+
+    def cohorts(self) -> list[Cohort]:
+        with self._engine.begin() as connection:
+            return [_cohort(row._mapping) for row in connection.execute(_COHORTS)]
+
+    def set_cohort(self, cohort: Cohort, actor: Actor) -> None:
+        """Store ``cohort`` in place of what was stored under its name."""
+        values = _cohort_values(cohort)
+        now = self._now()
+        stamp = {"updated_at": now, "updated_by": actor.name}
+        with self._write() as connection:
+            where = COHORTS.c.name == cohort.name
+            if not connection.execute(
+                update(COHORTS).where(where).values(**values, **stamp)
+            ).rowcount:
+                connection.execute(insert(COHORTS).values(name=cohort.name, **values, **stamp))
+            detail = {
+                **values,
+                "starts_on": _day(cohort.starts_on),
+                "ends_on": _day(cohort.ends_on),
+            }
+            _audit(connection, now, actor, "cohort.set", f"cohort {cohort.name}", detail)
+
+    def delete_cohort(self, name: str, actor: Actor) -> bool:
+        """Remove a cohort (its group and quota rule stay); False if there was none."""
+        now = self._now()
+        with self._write() as connection:
+            removed = connection.execute(delete(COHORTS).where(COHORTS.c.name == name)).rowcount
+            if removed:
+                _audit(connection, now, actor, "cohort.delete", f"cohort {name}", {})
+        return bool(removed)
+
+    def spawn_policy(
+        self, user: str, groups: Collection[str], site_default: QuotaRule
+    ) -> SpawnPolicy:
+        """What a spawn needs of the policy, in one read: the user's quota, the cohorts
+        with a reservation and, when there are any, what their members hold under them."""
+        with self._engine.begin() as connection:
+            rules = under_site_default(_quota_rules(connection, user, groups), site_default)
+            reserving = [_cohort(r._mapping) for r in connection.execute(_RESERVING_COHORTS)]
+            held = _held_under_cohorts(connection) if reserving else {}
+        return SpawnPolicy(effective_quota(rules, user, groups), reserving, held)
+
     # -- the audit log ------------------------------------------------------------
 
     def audit_log(self, limit: int | None = 1000, oldest_first: bool = False) -> list[AuditEntry]:
@@ -106,6 +151,74 @@ class Policy:
         query = select(AUDIT).order_by(order).limit(limit)
         with self._engine.begin() as connection:
             return [AuditEntry(**row._mapping) for row in connection.execute(query)]
+
+
+@dataclass(frozen=True)
+class SpawnPolicy:
+    quota: Quota
+    reserving: list[Cohort]  # cohorts with a reservation, in session or not
+    held: dict[tuple[str, str], int]  # (cohort, fabric GPU model) → GPUs held under it
+
+
+_COHORTS = select(COHORTS).order_by(COHORTS.c.name)
+_RESERVING_COHORTS = select(COHORTS).where(COHORTS.c.reserved_gpus > 0)
+_HELD_UNDER_COHORTS = (
+    select(MACHINES.c.cohort, DEVICES.c.model, func.count())
+    .join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
+    .where(MACHINES.c.cohort.is_not(None), DEVICES.c.kind == "gpu")
+    .group_by(MACHINES.c.cohort, DEVICES.c.model)
+)
+
+
+def _held_under_cohorts(connection: Connection) -> dict[tuple[str, str], int]:
+    return {(c, m): n for c, m, n in connection.execute(_HELD_UNDER_COHORTS)}
+
+
+def _quota_rules(
+    connection: Connection, user: str | None, groups: Collection[str]
+) -> list[QuotaRule]:
+    query = select(QUOTA_RULES).order_by(QUOTA_RULES.c.level, QUOTA_RULES.c.subject)
+    if user is not None:
+        query = query.where(
+            or_(
+                QUOTA_RULES.c.level == "site",
+                (QUOTA_RULES.c.level == "cohort") & QUOTA_RULES.c.subject.in_(list(groups)),
+                (QUOTA_RULES.c.level == "user") & (QUOTA_RULES.c.subject == user),
+            )
+        )
+    return [_rule(row._mapping) for row in connection.execute(query)]
+
+
+def _cohort_values(cohort: Cohort) -> dict[str, Any]:
+    return {
+        "title": cohort.title,
+        "starts_on": cohort.starts_on,
+        "ends_on": cohort.ends_on,
+        "sessions": [str(s) for s in sorted(cohort.sessions)],
+        "stacks": None if cohort.stacks is None else sorted(cohort.stacks),
+        "starter_kit": cohort.starter_kit,
+        "reserved_model": cohort.reserved_model,
+        "reserved_gpus": cohort.reserved_gpus,
+    }
+
+
+def _day(day: date | None) -> str | None:
+    return None if day is None else day.isoformat()
+
+
+def _cohort(row: Any) -> Cohort:
+    stacks = row["stacks"]
+    return Cohort(
+        name=row["name"],
+        title=row["title"],
+        starts_on=row["starts_on"],
+        ends_on=row["ends_on"],
+        sessions=tuple(Session.parse(text) for text in row["sessions"]),
+        stacks=None if stacks is None else frozenset(stacks),
+        starter_kit=row["starter_kit"],
+        reserved_model=row["reserved_model"],
+        reserved_gpus=row["reserved_gpus"],
+    )
 
 
 def _audit(

@@ -66,6 +66,7 @@ class Machine:
     updated_at: datetime
     ended_at: datetime | None
     block_ids: tuple[str, ...] = ()  # blocks held now, sorted; empty once terminal
+    cohort: str | None = None  # the cohort reservation its GPUs were claimed under
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +104,18 @@ class ServerUse:
 
     server: str
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeepFree:
+    """GPUs a claim must leave free: a cohort's reservation, for someone outside the cohort.
+
+    The claim may take GPUs of ``models`` only while, after it, the free ones
+    still cover what the reservation's members do not already hold.
+    """
+
+    cohort: str
+    models: frozenset[str]  # fabric GPU models
+    gpus: int  # the reservation's size
+    label: str  # the model as a person names it
+    until: str  # when the session ends, as a person reads it

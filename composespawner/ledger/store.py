@@ -66,6 +66,7 @@ from composespawner.ledger.errors import (
     DevicesTaken,
     IllegalTransition,
     NotOwner,
+    ReservedForCohort,
     SchemaNotCurrent,
     ServerBusy,
     UnknownDevices,
@@ -73,6 +74,7 @@ from composespawner.ledger.errors import (
 )
 from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL, check_transition
 from composespawner.ledger.models import (
+    CohortRow,
     DeviceRow,
     MachineEventRow,
     MachineRow,
@@ -86,6 +88,7 @@ from composespawner.ledger.quota import Use, check_use
 from composespawner.ledger.records import (
     DeviceRecord,
     HoldableKind,
+    KeepFree,
     Machine,
     MachineEvent,
     ServerUse,
@@ -217,14 +220,19 @@ class Ledger:
         quota: Quota = NO_QUOTA,
         groups: frozenset[str] = frozenset(),
         host_block: str | None = None,
+        keep_free: Sequence[KeepFree] = (),
+        cohort: str | None = None,
     ) -> Machine:
         """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
 
         In one transaction: the user's quota row is locked, the blocks are
         checked (known, allowed to ``groups``, free, and within ``quota``
         counting the user's other live machines and GPU-hours) and taken, and
-        the machine moves to ``claimed``. Raises :class:`UnknownDevices`,
-        :class:`NotOwner`, :class:`QuotaExceeded`, :class:`DevicesTaken` or
+        the machine moves to ``claimed``. ``keep_free``: cohort reservations the
+        user is outside of, checked here so that racing claims cannot jointly
+        take reserved GPUs; ``cohort``: the reservation a member claims under.
+        Raises :class:`UnknownDevices`, :class:`NotOwner`, :class:`QuotaExceeded`,
+        :class:`ReservedForCohort`, :class:`DevicesTaken` or
         :class:`IllegalTransition`, having changed nothing.
         """
         wanted = _claim_set(block_ids, host_block)
@@ -238,9 +246,11 @@ class Ledger:
             asked = sum(1 for device in devices if device.kind == "gpu")
             use = _use(connection, machine, quota, now)
             check_use(machine.user_name, quota, asked, use)
+            for keep in keep_free:
+                _check_keep_free(connection, machine.user_name, keep, devices)
             _take_devices(connection, machine_id, wanted, devices, now)
             message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
-            changes = {"host_id": host_id, "zone": zone}
+            changes = {"host_id": host_id, "zone": zone, "cohort": cohort}
             _move(connection, machine, CLAIMED, now, message, **changes)
             return _moved(machine, CLAIMED, now, wanted, **changes)
 
@@ -423,6 +433,7 @@ class Ledger:
 # ---------------------------------------------------------------------------
 
 MACHINES = cast(Table, MachineRow.__table__)
+COHORTS = cast(Table, CohortRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
@@ -491,6 +502,24 @@ _GPU_PERIODS = union_all(
     .join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
     .where(MACHINES.c.user_name == bindparam("b_user"), DEVICES.c.kind == "gpu"),
 )
+
+
+_FREE_OF_MODELS = select(func.count()).where(
+    DEVICES.c.kind == "gpu",
+    DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
+    DEVICES.c.machine_id.is_(None),
+    DEVICES.c.owner_group.is_(None),  # co-located GPUs are never the pool's
+)
+_HELD_UNDER_COHORT = (
+    select(func.count())
+    .select_from(DEVICES.join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id))
+    .where(
+        MACHINES.c.cohort == bindparam("b_cohort"),
+        DEVICES.c.kind == "gpu",
+        DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
+    )
+)
+_LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
 
 
 def _find_machine(connection: Connection, machine_id: str) -> Row[Any] | None:
@@ -612,6 +641,24 @@ def _end(
         connection.execute(_INSERT_USAGE, [_usage_values(machine, d, now) for d in held])
         connection.execute(_FREE_DEVICES_OF, {"b_machine_id": machine.id})
     return _moved(machine, to, now, (), **ended)
+
+
+def _check_keep_free(
+    connection: Connection, user: str, keep: KeepFree, devices: Sequence[Row[Any]]
+) -> None:
+    """Refuse a claim that would leave a reservation's members short (see KeepFree)."""
+    taking = sum(1 for d in devices if d.kind == "gpu" and d.model in keep.models)
+    if not taking:
+        return
+    # Outsiders' claims of a reserved model take turns on the cohort's row, so two of
+    # them cannot each see the same free GPUs (SQLite's write lock does this already).
+    if connection.dialect.name == "postgresql":
+        connection.execute(_LOCK_COHORT, {"b_name": keep.cohort})
+    models = {"b_models": list(keep.models), "b_cohort": keep.cohort}
+    free = connection.execute(_FREE_OF_MODELS, models).scalar_one()
+    members = connection.execute(_HELD_UNDER_COHORT, models).scalar_one()
+    if free - taking < keep.gpus - members:
+        raise ReservedForCohort(user, keep, free)
 
 
 def _use(connection: Connection, machine: Row[Any], quota: Quota, now: datetime) -> Use:

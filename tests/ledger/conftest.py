@@ -34,6 +34,7 @@ TABLES = (
     "reconcile_actions",
     "quota_rules",
     "audit_log",
+    "cohorts",
 )
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

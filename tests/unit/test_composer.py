@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from datetime import time as clock_time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,19 @@ import pytest
 import sqlalchemy as sa
 
 from composespawner.catalog import Catalog
+from composespawner.cohorts import Cohort, Session
 from composespawner.composer import Composer
 from composespawner.fabric.base import FabricError, FabricUnreachable
 from composespawner.failures import ComposeFailed, ComposeRefused
 from composespawner.hardware import CompositionTag
-from composespawner.ledger import Actor, DeviceRecord, Ledger, Machine, QuotaExceeded
+from composespawner.ledger import (
+    Actor,
+    DeviceRecord,
+    KeepFree,
+    Ledger,
+    Machine,
+    QuotaExceeded,
+)
 from composespawner.ledger.models import MachineRow
 from composespawner.machine import ComposedMachine
 from composespawner.quota import NO_QUOTA, Quota, QuotaRule
@@ -36,6 +46,7 @@ from tests.support.inprocess import InProcessFabric
 HUB_CONFIG = Path(__file__).resolve().parents[2] / "hub_config"
 HUB_ID = "test-hub"
 H100_MODEL = "NVIDIA H100 PCIe"
+T4_MODEL = "NVIDIA T4"
 
 T4_PAIR_WITH_EXTRAS = MachineRequest(gpu_model="t4", gpu_count=2, network="25g", scratch_gb=1920)
 
@@ -72,6 +83,8 @@ class HeldClaimLedger(Ledger):
         quota: Quota = NO_QUOTA,
         groups: frozenset[str] = frozenset(),
         host_block: str | None = None,
+        keep_free: Sequence[KeepFree] = (),
+        cohort: str | None = None,
     ) -> Machine:
         self.claim_entered.set()
         if not self.claim_may_go.wait(timeout=10):
@@ -84,6 +97,8 @@ class HeldClaimLedger(Ledger):
             quota=quota,
             groups=groups,
             host_block=host_block,
+            keep_free=keep_free,
+            cohort=cohort,
         )
 
 
@@ -352,6 +367,43 @@ async def test_a_cohorts_quota_refuses_a_model_and_a_count_before_anything_is_st
     assert (rig.ledger.holders(), rig.attachments()) == (held, attached)
     # Outside the cohort the course's rule does not apply.
     await rig.compose("v", ask("t4", 2))
+
+
+MONDAY_10AM = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+T4_COURSE = Cohort(
+    "cs-101",
+    sessions=(Session(0, clock_time(9), clock_time(11)),),  # Mondays 09:00-11:00
+    reserved_model="t4",
+    reserved_gpus=6,
+)
+
+
+async def test_a_session_keeps_its_gpus_from_outsiders_and_gives_them_to_members(rig: Rig) -> None:
+    rig.composer.clock = lambda: MONDAY_10AM
+    rig.ledger.policy.set_cohort(T4_COURSE, Actor("admin"))
+    members = frozenset({"cs-101"})
+    assert len(rig.model_blocks(T4_MODEL)) == 8, "the inventory changed: this test needs 8 T4s"
+
+    offer = await rig.composer.offer("v", frozenset(), within=None)
+    assert offer.free["t4"].free == 2
+    assert offer.kept["t4"] == "6 kept for cohort cs-101's session until 11:00"
+    assert (await rig.composer.offer("m", members, within=None)).free["t4"].free == 8
+
+    with pytest.raises(ComposeRefused) as refused:
+        await rig.compose("v", ask("t4", 3))
+    assert refused.value.status == 409
+    assert "kept for cohort cs-101's session until 11:00" in str(refused.value)
+    await rig.compose("v", ask("t4", 2))  # what the session leaves
+
+    member = await rig.compose("m", ask("t4", 4), groups=members)
+    assert rig.machine(member.machine_id).cohort == "cs-101"
+    # 2 free, and the session still lacks 2 of its 6: nothing is left for outsiders.
+    assert (await rig.composer.offer("w", frozenset(), within=None)).free["t4"].free == 0
+    with pytest.raises(ComposeRefused):
+        await rig.compose("w", ask("t4", 1))
+
+    rig.composer.clock = lambda: MONDAY_10AM + timedelta(hours=1)  # the session is over
+    await rig.compose("w", ask("t4", 1))
 
 
 async def test_no_fit_names_what_is_short_when_another_client_holds_a_device(rig: Rig) -> None:

@@ -1,0 +1,160 @@
+"""Cohorts (courses and research-training groups) and the GPUs their sessions reserve. Pure.
+
+A cohort is a JupyterHub group with dates, weekly session times, the stacks and
+starter kit it uses, and optionally a reservation: N GPUs of one model that,
+during its sessions, nobody outside the cohort can take.
+
+What a reservation does to GPUs already held when a session starts: nothing.
+Nobody is evicted. From the session's start, people outside the cohort may take
+a reserved model's GPUs only while more than the reservation's unused part stays
+free (the part not already held by members during the session), so as
+outsiders' servers stop, their GPUs go to the cohort. The portal shows how many
+of a reservation are free, held by members, and still held by others.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+
+from .quota import MOST_COUNTED, InvalidQuota
+
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_SESSION = re.compile(r"^\s*(\w{3})\s+(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
+MOST_SESSIONS = 50
+
+
+class InvalidCohort(InvalidQuota):
+    """A cohort that cannot be stored; the message says what to change."""
+
+
+@dataclass(frozen=True, order=True)
+class Session:
+    """One weekly session, in the site's time zone: ``Mon 09:00-11:00``."""
+
+    weekday: int  # 0 is Monday
+    start: time
+    end: time
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weekday <= 6:
+            raise InvalidCohort(f"weekday must be 0 (Monday) to 6, not {self.weekday}")
+        if self.end <= self.start:
+            raise InvalidCohort(f"a session ends after it starts: {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> Session:
+        match = _SESSION.match(text)
+        if match is None or match.group(1).title() not in WEEKDAYS:
+            raise InvalidCohort(f"write a session as 'Mon 09:00-11:00', not {text!r}")
+        day, h1, m1, h2, m2 = match.groups()
+        try:
+            start, end = time(int(h1), int(m1)), time(int(h2), int(m2))
+        except ValueError:
+            raise InvalidCohort(f"{text!r} is not a time of day") from None
+        return cls(WEEKDAYS.index(day.title()), start, end)
+
+    def __str__(self) -> str:
+        return f"{WEEKDAYS[self.weekday]} {self.start:%H:%M}-{self.end:%H:%M}"
+
+    def covers(self, at: datetime) -> bool:
+        return at.weekday() == self.weekday and self.start <= at.time() < self.end
+
+
+@dataclass(frozen=True)
+class Cohort:
+    name: str  # the JupyterHub group
+    title: str = ""
+    starts_on: date | None = None
+    ends_on: date | None = None
+    sessions: tuple[Session, ...] = ()
+    stacks: frozenset[str] | None = None  # stack ids its members may use (None: any)
+    starter_kit: str | None = None  # the kit a member's form starts with
+    reserved_model: str | None = None  # catalog GPU model id
+    reserved_gpus: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 255 or not self.name.isprintable():
+            raise InvalidCohort("name the cohort's hub group: 1 to 255 printable characters")
+        if self.starts_on and self.ends_on and self.ends_on < self.starts_on:
+            raise InvalidCohort("the cohort ends before it starts")
+        if len(self.sessions) > MOST_SESSIONS:
+            raise InvalidCohort(f"at most {MOST_SESSIONS} weekly sessions")
+        gpus = self.reserved_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MOST_COUNTED:
+            raise InvalidCohort(f"reserved_gpus must be a whole number from 0 to {MOST_COUNTED}")
+        if (self.reserved_model is None) != (gpus == 0):
+            raise InvalidCohort("a reservation names both a GPU model and a number of GPUs")
+
+    def runs_on(self, day: date) -> bool:
+        return (self.starts_on is None or self.starts_on <= day) and (
+            self.ends_on is None or day <= self.ends_on
+        )
+
+    def session_at(self, at: datetime) -> Session | None:
+        """The session under way at ``at`` (site-local time), if the cohort runs that day."""
+        if not self.runs_on(at.date()):
+            return None
+        return next((s for s in self.sessions if s.covers(at)), None)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """GPUs of one model a cohort's session keeps for its members, now."""
+
+    cohort: str
+    model: str  # catalog GPU model id
+    gpus: int
+    until: datetime  # the session's end, site-local
+
+
+def active_reservations(cohorts: Iterable[Cohort], at: datetime) -> list[Reservation]:
+    """The reservations in force at ``at`` (site-local time)."""
+    active = []
+    for cohort in cohorts:
+        session = cohort.session_at(at) if cohort.reserved_model else None
+        if session is not None and cohort.reserved_model is not None:
+            until = datetime.combine(at.date(), session.end, at.tzinfo)
+            active.append(
+                Reservation(cohort.name, cohort.reserved_model, cohort.reserved_gpus, until)
+            )
+    return active
+
+
+def holdback(
+    reservations: Iterable[Reservation],
+    groups: Iterable[str],
+    held_by_cohort: Mapping[tuple[str, str], int],
+) -> dict[str, int]:
+    """GPUs per catalog model that this user (in ``groups``) must leave free right now.
+
+    ``held_by_cohort``: (cohort, model) → GPUs its members hold under the reservation.
+    Members of a cohort are not held back by its own reservation.
+    """
+    mine = set(groups)
+    kept: dict[str, int] = {}
+    for r in reservations:
+        if r.cohort in mine:
+            continue
+        unused = max(r.gpus - held_by_cohort.get((r.cohort, r.model), 0), 0)
+        kept[r.model] = kept.get(r.model, 0) + unused
+    return {model: n for model, n in kept.items() if n}
+
+
+def next_session_start(cohort: Cohort, after: datetime) -> datetime | None:
+    """When the cohort's next session starts after ``after`` (site-local), within a week."""
+    for days in range(8):
+        day = (after + timedelta(days=days)).date()
+        if not cohort.runs_on(day):
+            continue
+        starts = sorted(
+            datetime.combine(day, s.start, after.tzinfo)
+            for s in cohort.sessions
+            if s.weekday == day.weekday()
+        )
+        upcoming = [start for start in starts if start > after]
+        if upcoming:
+            return upcoming[0]
+    return None

@@ -1,0 +1,92 @@
+"""Cohorts, pure: sessions, which reservations are in force, and what outsiders leave."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time
+from typing import Any
+
+import pytest
+
+from composespawner.cohorts import (
+    Cohort,
+    InvalidCohort,
+    Reservation,
+    Session,
+    active_reservations,
+    holdback,
+    next_session_start,
+)
+
+MON_0930 = datetime(2026, 11, 23, 9, 30, tzinfo=UTC)  # a Monday
+COURSE = Cohort(
+    "cs-101",
+    starts_on=date(2026, 9, 1),
+    ends_on=date(2026, 12, 20),
+    sessions=(Session.parse("Mon 09:00-11:00"), Session.parse("thu 14:00 - 16:00")),
+    reserved_model="t4",
+    reserved_gpus=4,
+)
+
+
+def test_sessions_read_and_print_as_people_write_them() -> None:
+    assert COURSE.sessions == (Session(0, time(9), time(11)), Session(3, time(14), time(16)))
+    assert [str(s) for s in COURSE.sessions] == ["Mon 09:00-11:00", "Thu 14:00-16:00"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Monday 9-11", "write a session as 'Mon 09:00-11:00'"),
+        ("Mon 11:00-09:00", "a session ends after it starts"),
+        ("Mon 25:00-26:00", "is not a time of day"),
+        ("Xyz 09:00-10:00", "write a session as"),
+    ],
+)
+def test_a_bad_session_says_how_to_write_one(text: str, message: str) -> None:
+    with pytest.raises(InvalidCohort, match=message):
+        Session.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": ""}, "name the cohort's hub group"),
+        ({"name": "a\tb"}, "name the cohort's hub group"),
+        ({"starts_on": date(2027, 1, 1)}, "the cohort ends before it starts"),
+        ({"reserved_gpus": -1}, "reserved_gpus must be a whole number from 0"),
+        ({"reserved_gpus": True}, "reserved_gpus must be a whole number"),
+        ({"reserved_model": None}, "a reservation names both a GPU model and a number"),
+        ({"reserved_gpus": 0}, "a reservation names both"),
+    ],
+)
+def test_a_cohort_that_cannot_be_stored_says_why(changes: dict[str, Any], message: str) -> None:
+    fields = {**COURSE.__dict__, **changes}
+    with pytest.raises(InvalidCohort, match=message):
+        Cohort(**fields)
+
+
+def test_a_reservation_is_in_force_during_a_session_of_a_running_cohort_only() -> None:
+    [now] = active_reservations([COURSE], MON_0930)
+    assert now == Reservation("cs-101", "t4", 4, datetime(2026, 11, 23, 11, 0, tzinfo=UTC))
+    assert active_reservations([COURSE], MON_0930.replace(hour=11)) == []  # ended at 11:00
+    assert active_reservations([COURSE], MON_0930.replace(day=24)) == []  # a Tuesday
+    after_term = datetime(2027, 1, 4, 9, 30, tzinfo=UTC)  # a Monday after ends_on
+    assert active_reservations([COURSE], after_term) == []
+    no_reservation = Cohort("lab", sessions=COURSE.sessions)
+    assert active_reservations([no_reservation], MON_0930) == []
+
+
+def test_outsiders_leave_what_members_do_not_yet_hold() -> None:
+    [r] = active_reservations([COURSE], MON_0930)
+    assert holdback([r], ["vision-lab"], {}) == {"t4": 4}
+    assert holdback([r], ["vision-lab"], {("cs-101", "t4"): 3}) == {"t4": 1}
+    assert holdback([r], ["vision-lab"], {("cs-101", "t4"): 9}) == {}
+    assert holdback([r], ["cs-101"], {}) == {}  # members are not held back
+
+
+def test_the_next_session_start_is_found_within_the_week() -> None:
+    assert next_session_start(COURSE, MON_0930) == datetime(2026, 11, 26, 14, 0, tzinfo=UTC)
+    assert next_session_start(COURSE, MON_0930.replace(hour=8)) == MON_0930.replace(
+        hour=9, minute=0
+    )
+    assert next_session_start(Cohort("none"), MON_0930) is None
