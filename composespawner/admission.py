@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .catalog import Catalog, GpuModel
-from .cohorts import Reservation, active_reservations, holdback
+from .cohorts import END_OF_DAY, Reservation, active_reservations, holdback
 from .ledger import KeepFree, SpawnPolicy
 from .quota import NO_QUOTA, Quota
 
@@ -101,4 +101,4 @@ def _held(held: Mapping[tuple[str, str], int], cohort: str, model: GpuModel | No
 
 
 def _hhmm(at: datetime) -> str:
-    return f"{at:%H:%M}"
+    return "24:00" if at.time() == END_OF_DAY else f"{at:%H:%M}"

@@ -24,6 +24,7 @@ from .quota import MOST_COUNTED, InvalidQuota
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _SESSION = re.compile(r"^\s*(\w{3})\s+(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 MOST_SESSIONS = 50
+END_OF_DAY = time.max
 
 
 class InvalidCohort(InvalidQuota):
@@ -51,13 +52,16 @@ class Session:
             raise InvalidCohort(f"write a session as 'Mon 09:00-11:00', not {text!r}")
         day, h1, m1, h2, m2 = match.groups()
         try:
-            start, end = time(int(h1), int(m1)), time(int(h2), int(m2))
+            start = time(int(h1), int(m1))
+            # "24:00" ends a session at midnight: a whole day is 00:00-24:00.
+            end = END_OF_DAY if (h2, m2) == ("24", "00") else time(int(h2), int(m2))
         except ValueError:
             raise InvalidCohort(f"{text!r} is not a time of day") from None
         return cls(WEEKDAYS.index(day.title()), start, end)
 
     def __str__(self) -> str:
-        return f"{WEEKDAYS[self.weekday]} {self.start:%H:%M}-{self.end:%H:%M}"
+        end = "24:00" if self.end == END_OF_DAY else f"{self.end:%H:%M}"
+        return f"{WEEKDAYS[self.weekday]} {self.start:%H:%M}-{end}"
 
     def covers(self, at: datetime) -> bool:
         return at.weekday() == self.weekday and self.start <= at.time() < self.end

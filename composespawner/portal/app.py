@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from datetime import tzinfo
 from pathlib import Path
 from urllib.parse import urlparse
+from zoneinfo import ZoneInfo
 
 import jinja2
 from jupyterhub.services.auth import HubOAuthCallbackHandler
@@ -67,6 +69,7 @@ class PortalApp(ComposeApplication):
             hub=hub,
             catalog=Catalog.from_file(settings.catalog_file),
             site_quota=QuotaRule("site", gpus_held=settings.max_gpus_per_user or None),
+            timezone=ZoneInfo(settings.site_timezone),
         )
         url = urlparse(self.service_url)
         server = HTTPServer(app, xheaders=True, max_body_size=self.max_body_bytes)
@@ -84,7 +87,13 @@ class PortalApp(ComposeApplication):
             ledger.close()
 
     def make_app(
-        self, *, ledger: Ledger, hub: HubClient, catalog: Catalog, site_quota: QuotaRule
+        self,
+        *,
+        ledger: Ledger,
+        hub: HubClient,
+        catalog: Catalog,
+        site_quota: QuotaRule,
+        timezone: tzinfo,
     ) -> Application:
         prefix = self.service_prefix
         routes = [(url_path_join(prefix, path), handler) for path, handler in handlers.ROUTES]
@@ -99,7 +108,12 @@ class PortalApp(ComposeApplication):
             # No xsrf_cookies: HubOAuth accepts its cookie on a change only with the
             # XSRF token, and a token in the Authorization header needs none.
             portal=handlers.Portal(
-                ledger=ledger, hub=hub, catalog=catalog, site_quota=site_quota, prefix=prefix
+                ledger=ledger,
+                hub=hub,
+                catalog=catalog,
+                site_quota=site_quota,
+                prefix=prefix,
+                timezone=timezone,
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )

@@ -13,6 +13,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
 from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -22,6 +23,7 @@ from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError, RequestHandler, authenticated
 
 from ..catalog import Catalog
+from ..cohorts import next_session_start
 from ..ledger import Actor, Ledger
 from ..ledger.runner import LedgerRunner
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
@@ -43,6 +45,7 @@ class Portal:
     catalog: Catalog
     site_quota: QuotaRule
     prefix: str
+    timezone: tzinfo = UTC  # where cohort session times are told
     runner: LedgerRunner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,7 +63,18 @@ class Portal:
         machines = await self.runner.run(self.ledger.live_machines, user)
         devices = {d.block_id: d for d in await self.runner.run(self.ledger.devices)}
         hours = await self.runner.run(self.ledger.gpu_hours, user)
-        return views.my_machine(user, groups, quota, machines, devices, hours)
+        mine = views.my_machine(user, groups, quota, machines, devices, hours)
+        cohorts = await self.cohorts()
+        mine["cohorts"] = [c for c in cohorts if c["name"] in groups]
+        return mine
+
+    async def cohorts(self) -> list[dict[str, Any]]:
+        """Every cohort, with its next session start in the site's time zone."""
+        now = datetime.now(self.timezone)
+        return [
+            views.cohort_json(c, next_session_start(c, now))
+            for c in await self.runner.run(self.ledger.policy.cohorts)
+        ]
 
 
 class PortalHandler(HubOAuthenticated, RequestHandler):
@@ -296,6 +310,76 @@ class AuditApi(ApiHandler):
         self.write_json({"entries": [views.audit_json(e) for e in entries]})
 
 
+class CohortsApi(ApiHandler):
+    async def get(self) -> None:
+        self.require_admin()
+        self.write_json({"cohorts": await self.portal.cohorts()})
+
+
+class CohortApi(ApiHandler):
+    """One cohort: ``api/cohorts/NAME``, NAME its hub group."""
+
+    async def get(self, name: str) -> None:
+        self.require_admin()
+        name = unquote(name)
+        found = next((c for c in await self.portal.cohorts() if c["name"] == name), None)
+        if found is None:
+            raise HTTPError(404, f"No cohort {name!r}.")
+        self.write_json(found)
+
+    async def put(self, name: str) -> None:
+        self.require_admin()
+        name = unquote(name)
+        try:
+            cohort = views.cohort_from_json(name, self.json_body(), self.portal.model_ids)
+        except InvalidQuota as e:
+            raise HTTPError(400, str(e)) from None
+        await self.check_subject_exists("cohort", name)
+        await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
+        self.write_json(views.cohort_json(cohort))
+
+    async def delete(self, name: str) -> None:
+        self.require_admin()
+        name = unquote(name)
+        if not await self.ledger(self.portal.ledger.policy.delete_cohort, name, self.actor):
+            raise HTTPError(404, f"No cohort {name!r} to delete.")
+        self.set_status(204)
+        self.finish()
+
+
+class CohortsPage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        await self._render()
+
+    @authenticated
+    async def post(self) -> None:
+        self.require_admin()
+        form = {name: self.get_body_argument(name, "") for name in (*views.COHORT_FIELDS, "name")}
+        try:
+            if self.get_body_argument("action", "set") == "delete":
+                await self.ledger(self.portal.ledger.policy.delete_cohort, form["name"], self.actor)
+            else:
+                cohort = views.cohort_from_form(form["name"], form, self.portal.model_ids)
+                await self.check_subject_exists("cohort", cohort.name)
+                await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
+        except InvalidQuota as e:
+            self.set_status(400)
+            await self._render(error=str(e), form=form)
+            return
+        self.redirect(url_path_join(self.portal.prefix, "cohorts"))
+
+    async def _render(self, **context: Any) -> None:
+        self.render_page(
+            "cohorts.html",
+            cohorts=await self.portal.cohorts(),
+            models=self.portal.model_ids,
+            timezone=str(self.portal.timezone),
+            **context,
+        )
+
+
 class QuotasPage(PageHandler):
     @authenticated
     async def get(self) -> None:
@@ -364,10 +448,13 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("", MyMachinePage),
     ("quotas", QuotasPage),
     ("audit", AuditPage),
+    ("cohorts", CohortsPage),
     ("api/me", MeApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),
     (r"api/users/([^/]+)/quota", UserQuotaApi),
     ("api/audit", AuditApi),
+    ("api/cohorts", CohortsApi),
+    (r"api/cohorts/([^/]+)", CohortApi),
 ]

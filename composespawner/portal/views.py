@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import fields
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
+from ..cohorts import Cohort, InvalidCohort, Session
 from ..ledger import AuditEntry, DeviceRecord, Machine
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 
@@ -76,6 +77,79 @@ def check_subject(level: str, subject: str) -> None:
         raise InvalidQuota(f"the {level}'s name has a control character; no hub name does")
 
 
+COHORT_FIELDS = (
+    "title",
+    "starts_on",
+    "ends_on",
+    "sessions",
+    "stacks",
+    "starter_kit",
+    "reserved_model",
+    "reserved_gpus",
+)
+
+
+def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[str, Any]:
+    return {
+        "name": cohort.name,
+        "title": cohort.title,
+        "starts_on": _day(cohort.starts_on),
+        "ends_on": _day(cohort.ends_on),
+        "sessions": [str(s) for s in sorted(cohort.sessions)],
+        "stacks": None if cohort.stacks is None else sorted(cohort.stacks),
+        "starter_kit": cohort.starter_kit,
+        "reserved_model": cohort.reserved_model,
+        "reserved_gpus": cohort.reserved_gpus,
+        "next_session": None if next_session is None else _iso(next_session),
+    }
+
+
+def cohort_from_json(name: str, body: object, catalog_models: Collection[str]) -> Cohort:
+    """The cohort a PUT asks to store; InvalidCohort says what is wrong with it."""
+    if not isinstance(body, dict):
+        raise InvalidCohort('send a JSON object, e.g. {"sessions": ["Mon 09:00-11:00"]}')
+    unknown = sorted(set(body) - set(COHORT_FIELDS))
+    if unknown:
+        raise InvalidCohort(
+            f"unknown field {unknown[0]!r}; the fields are {', '.join(COHORT_FIELDS)}"
+        )
+    sessions = _strings(body.get("sessions", []), "sessions")
+    stacks = body.get("stacks")
+    model = body.get("reserved_model")
+    if model is not None and model not in catalog_models:
+        known = ", ".join(sorted(catalog_models))
+        raise InvalidCohort(f"unknown GPU model {model!r}; the catalog has: {known}")
+    return Cohort(
+        name=name,
+        title=_text(body.get("title", ""), "title"),
+        starts_on=_date(body.get("starts_on"), "starts_on"),
+        ends_on=_date(body.get("ends_on"), "ends_on"),
+        sessions=tuple(Session.parse(text) for text in sessions),
+        stacks=None if stacks is None else frozenset(_strings(stacks, "stacks")),
+        starter_kit=_optional_text(body.get("starter_kit"), "starter_kit"),
+        reserved_model=model,
+        reserved_gpus=body.get("reserved_gpus", 0),
+    )
+
+
+def cohort_from_form(name: str, form: Mapping[str, str], catalog_models: Collection[str]) -> Cohort:
+    """The cohort a page's form asks to store: sessions one per line, lists comma-separated."""
+    body: dict[str, Any] = {
+        "title": form.get("title", "").strip(),
+        "sessions": [
+            line.strip() for line in form.get("sessions", "").splitlines() if line.strip()
+        ],
+    }
+    for key in ("starts_on", "ends_on", "starter_kit", "reserved_model"):
+        if form.get(key, "").strip():
+            body[key] = form[key].strip()
+    if form.get("stacks", "").strip():
+        body["stacks"] = [s.strip() for s in form["stacks"].split(",") if s.strip()]
+    if form.get("reserved_gpus", "").strip():
+        body["reserved_gpus"] = _number("reserved_gpus", form["reserved_gpus"].strip())
+    return cohort_from_json(name.strip(), body, catalog_models)
+
+
 def quota_json(quota: Quota) -> dict[str, Any]:
     return quota.as_dict()
 
@@ -131,6 +205,39 @@ def _server(machine: Machine, devices: Mapping[str, DeviceRecord]) -> dict[str, 
         "gpus": [{"id": d.block_id, "model": d.model} for d in held if d.kind == "gpu"],
         "devices": [{"id": d.block_id, "kind": d.kind, "model": d.model} for d in held],
     }
+
+
+def _strings(value: object, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidCohort(f"{name} must be a list of strings")
+    if len(value) > MOST_MODELS:
+        raise InvalidCohort(f"{name}: at most {MOST_MODELS}")
+    return value
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str) or len(value) > MOST_SUBJECT:
+        raise InvalidCohort(f"{name} must be text of at most {MOST_SUBJECT} characters")
+    return value
+
+
+def _optional_text(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _date(value: object, name: str) -> date | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise InvalidCohort(f"{name} must be a date written 2026-09-01")
+
+
+def _day(day: date | None) -> str | None:
+    return None if day is None else day.isoformat()
 
 
 def _models(value: object, catalog_models: Collection[str]) -> frozenset[str] | None:

@@ -190,3 +190,75 @@ def test_markup_in_a_users_name_is_shown_as_text(admin: Visitor) -> None:
     finally:
         quoted = requests.utils.quote(name, safe="")
         assert admin.call("DELETE", f"api/quotas/user/{quoted}").status_code == 204
+
+
+EVERY_DAY = [f"{day} 00:00-24:00" for day in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")]
+
+
+@pytest.mark.timeout(180)
+def test_a_cohort_session_keeps_t4s_for_its_members_and_not_for_others(
+    hub: Hub, admin: Visitor, student: Visitor
+) -> None:
+    cohort = {
+        "title": "Intro to DL",
+        "sessions": EVERY_DAY,
+        "reserved_model": "t4",
+        "reserved_gpus": 7,
+    }
+    put = admin.call("PUT", "api/cohorts/cs-101", json=cohort)
+    assert put.status_code == 200, put.text
+    try:
+        # 8 T4s, 7 kept for cs-101: researcher1 (vision-lab) may take 1, not 2.
+        refused = hub.spawn("researcher1", TWO_T4)
+        assert refused.status_code == 409, refused.text
+        assert "kept for cohort cs-101's session until 24:00" in refused.json()["message"]
+        assert hub.composed_hosts() == {}
+
+        hub.spawn("student1", TWO_T4).raise_for_status()  # a member
+        hub.wait_ready("student1")
+        me = student.call("GET", "api/me").json()
+        [mine] = me["cohorts"]
+        assert (mine["name"], mine["reserved_gpus"], mine["title"]) == ("cs-101", 7, "Intro to DL")
+        assert mine["next_session"] is not None
+        assert len(me["servers"][0]["gpus"]) == 2
+    finally:
+        hub.stop("student1")
+        hub.wait_gone("student1")
+        assert admin.call("DELETE", "api/cohorts/cs-101").status_code == 204
+    assert admin.call("GET", "api/audit").json()["entries"][0]["action"] == "cohort.delete"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        (
+            "api/cohorts/cs-101",
+            {"reserved_model": "tpu", "reserved_gpus": 1},
+            "unknown GPU model 'tpu'",
+        ),
+        (
+            "api/cohorts/cs-101",
+            {"sessions": ["Monday 9-11"]},
+            "write a session as 'Mon 09:00-11:00'",
+        ),
+        ("api/cohorts/cs-101", {"sessions": "Mon 09:00-11:00"}, "sessions must be a list"),
+        ("api/cohorts/cs-101", {"starts_on": "2026-12-01", "ends_on": "2026-09-01"}, "ends before"),
+        ("api/cohorts/cs-101", {"starts_on": "next monday"}, "starts_on must be a date"),
+        ("api/cohorts/cs-101", {"reserved_gpus": 2}, "a reservation names both a GPU model"),
+        (
+            "api/cohorts/cs-101",
+            {"reserved_model": "t4", "reserved_gpus": -2},
+            "reserved_gpus must be",
+        ),
+        ("api/cohorts/cs-101", {"room": "B12"}, "unknown field 'room'"),
+        ("api/cohorts/no-such-group", {"title": "x"}, "No group 'no-such-group'"),
+    ],
+)
+def test_bad_cohort_input_is_refused_with_a_message_and_nothing_stored(
+    admin: Visitor, path: str, body: Any, message: str
+) -> None:
+    response = admin.call("PUT", path, json=body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["message"]
+    assert admin.call("GET", "api/cohorts").json() == {"cohorts": []}

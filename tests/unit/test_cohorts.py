@@ -31,6 +31,9 @@ COURSE = Cohort(
 def test_sessions_read_and_print_as_people_write_them() -> None:
     assert COURSE.sessions == (Session(0, time(9), time(11)), Session(3, time(14), time(16)))
     assert [str(s) for s in COURSE.sessions] == ["Mon 09:00-11:00", "Thu 14:00-16:00"]
+    whole_day = Session.parse("Sun 00:00-24:00")
+    assert str(whole_day) == "Sun 00:00-24:00"
+    assert whole_day.covers(datetime(2026, 11, 29, 23, 59, 59, tzinfo=UTC))
 
 
 @pytest.mark.parametrize(
