@@ -201,9 +201,10 @@ c.JupyterHub.load_roles = [
         "users": ["admin"],
     },
     {
-        # Checks that a cohort's group exists; reads a user's groups for their quota.
+        # Checks that a cohort's group exists, reads a user's groups for their quota,
+        # and stops a server an admin releases from the inventory page.
         "name": "compose-portal",
-        "scopes": ["read:groups:name", "read:users:groups", "read:users:name"],
+        "scopes": ["read:groups:name", "read:users:groups", "read:users:name", "delete:servers"],
         "services": ["compose"],
     },
     {

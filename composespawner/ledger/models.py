@@ -243,6 +243,7 @@ class AuditEntryRow(Base):
     action: Mapped[str] = mapped_column(String(64))
     target: Mapped[str] = mapped_column(String(512))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    about_user: Mapped[str | None] = mapped_column(String(255), index=True)
 
 
 @event.listens_for(MachineEventRow, "before_update")

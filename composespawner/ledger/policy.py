@@ -49,6 +49,7 @@ class AuditEntry:
     action: str
     target: str
     detail: dict[str, Any]
+    about_user: str | None = None
 
 
 class Policy:
@@ -143,6 +144,33 @@ class Policy:
             held = _held_under_cohorts(connection) if reserving else {}
         return SpawnPolicy(effective_quota(rules, user, groups), reserving, held)
 
+    # -- telling users ------------------------------------------------------------
+
+    def note_force_release(
+        self, machine_id: str, user: str, server: str, reason: str, actor: Actor
+    ) -> None:
+        """Record that an admin is stopping a user's server, and why: the user is shown it."""
+        with self._write() as connection:
+            _audit(
+                connection,
+                self._now(),
+                actor,
+                "machine.release",
+                f"machine {machine_id} ({user}/{server})",
+                {"machine": machine_id, "server": server, "reason": reason},
+                about=user,
+            )
+
+    def notices(self, user: str, since: datetime) -> list[AuditEntry]:
+        """What admins did to ``user``'s servers since ``since``, newest first."""
+        query = (
+            select(AUDIT)
+            .where(AUDIT.c.about_user == user, AUDIT.c.at >= since)
+            .order_by(AUDIT.c.id.desc())
+        )
+        with self._engine.begin() as connection:
+            return [AuditEntry(**row._mapping) for row in connection.execute(query)]
+
     # -- the audit log ------------------------------------------------------------
 
     def audit_log(self, limit: int | None = 1000, oldest_first: bool = False) -> list[AuditEntry]:
@@ -228,6 +256,7 @@ def _audit(
     action: str,
     target: str,
     detail: dict[str, Any],
+    about: str | None = None,
 ) -> None:
     connection.execute(
         insert(AUDIT).values(
@@ -237,6 +266,7 @@ def _audit(
             action=action,
             target=target,
             detail=detail,
+            about_user=about,
         )
     )
 

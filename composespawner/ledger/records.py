@@ -119,3 +119,18 @@ class KeepFree:
     gpus: int  # the reservation's size
     label: str  # the model as a person names it
     until: str  # when the session ends, as a person reads it
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One device as the admins' inventory shows it: what it is, and who holds it."""
+
+    device: DeviceRecord
+    last_seen: datetime  # when a hub last saw it in the fabric's inventory
+    machine_id: str | None = None
+    held_since: datetime | None = None
+    user: str | None = None
+    server: str | None = None
+    state: str | None = None  # the holding machine's
+    host: str | None = None
+    cohort: str | None = None

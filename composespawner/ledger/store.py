@@ -88,6 +88,7 @@ from composespawner.ledger.quota import Use, check_use
 from composespawner.ledger.records import (
     DeviceRecord,
     HoldableKind,
+    Holding,
     KeepFree,
     Machine,
     MachineEvent,
@@ -351,6 +352,11 @@ class Ledger:
             held = _held_blocks(connection, [row.id for row in rows])
             return [_machine_record(row, held.get(row.id, ())) for row in rows]
 
+    def holdings(self) -> list[Holding]:
+        """Every device the ledger knows and, where one holds it, the machine: one read."""
+        with self._engine.begin() as connection:
+            return [_holding(row) for row in connection.execute(_HOLDINGS)]
+
     def gpu_use(self, user: str) -> list[ServerUse]:
         """GPUs held by each of ``user``'s live servers (0 for a server holding none)."""
         with self._engine.begin() as connection:
@@ -520,6 +526,34 @@ _HELD_UNDER_COHORT = (
     )
 )
 _LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
+
+
+_HOLDINGS = (
+    select(
+        DEVICES,
+        MACHINES.c.user_name,
+        MACHINES.c.server_name,
+        MACHINES.c.state,
+        MACHINES.c.host_id,
+        MACHINES.c.cohort,
+    )
+    .outerjoin(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
+    .order_by(DEVICES.c.chassis, DEVICES.c.kind, DEVICES.c.block_id)
+)
+
+
+def _holding(row: Row[Any]) -> Holding:
+    return Holding(
+        device=_device_record(row),
+        last_seen=row.last_seen,
+        machine_id=row.machine_id,
+        held_since=row.held_since,
+        user=row.user_name,
+        server=row.server_name,
+        state=row.state,
+        host=row.host_id,
+        cohort=row.cohort,
+    )
 
 
 def _find_machine(connection: Connection, machine_id: str) -> Row[Any] | None:

@@ -13,7 +13,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -24,7 +24,7 @@ from tornado.web import HTTPError, RequestHandler, authenticated
 
 from ..catalog import Catalog
 from ..cohorts import next_session_start
-from ..ledger import Actor, Ledger
+from ..ledger import TERMINAL, Actor, Ledger
 from ..ledger.runner import LedgerRunner
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from . import views
@@ -34,6 +34,8 @@ T = TypeVar("T")
 
 ADMIN_SCOPE = "custom:compose:admin"
 AUDIT_PAGE_ROWS = 500
+MOST_REASON = 500
+NOTICES_FOR = timedelta(days=7)  # how long "my machine" shows what admins did to my servers
 
 
 @dataclass
@@ -66,7 +68,25 @@ class Portal:
         mine = views.my_machine(user, groups, quota, machines, devices, hours)
         cohorts = await self.cohorts()
         mine["cohorts"] = [c for c in cohorts if c["name"] in groups]
+        since = datetime.now(UTC) - NOTICES_FOR
+        notices = await self.runner.run(self.ledger.policy.notices, user, since)
+        mine["notices"] = [views.notice_text(entry) for entry in notices]
         return mine
+
+    async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
+        """Stop the server a live machine serves, cleanly, telling its user why."""
+        machine = await self.runner.run(self.ledger.machine, machine_id)
+        if machine is None or machine.state in TERMINAL:
+            raise HTTPError(404, f"No live machine {machine_id!r}: it may have ended already.")
+        user, server = machine.user_name, machine.server_name
+        await self.runner.run(
+            self.ledger.policy.note_force_release, machine_id, user, server, reason, actor
+        )
+        try:
+            stopping = await self.hub.stop_server(user, server)
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        return {"machine": machine_id, "user": user, "server": server, "stopping": stopping}
 
     async def cohorts(self) -> list[dict[str, Any]]:
         """Every cohort, with its next session start in the site's time zone."""
@@ -310,6 +330,50 @@ class AuditApi(ApiHandler):
         self.write_json({"entries": [views.audit_json(e) for e in entries]})
 
 
+class InventoryApi(ApiHandler):
+    async def get(self) -> None:
+        self.require_admin()
+        self.write_json(views.inventory(await self.ledger(self.portal.ledger.holdings)))
+
+
+class ReleaseMachineApi(ApiHandler):
+    """``POST api/machines/ID/release`` with ``{"reason": "..."}``: stop its server."""
+
+    async def post(self, machine_id: str) -> None:
+        self.require_admin()
+        body = self.json_body()
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MOST_REASON:
+            raise HTTPError(
+                400, f"Say why, for the user: a reason of 1 to {MOST_REASON} characters."
+            )
+        result = await self.portal.force_release(unquote(machine_id), reason.strip(), self.actor)
+        self.write_json(result, status=202)
+
+
+class InventoryPage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        await self._render()
+
+    @authenticated
+    async def post(self) -> None:
+        self.require_admin()
+        machine_id = self.get_body_argument("machine", "")
+        reason = self.get_body_argument("reason", "").strip()
+        if not reason or len(reason) > MOST_REASON:
+            self.set_status(400)
+            await self._render(error=f"Say why, for the user: 1 to {MOST_REASON} characters.")
+            return
+        await self.portal.force_release(machine_id, reason, self.actor)
+        self.redirect(url_path_join(self.portal.prefix, "inventory"))
+
+    async def _render(self, **context: Any) -> None:
+        view = views.inventory(await self.ledger(self.portal.ledger.holdings))
+        self.render_page("inventory.html", inventory=view, **context)
+
+
 class CohortsApi(ApiHandler):
     async def get(self) -> None:
         self.require_admin()
@@ -449,12 +513,15 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("quotas", QuotasPage),
     ("audit", AuditPage),
     ("cohorts", CohortsPage),
+    ("inventory", InventoryPage),
     ("api/me", MeApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),
     (r"api/users/([^/]+)/quota", UserQuotaApi),
     ("api/audit", AuditApi),
+    ("api/inventory", InventoryApi),
+    (r"api/machines/([^/]+)/release", ReleaseMachineApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),
 ]

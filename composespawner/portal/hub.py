@@ -35,15 +35,34 @@ class HubClient:
         model = await self._get(f"/users/{quote(name, safe='')}")
         return None if model is None else list(model.get("groups", []))
 
+    async def stop_server(self, user: str, server: str) -> bool:
+        """Ask the hub to stop a server (its spawner gives the devices back).
+
+        False if the hub has no such server running.
+        """
+        path = f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
+        try:
+            async with self._session_().delete(self.api_url + path) as response:
+                if response.status in (202, 204):
+                    return True
+                if response.status in (400, 404):
+                    return False  # not running, or no such user or server
+                raise HubUnavailable(f"DELETE {path}: {response.status} {await response.text()}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise HubUnavailable(f"DELETE {path}: {e!r}") from e
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    async def _get(self, path: str) -> dict[str, Any] | None:
+    def _session_(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._session
+
+    async def _get(self, path: str) -> dict[str, Any] | None:
         try:
-            async with self._session.get(self.api_url + path) as response:
+            async with self._session_().get(self.api_url + path) as response:
                 if response.status == 404:
                     return None
                 if response.status != 200:

@@ -13,7 +13,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..cohorts import Cohort, InvalidCohort, Session
-from ..ledger import AuditEntry, DeviceRecord, Machine
+from ..ledger import AuditEntry, DeviceRecord, Holding, Machine
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
@@ -175,6 +175,50 @@ def my_machine(
             "gpu_hours_week": round(gpu_hours_week, 3),
         },
         "servers": servers,
+    }
+
+
+def inventory(holdings: Iterable[Holding]) -> dict[str, Any]:
+    """Every device with its holder, and free/held counts per kind and model."""
+    devices = [_holding_json(h) for h in holdings]
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for d in devices:
+        count = counts.setdefault((d["kind"], d["model"]), {"free": 0, "held": 0})
+        count["held" if d["holder"] else "free"] += 1
+    summary = [{"kind": k, "model": m, **n} for (k, m), n in sorted(counts.items())]
+    return {"devices": devices, "summary": summary}
+
+
+def notice_text(entry: AuditEntry) -> str:
+    """What a user reads of an admin's action on their server."""
+    server = entry.detail.get("server") or ""
+    which = f"server '{server}'" if server else "default server"
+    reason = entry.detail.get("reason") or "no reason given"
+    return f"An admin ({entry.actor}) stopped your {which} at {_iso(entry.at)}: {reason}"
+
+
+def _holding_json(h: Holding) -> dict[str, Any]:
+    d = h.device
+    holder = None
+    if h.machine_id is not None:
+        holder = {
+            "user": h.user,
+            "server": h.server,
+            "machine": h.machine_id,
+            "state": h.state,
+            "host": h.host,
+            "since": _iso(h.held_since) if h.held_since else None,
+            "cohort": h.cohort,
+        }
+    return {
+        "id": d.block_id,
+        "kind": d.kind,
+        "model": d.model,
+        "zones": sorted(d.zones),
+        "chassis": d.chassis,
+        "owner_group": d.owner_group,
+        "last_seen": _iso(h.last_seen),
+        "holder": holder,
     }
 
 

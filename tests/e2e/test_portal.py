@@ -262,3 +262,46 @@ def test_bad_cohort_input_is_refused_with_a_message_and_nothing_stored(
     assert response.status_code == 400, response.text
     assert message in response.json()["message"]
     assert admin.call("GET", "api/cohorts").json() == {"cohorts": []}
+
+
+@pytest.mark.timeout(180)
+def test_an_admin_releases_a_machine_and_its_user_is_told_why(
+    hub: Hub, admin: Visitor, student: Visitor
+) -> None:
+    hub.spawn("student1", TWO_T4).raise_for_status()
+    hub.wait_ready("student1")
+    inventory = admin.call("GET", "api/inventory").json()
+    held = [d for d in inventory["devices"] if d["holder"] and d["holder"]["user"] == "student1"]
+    assert {d["kind"] for d in held} == {"gpu", "host"}
+    assert {d["holder"]["state"] for d in held} == {"running"}
+    machine = held[0]["holder"]["machine"]
+    t4 = next(row for row in inventory["summary"] if row["model"] == "NVIDIA T4")
+    assert t4["held"] == 2
+
+    assert admin.call("POST", f"api/machines/{machine}/release", json={}).status_code == 400
+    assert (
+        student.call("POST", f"api/machines/{machine}/release", json={"reason": "x"}).status_code
+        == 403
+    )
+    assert hub.server("student1") is not None  # neither stopped anything
+
+    reason = "<b>Maintenance</b> on rack 1"
+    released = admin.call("POST", f"api/machines/{machine}/release", json={"reason": reason})
+    assert released.status_code == 202, released.text
+    assert released.json() == {
+        "machine": machine,
+        "user": "student1",
+        "server": "",
+        "stopping": True,
+    }
+    hub.wait_gone("student1")
+    wait_for(lambda: hub.composed_hosts() == {}, 30, "the released devices to be detached")
+    notices = student.call("GET", "api/me").json()["notices"]
+    assert notices[0].startswith("An admin (admin) stopped your default server at ")
+    assert notices[0].endswith(f": {reason}")
+    page = student.call("GET", "")
+    assert "&lt;b&gt;Maintenance&lt;/b&gt;" in page.text
+    assert (
+        admin.call("POST", f"api/machines/{machine}/release", json={"reason": "again"}).status_code
+        == 404
+    )

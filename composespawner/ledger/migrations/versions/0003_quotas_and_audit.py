@@ -44,12 +44,16 @@ def upgrade() -> None:
         sa.Column("action", sa.String(64), nullable=False),
         sa.Column("target", sa.String(512), nullable=False),
         sa.Column("detail", sa.JSON(), nullable=False),
+        # The user an action was about (a stopped server's owner), to tell them.
+        sa.Column("about_user", sa.String(255), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_log")),
     )
     op.create_index("ix_audit_log_at", "audit_log", ["at"])
+    op.create_index("ix_audit_log_about_user", "audit_log", ["about_user"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_audit_log_about_user", table_name="audit_log")
     op.drop_index("ix_audit_log_at", table_name="audit_log")
     op.drop_table("audit_log")
     op.drop_table("quota_rules")
