@@ -73,3 +73,35 @@ def test_a_student_opening_the_quotas_page_is_told_it_is_for_admins(hub: Hub, pa
     assert response.status == 403
     expect(page.locator("#portal-error")).to_contain_text("Only the GPU pool's admins may do this.")
     shot(page, "portal-forbidden")
+
+
+@pytest.mark.timeout(180)
+def test_an_admin_releases_a_machine_from_the_inventory_and_its_user_reads_why(
+    hub: Hub, page: Page
+) -> None:
+    hub.spawn("researcher1", {"gpu_model": "a100", "gpu_count": 1, "network": "shared"})
+    hub.wait_ready("researcher1")
+    log_in(page, hub, "admin")
+    page.goto(f"{hub.url}/services/compose/inventory")
+    held = page.locator("#inventory-devices tr", has_text="researcher1")
+    expect(held.first).to_contain_text("running")
+    shot(page, "portal-inventory")
+
+    release = page.locator("#inventory-devices form.release").first
+    release.locator('input[name="reason"]').fill("Rack 2 goes down for maintenance at noon")
+    page.once("dialog", lambda dialog: dialog.accept())
+    release.locator("button").click()
+    hub.wait_gone("researcher1")
+
+    researcher = page.context.browser.new_context()  # type: ignore[union-attr]
+    try:
+        mine = researcher.new_page()
+        log_in(mine, hub, "researcher1")
+        mine.goto(f"{hub.url}/services/compose/")
+        expect(mine.locator(".notice")).to_contain_text(
+            "An admin (admin) stopped your default server"
+        )
+        expect(mine.locator(".notice")).to_contain_text("Rack 2 goes down for maintenance at noon")
+        shot(mine, "portal-notice")
+    finally:
+        researcher.close()
