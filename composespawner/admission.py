@@ -13,6 +13,7 @@ from datetime import datetime
 
 from .catalog import Catalog, GpuModel
 from .cohorts import END_OF_DAY, Reservation, active_reservations, holdback
+from .colocation import Registration
 from .ledger import KeepFree, SpawnPolicy
 from .quota import NO_QUOTA, Quota
 
@@ -24,6 +25,7 @@ class ClaimTerms:
     quota: Quota = NO_QUOTA
     keep_free: tuple[KeepFree, ...] = ()  # checked in the claim's transaction
     cohort: str | None = None  # the reservation a member's claim counts against
+    registrations: Mapping[str, Registration] | None = None  # co-located, as of the spawn
     # fabric GPU models → free GPUs placement leaves alone for cohorts
     holdback: Mapping[frozenset[str], int] = field(default_factory=dict)
 
@@ -34,6 +36,8 @@ class Admission:
     reservations: tuple[Reservation, ...] = ()
     # (cohort, catalog GPU model) → GPUs its members hold under its reservation
     held: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # co-located devices registered in the portal, as of this read
+    registrations: Mapping[str, Registration] = field(default_factory=dict)
 
     def holdback(self, groups: Collection[str]) -> dict[str, int]:
         """Catalog model → free GPUs this user must leave to cohorts they are not in."""
@@ -64,6 +68,7 @@ class Admission:
             keep_free=tuple(self.keep_free(groups, catalog)),
             cohort=self.cohort_for(groups, model),
             holdback=self.fabric_holdback(groups, catalog),
+            registrations=self.registrations,
         )
 
     def fabric_holdback(
@@ -92,7 +97,7 @@ def admission(policy: SpawnPolicy, catalog: Catalog, at: datetime) -> Admission:
         (r.cohort, r.model): _held(policy.held, r.cohort, catalog.gpu_model(r.model))
         for r in reservations
     }
-    return Admission(policy.quota, reservations, held)
+    return Admission(policy.quota, reservations, held, policy.registrations)
 
 
 def _held(held: Mapping[tuple[str, str], int], cohort: str, model: GpuModel | None) -> int:

@@ -52,7 +52,7 @@ from .ledger import (
 from .ledger.quota import check_ask
 from .machine import ComposedMachine
 from .metrics import measure_compose
-from .placement import DeviceAsk, NoFit, Plan, place
+from .placement import DeviceAsk, NoFit, Plan, Pool, place
 from .pool import Offer, PoolView
 from .quota import NO_SITE_QUOTA, Quota, QuotaRule
 from .releases import BackgroundReleases
@@ -142,6 +142,7 @@ class Composer:
             quota=allowed.quota,
             holdback=allowed.fabric_holdback(groups, self.catalog),
             notes=allowed.notes(groups),
+            registrations=allowed.registrations,
             within=within,
         )
 
@@ -183,7 +184,7 @@ class Composer:
         ask = self._ask(request)
         terms = allowed.terms(groups, request.gpu_model, self.catalog)
         machine_id = await self._request_machine(user, server, request)
-        claim = self._claim(machine_id, groups, ask, terms, progress)
+        claim = self._claim(machine_id, user, groups, ask, terms, progress)
         plan = await self._claim_or_end(machine_id, claim)
         tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
         await self._attach(machine_id, plan, tag, progress)
@@ -264,6 +265,7 @@ class Composer:
     async def _claim(
         self,
         machine_id: str,
+        user: str,
         groups: frozenset[str],
         ask: DeviceAsk,
         terms: ClaimTerms,
@@ -271,7 +273,7 @@ class Composer:
     ) -> Plan:
         """Place and claim, placing again on fresh data while claims lose races."""
         for attempt in range(CLAIM_ATTEMPTS):
-            plan = await self._place(groups, ask, terms, fresh=attempt > 0)
+            plan = await self._place(user, groups, ask, terms, fresh=attempt > 0)
             if isinstance(plan, NoFit):
                 why = _with_reservations(plan.reason, ask, terms)
                 await self._fail_unclaimed(machine_id, why)
@@ -285,14 +287,22 @@ class Composer:
         raise ComposeRefused(why, status=409, reason="contention")
 
     async def _place(
-        self, groups: frozenset[str], ask: DeviceAsk, terms: ClaimTerms, *, fresh: bool
+        self, user: str, groups: frozenset[str], ask: DeviceAsk, terms: ClaimTerms, *, fresh: bool
     ) -> Plan | NoFit:
-        kept = terms.holdback
-        plan = place(await self.pool.claimable(groups, fresh=fresh, holdback=kept), ask)
+        async def pool(fresh: bool) -> Pool:
+            return await self.pool.claimable(
+                user,
+                groups,
+                fresh=fresh,
+                holdback=terms.holdback,
+                registrations=terms.registrations,
+            )
+
+        plan = place(await pool(fresh), ask)
         if isinstance(plan, NoFit) and not fresh:
             # Our snapshot may predate another hub's release: look again before
             # telling the user nothing fits.
-            plan = place(await self.pool.claimable(groups, fresh=True, holdback=kept), ask)
+            plan = place(await pool(True), ask)
         if not isinstance(plan, NoFit):
             # No await between the read and this: no other spawn of ours interleaves.
             self.reservations.hold((plan.host.block_id, *plan.block_ids))

@@ -30,6 +30,7 @@ class ModelChoice:
     model: GpuModel
     availability: Availability
     kept: str = ""  # what cohorts' sessions keep of this model from the user, if anything
+    own: str = ""  # which of its free GPUs are the user's group's own, or lent to them
 
     @property
     def askable(self) -> bool:
@@ -44,7 +45,7 @@ def render_form(
     ``from_link``: the choices came from a spawn link, and the form says nothing started yet.
     """
     choices = [
-        ModelChoice(m, offer.free[m.id], offer.kept.get(m.id, ""))
+        ModelChoice(m, offer.free[m.id], offer.kept.get(m.id, ""), offer.own.get(m.id, ""))
         for m in catalog.gpu_models
         if m.id in offer.free
     ]

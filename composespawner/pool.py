@@ -13,10 +13,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from . import colocation
 from .catalog import Catalog, GpuModel
+from .colocation import Registration
 from .fabric.base import Fabric, FabricUnreachable
 from .hardware import Inventory
-from .ledger import DeviceRecord, Ledger, LedgerRunner
+from .ledger import DeviceRecord, Ledger, LedgerRunner, utcnow
 from .placement import Availability, Pool, availability, keep_back, pool_for
 from .placement import visible_models as _visible_models
 from .quota import NO_QUOTA, Quota
@@ -33,6 +35,7 @@ class Offer:
     # not finish in time; None when it is fresh.
     inventory_age: float | None = None
     kept: Mapping[str, str] = field(default_factory=dict)  # model → what cohorts keep of it
+    own: Mapping[str, str] = field(default_factory=dict)  # model → its co-located GPUs for the user
 
     @property
     def gpu_limit(self) -> int | None:
@@ -69,6 +72,8 @@ class PoolView:
         self.log = log
         self._inventory = Snapshot[Inventory](snapshot_ttl)
         self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
+        # Co-located devices registered in the portal, read with each inventory.
+        self._registrations: Mapping[str, Registration] = {}
         # The ledger's holders as placement last read them, with the number of
         # our committed claims when that read began.
         self._holders = Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
@@ -111,6 +116,7 @@ class PoolView:
 
     async def _read_inventory(self) -> Inventory:
         inventory = await self.fabric.inventory()
+        self._registrations = await self.runner.run(self.ledger.policy.registrations)
         await self._sync_ledger(inventory)
         return inventory
 
@@ -124,14 +130,34 @@ class PoolView:
             await self.runner.run(self.ledger.sync_devices, records)
             self._synced_blocks = fingerprint
 
-    def owners(self, inventory: Inventory) -> dict[str, str]:
-        """Co-located devices and the group that owns each."""
-        owners = {}
+    def owners(
+        self, inventory: Inventory, registrations: Mapping[str, Registration] | None = None
+    ) -> dict[str, str]:
+        """Co-located devices and the group that owns each: the catalog's, then the portal's
+        (``registrations``, or those read with the inventory)."""
+        by_chassis = {}
         for device in inventory.devices:
             group = self.catalog.owner_of_chassis(device.chassis)
             if group:
-                owners[device.block_id] = group
-        return owners
+                by_chassis[device.block_id] = group
+        return colocation.owners(by_chassis, self._registered(registrations))
+
+    def owners_for(
+        self,
+        inventory: Inventory,
+        user: str,
+        groups: frozenset[str],
+        registrations: Mapping[str, Registration] | None = None,
+    ) -> Mapping[str, str]:
+        """:meth:`owners` as ``user`` may use them: what is lent to them is theirs to take."""
+        registered = self._registered(registrations)
+        owners = self.owners(inventory, registered)
+        return colocation.owners_for(owners, registered, user, groups, utcnow())
+
+    def _registered(
+        self, registrations: Mapping[str, Registration] | None
+    ) -> Mapping[str, Registration]:
+        return self._registrations if registrations is None else registrations
 
     # -- what one user may have ---------------------------------------------------
 
@@ -143,6 +169,7 @@ class PoolView:
         quota: Quota = NO_QUOTA,
         holdback: Mapping[frozenset[str], int] | None = None,
         notes: Mapping[str, str] | None = None,
+        registrations: Mapping[str, Registration] | None = None,
         within: float | None = None,
     ) -> Offer:
         """What the spawn form shows one user: models they may use, what is free, quota.
@@ -154,9 +181,11 @@ class PoolView:
         offering the last one, with its age; with none read yet, FabricUnreachable.
         """
         inventory, age = await self._inventory_within(within)
-        owners = self.owners(inventory)
+        registered = self._registered(registrations)
+        owners = self.owners_for(inventory, user, groups, registered)
         held = await self.runner.run(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=owners, groups=groups)
+        own = self._own_notes(pool, self.owners(inventory, registered), registered, user, groups)
         pool = keep_back(pool, holdback or {})
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
         quota_left = _quota_left(quota.gpus_held.value, in_use)
@@ -174,7 +203,47 @@ class PoolView:
             if quota.allows_model(m.id)
         }
         kept = {model: note for model, note in (notes or {}).items() if model in free}
-        return Offer(free=free, gpus_in_use=in_use, quota=quota, inventory_age=age, kept=kept)
+        return Offer(
+            free=free,
+            gpus_in_use=in_use,
+            quota=quota,
+            inventory_age=age,
+            kept=kept,
+            own={model: note for model, note in own.items() if model in free},
+        )
+
+    def _own_notes(
+        self,
+        pool: Pool,
+        owners: Mapping[str, str],
+        registrations: Mapping[str, Registration],
+        user: str,
+        groups: frozenset[str],
+    ) -> dict[str, str]:
+        """Catalog model → which of its free GPUs are the user's group's own, or lent to them."""
+        now = utcnow()
+        notes: dict[str, list[str]] = {}
+        for model in self.catalog.gpu_models:
+            mine = [
+                d for d in pool.devices if d.block_id in owners and d.model in model.fabric_models
+            ]
+            for group in sorted({owners[d.block_id] for d in mine} & groups):
+                n = sum(1 for d in mine if owners[d.block_id] == group)
+                notes.setdefault(model.id, []).append(
+                    f"{n} free {'is' if n == 1 else 'are'} {group}'s own"
+                )
+            for d in mine:
+                registration = registrations.get(d.block_id)
+                if (
+                    registration
+                    and registration.lent_to(user, groups, now)
+                    and registration.lent_until
+                ):
+                    until = f"{registration.lent_until:%Y-%m-%d}"
+                    notes.setdefault(model.id, []).append(
+                        f"{d.block_id} is lent to you until {until}"
+                    )
+        return {model: "; ".join(lines) for model, lines in notes.items()}
 
     async def _inventory_within(self, budget: float | None) -> tuple[Inventory, float | None]:
         if budget is None:
@@ -184,14 +253,15 @@ class PoolView:
         except TimeoutError as e:
             raise _no_inventory_within(budget) from e
 
-    async def visible_models(self, groups: frozenset[str]) -> frozenset[str]:
-        """Catalog ids of the GPU models these groups may ask for, free or not.
+    async def visible_models(self, user: str, groups: frozenset[str]) -> frozenset[str]:
+        """Catalog ids of the GPU models this user may ask for, free or not.
 
         What request validation needs, without the ledger reads of :meth:`offer`:
         it runs on every spawn.
         """
         inventory = await self.inventory()
-        models = self._visible_catalog_models(inventory, self.owners(inventory), groups)
+        owners = self.owners_for(inventory, user, groups)
+        models = self._visible_catalog_models(inventory, owners, groups)
         return frozenset(m.id for m in models)
 
     def _visible_catalog_models(
@@ -204,12 +274,14 @@ class PoolView:
 
     async def claimable(
         self,
+        user: str,
         groups: frozenset[str],
         *,
         fresh: bool,
         holdback: Mapping[frozenset[str], int] | None = None,
+        registrations: Mapping[str, Registration] | None = None,
     ) -> Pool:
-        """What placement may take for these groups: free in the ledger, not reserved by us.
+        """What placement may take for this user: free in the ledger, not reserved by us.
 
         The holders are read once per snapshot, not per claim: in a rush every
         spawn would otherwise read the whole holder table. A stale read cannot
@@ -222,7 +294,8 @@ class PoolView:
         inventory = await self.inventory(fresh=fresh)
         held, read_after = await self._holders.get(self._read_holders, fresh=fresh)
         taken = self.reservations.taken(held, read_after)
-        pool = pool_for(inventory, held=taken, owners=self.owners(inventory), groups=groups)
+        owners = self.owners_for(inventory, user, groups, registrations)
+        pool = pool_for(inventory, held=taken, owners=owners, groups=groups)
         return keep_back(pool, holdback or {})
 
     async def _read_holders(self) -> tuple[Mapping[str, str], int]:

@@ -199,7 +199,7 @@ class ComposeMixin(ComposeSettings, Spawner):
 
     async def _visible_model_ids(self) -> frozenset[str]:
         try:
-            return await self.composer.pool.visible_models(self.groups)
+            return await self.composer.pool.visible_models(self.user.name, self.groups)
         except FabricError as e:
             # Nothing is claimed before this read, so there is nothing to undo.
             self.log.warning("Fabric unreadable for %s's spawn: %s", self._log_name, e)

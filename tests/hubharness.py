@@ -235,6 +235,17 @@ class Hub:
     def ledger_url(self) -> str:
         return f"sqlite:///{self.state / 'composespawner.sqlite'}"
 
+    def server_host(self, user: str, name: str = "") -> str:
+        """The compute host of a user's live machine, as the ledger records it."""
+        ledger = Ledger(self.ledger_url())
+        try:
+            machine = ledger.live_machine(user, name)
+        finally:
+            ledger.close()
+        assert machine is not None, f"{user}/{name} has no live machine"
+        assert machine.host_id, f"{user}/{name}'s machine has no host yet"
+        return machine.host_id
+
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

@@ -231,6 +231,20 @@ class CohortRow(Base):
     updated_by: Mapped[str] = mapped_column(String(255))
 
 
+class ColocatedRow(Base):
+    """A device registered to an owner group in the portal (see composespawner.colocation)."""
+
+    __tablename__ = "colocated"
+
+    block_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner_group: Mapped[str] = mapped_column(String(255))
+    lent_to_user: Mapped[str | None] = mapped_column(String(255))
+    lent_to_group: Mapped[str | None] = mapped_column(String(255))
+    lent_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_by: Mapped[str] = mapped_column(String(255))
+
+
 class AuditEntryRow(Base):
     """One admin or staff action: who, from where, what, to what, when."""
 

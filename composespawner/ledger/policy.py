@@ -8,16 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from composespawner.cohorts import Cohort, Session
+from composespawner.colocation import Registration
+from composespawner.ledger.errors import UnknownDevices
 from composespawner.ledger.models import (
     AuditEntryRow,
     CohortRow,
+    ColocatedRow,
     DeviceRow,
     MachineRow,
     QuotaRuleRow,
@@ -27,6 +41,7 @@ from composespawner.quota import Level, Quota, QuotaRule, effective_quota, under
 QUOTA_RULES = cast(Table, QuotaRuleRow.__table__)
 AUDIT = cast(Table, AuditEntryRow.__table__)
 COHORTS = cast(Table, CohortRow.__table__)
+COLOCATED = cast(Table, ColocatedRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 LIMIT_COLUMNS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
@@ -137,12 +152,81 @@ class Policy:
         self, user: str, groups: Collection[str], site_default: QuotaRule
     ) -> SpawnPolicy:
         """What a spawn needs of the policy, in one read: the user's quota, the cohorts
-        with a reservation and, when there are any, what their members hold under them."""
+        with a reservation and, when there are any, what their members hold under them,
+        and the co-located devices registered in the portal."""
         with self._engine.begin() as connection:
             rules = under_site_default(_quota_rules(connection, user, groups), site_default)
             reserving = [_cohort(r._mapping) for r in connection.execute(_RESERVING_COHORTS)]
             held = _held_under_cohorts(connection) if reserving else {}
-        return SpawnPolicy(effective_quota(rules, user, groups), reserving, held)
+            registered = {
+                r.block_id: r for r in map(_registration, connection.execute(_REGISTRATIONS))
+            }
+        return SpawnPolicy(effective_quota(rules, user, groups), reserving, held, registered)
+
+    # -- co-located devices --------------------------------------------------------
+
+    def registrations(self) -> dict[str, Registration]:
+        """block → its registration, for every co-located device registered in the portal."""
+        with self._engine.begin() as connection:
+            return {r.block_id: r for r in map(_registration, connection.execute(_REGISTRATIONS))}
+
+    def register_device(self, block_id: str, owner_group: str, actor: Actor) -> Registration:
+        """Make a device the owner group's (ending any loan). UnknownDevices if never seen."""
+        now = self._now()
+        with self._write() as connection:
+            if connection.execute(_DEVICE_KIND, {"b_block": block_id}).first() is None:
+                raise UnknownDevices([block_id])
+            values = {
+                "owner_group": owner_group,
+                "lent_to_user": None,
+                "lent_to_group": None,
+                "lent_until": None,
+            }
+            _upsert_registration(connection, block_id, values, now, actor)
+            # The ledger's own column too, so claims see the owner before hubs sync again.
+            connection.execute(
+                update(DEVICES)
+                .where(DEVICES.c.block_id == block_id)
+                .values(owner_group=owner_group)
+            )
+            _audit(connection, now, actor, "device.register", f"device {block_id}", values)
+        return Registration(block_id, owner_group)
+
+    def unregister_device(self, block_id: str, actor: Actor) -> bool:
+        """Give a registered device back to the pool (the catalog's chassis owner, if any)."""
+        now = self._now()
+        with self._write() as connection:
+            removed = connection.execute(
+                delete(COLOCATED).where(COLOCATED.c.block_id == block_id)
+            ).rowcount
+            # The ledger's column keeps the owner until the hubs sync the catalog's (or
+            # none): erring on owned, nobody outside the group takes it meanwhile.
+            if removed:
+                _audit(connection, now, actor, "device.unregister", f"device {block_id}", {})
+        return bool(removed)
+
+    def lend(self, registration: Registration, actor: Actor) -> None:
+        """Store a loan (or its end: a registration lent to nobody) of a registered device."""
+        now = self._now()
+        values = {
+            "lent_to_user": registration.lent_to_user,
+            "lent_to_group": registration.lent_to_group,
+            "lent_until": registration.lent_until,
+        }
+        with self._write() as connection:
+            changed = connection.execute(
+                update(COLOCATED)
+                .where(
+                    COLOCATED.c.block_id == registration.block_id,
+                    COLOCATED.c.owner_group == registration.owner_group,
+                )
+                .values(**values, updated_at=now, updated_by=actor.name)
+            ).rowcount
+            if not changed:
+                raise UnknownDevices([registration.block_id])
+            action = "device.lend" if registration.lent_until else "device.take_back"
+            detail = {**values, "lent_until": _iso(registration.lent_until)}
+            _audit(connection, now, actor, action, f"device {registration.block_id}", detail)
 
     # -- telling users ------------------------------------------------------------
 
@@ -186,6 +270,7 @@ class SpawnPolicy:
     quota: Quota
     reserving: list[Cohort]  # cohorts with a reservation, in session or not
     held: dict[tuple[str, str], int]  # (cohort, fabric GPU model) → GPUs held under it
+    registrations: dict[str, Registration] = field(default_factory=dict)  # co-located, by block
 
 
 _COHORTS = select(COHORTS).order_by(COHORTS.c.name)
@@ -247,6 +332,30 @@ def _cohort(row: Any) -> Cohort:
         reserved_model=row["reserved_model"],
         reserved_gpus=row["reserved_gpus"],
     )
+
+
+_REGISTRATIONS = select(COLOCATED).order_by(COLOCATED.c.block_id)
+_DEVICE_KIND = select(DEVICES.c.kind).where(DEVICES.c.block_id == bindparam("b_block"))
+
+
+def _registration(row: Any) -> Registration:
+    m = row._mapping
+    return Registration(
+        m["block_id"], m["owner_group"], m["lent_to_user"], m["lent_to_group"], m["lent_until"]
+    )
+
+
+def _upsert_registration(
+    connection: Connection, block_id: str, values: dict[str, Any], now: datetime, actor: Actor
+) -> None:
+    stamp = {"updated_at": now, "updated_by": actor.name}
+    where = COLOCATED.c.block_id == block_id
+    if not connection.execute(update(COLOCATED).where(where).values(**values, **stamp)).rowcount:
+        connection.execute(insert(COLOCATED).values(block_id=block_id, **values, **stamp))
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
 
 
 def _audit(

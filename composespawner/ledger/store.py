@@ -60,6 +60,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from composespawner.colocation import Registration
 from composespawner.ledger import migrate
 from composespawner.ledger.database import create_ledger_engine, writing
 from composespawner.ledger.errors import (
@@ -75,6 +76,7 @@ from composespawner.ledger.errors import (
 from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL, check_transition
 from composespawner.ledger.models import (
     CohortRow,
+    ColocatedRow,
     DeviceRow,
     MachineEventRow,
     MachineRow,
@@ -243,7 +245,8 @@ class Ledger:
             check_transition(machine.state, CLAIMED)
             _lock_quota_account(connection, machine.user_name, now)
             devices = _lock_devices(connection, wanted)
-            _check_claimable(machine.user_name, wanted, devices, groups)
+            _check_known(wanted, devices)
+            _check_owned(connection, machine.user_name, devices, groups, now)
             asked = sum(1 for device in devices if device.kind == "gpu")
             use = _use(connection, machine, quota, now)
             check_use(machine.user_name, quota, asked, use)
@@ -440,6 +443,7 @@ class Ledger:
 
 MACHINES = cast(Table, MachineRow.__table__)
 COHORTS = cast(Table, CohortRow.__table__)
+COLOCATED = cast(Table, ColocatedRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
@@ -510,6 +514,9 @@ _GPU_PERIODS = union_all(
 )
 
 
+_REGISTERED = select(COLOCATED).where(
+    COLOCATED.c.block_id.in_(bindparam("b_blocks", expanding=True))
+)
 _FREE_OF_MODELS = select(func.count()).where(
     DEVICES.c.kind == "gpu",
     DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
@@ -598,15 +605,45 @@ def _lock_devices(connection: Connection, wanted: Sequence[str]) -> list[Row[Any
     return list(connection.execute(_LOCK_DEVICES, {"b_blocks": list(wanted)}))
 
 
-def _check_claimable(
-    user: str, wanted: Sequence[str], devices: Sequence[Row[Any]], groups: frozenset[str]
-) -> None:
+def _check_known(wanted: Sequence[str], devices: Sequence[Row[Any]]) -> None:
     unknown = set(wanted) - {device.block_id for device in devices}
     if unknown:
         raise UnknownDevices(unknown)
-    reserved = [d.block_id for d in devices if d.owner_group and d.owner_group not in groups]
-    if reserved:
-        raise NotOwner(user, reserved)
+
+
+def _check_owned(
+    connection: Connection,
+    user: str,
+    devices: Sequence[Row[Any]],
+    groups: frozenset[str],
+    now: datetime,
+) -> None:
+    """Co-located devices only for their owners and borrowers (invariant 2).
+
+    A portal registration (and its loan) decides; otherwise the device's owner
+    group as the hubs synced it from the catalog.
+    """
+    owned = [d for d in devices if d.owner_group]
+    if not owned:
+        return
+    registered = {
+        row.block_id: row
+        for row in connection.execute(_REGISTERED, {"b_blocks": [d.block_id for d in owned]})
+    }
+    refused = []
+    for device in owned:
+        row = registered.get(device.block_id)
+        if row is None:
+            allowed = device.owner_group in groups
+        else:
+            registration = Registration(
+                row.block_id, row.owner_group, row.lent_to_user, row.lent_to_group, row.lent_until
+            )
+            allowed = registration.usable_by(user, groups, now)
+        if not allowed:
+            refused.append(device.block_id)
+    if refused:
+        raise NotOwner(user, refused)
 
 
 def _take_devices(

@@ -12,8 +12,8 @@ import csv
 import io
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -24,7 +24,8 @@ from tornado.web import HTTPError, RequestHandler, authenticated
 
 from ..catalog import Catalog
 from ..cohorts import next_session_start
-from ..ledger import TERMINAL, Actor, Ledger
+from ..colocation import Registration
+from ..ledger import TERMINAL, Actor, Ledger, UnknownDevices
 from ..ledger.runner import LedgerRunner
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from . import views
@@ -130,18 +131,23 @@ class PortalHandler(HubOAuthenticated, RequestHandler):
     async def ledger(self, func: Callable[..., T], *args: Any) -> T:
         return await self.portal.runner.run(func, *args)
 
-    async def check_subject_exists(self, level: Level, subject: str) -> None:
-        """A cohort is a hub group: a rule for a group that does not exist is a typing slip."""
-        if level != "cohort":
-            return
+    def error_message(self, status_code: int, kwargs: dict[str, Any]) -> str:
+        """What a person reads of an error: ours as raised; a 5xx's details stay in the log."""
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], HTTPError) and exc_info[1].log_message:
+            return str(exc_info[1].log_message)
+        if status_code >= 500:
+            return "The portal failed; the admins will find why in its log."
+        return self._reason
+
+    async def check_group_exists(self, group: str) -> None:
+        """Cohorts and owners are hub groups: naming one that does not exist is a typing slip."""
         try:
-            exists = await self.portal.hub.group_exists(subject)
+            exists = await self.portal.hub.group_exists(group)
         except HubUnavailable as e:
             raise HTTPError(503, "The hub did not answer; try again.") from e
         if not exists:
-            raise HTTPError(
-                400, f"No group {subject!r} in the hub: create the cohort's group first."
-            )
+            raise HTTPError(400, f"No group {group!r} in the hub: create it there first.")
 
 
 class ApiHandler(PortalHandler):
@@ -152,13 +158,7 @@ class ApiHandler(PortalHandler):
         self.set_header("Cache-Control", "no-store")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = self._reason
-        exc_info = kwargs.get("exc_info")
-        if exc_info and isinstance(exc_info[1], HTTPError) and exc_info[1].log_message:
-            message = exc_info[1].log_message
-        elif status_code >= 500:
-            message = "The portal failed; the admins will find why in its log."
-        self.finish({"status": status_code, "message": message})
+        self.finish({"status": status_code, "message": self.error_message(status_code, kwargs)})
 
     def json_body(self) -> object:
         try:
@@ -204,16 +204,12 @@ class PageHandler(PortalHandler):
         }
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = self._reason
-        exc_info = kwargs.get("exc_info")
-        if exc_info and isinstance(exc_info[1], HTTPError) and exc_info[1].log_message:
-            message = exc_info[1].log_message
         env = self.settings["jinja"]
         self.finish(
             env.get_template("portal_error.html").render(
                 status=status_code,
                 phrase=HTTPStatus(status_code).phrase,
-                message=message,
+                message=self.error_message(status_code, kwargs),
                 portal_url=self.portal.prefix,
             )
         )
@@ -276,7 +272,8 @@ class QuotaRuleApi(ApiHandler):
             rule = views.rule_from_json(level, subject, self.json_body(), self.portal.model_ids)
         except InvalidQuota as e:
             raise HTTPError(400, str(e)) from None
-        await self.check_subject_exists(level, subject)
+        if level == "cohort":
+            await self.check_group_exists(subject)
         await self.ledger(self.portal.ledger.policy.set_quota_rule, rule, self.actor)
         self.write_json(views.rule_json(rule))
 
@@ -374,6 +371,134 @@ class InventoryPage(PageHandler):
         self.render_page("inventory.html", inventory=view, **context)
 
 
+class ColocatedMixin(PortalHandler):
+    """Registering co-located GPUs (admins), and lending them (admins and their owners)."""
+
+    async def colocated_view(self) -> list[dict[str, Any]]:
+        holdings = await self.ledger(self.portal.ledger.holdings)
+        registrations = await self.ledger(self.portal.ledger.policy.registrations)
+        groups = None if self.is_admin else list(self.user.get("groups", []))
+        return views.colocated(holdings, registrations, groups)
+
+    async def register(self, block: str, owner_group: str) -> Registration:
+        self.require_admin()
+        await self.check_group_exists(owner_group)
+        try:
+            return await self.ledger(
+                self.portal.ledger.policy.register_device, block, owner_group, self.actor
+            )
+        except UnknownDevices:
+            raise HTTPError(404, f"No device {block!r} has been seen in the fabric.") from None
+
+    async def lend(self, block: str, body: object) -> Registration:
+        """Lend (or, with body None, take back) a device the caller's group owns."""
+        registration = (await self.ledger(self.portal.ledger.policy.registrations)).get(block)
+        if registration is None:
+            raise HTTPError(404, f"{block!r} is not a registered co-located device.")
+        if not self.is_admin and registration.owner_group not in self.user.get("groups", []):
+            raise HTTPError(403, f"Only {registration.owner_group}'s members may lend {block}.")
+        if body is None:
+            lent = replace(registration, lent_to_user=None, lent_to_group=None, lent_until=None)
+        else:
+            try:
+                lent = views.loan_from_json(registration, body, datetime.now(self.portal.timezone))
+            except InvalidQuota as e:
+                raise HTTPError(400, str(e)) from None
+            await self._check_borrower_exists(lent)
+        await self.ledger(self.portal.ledger.policy.lend, lent, self.actor)
+        return lent
+
+    async def _check_borrower_exists(self, lent: Registration) -> None:
+        try:
+            if lent.lent_to_group is not None:
+                found = await self.portal.hub.group_exists(lent.lent_to_group)
+            else:
+                found = await self.portal.hub.user_groups(lent.lent_to_user or "") is not None
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        if not found:
+            who = lent.lent_to_group or lent.lent_to_user
+            raise HTTPError(400, f"No user or group {who!r} in the hub to lend to.")
+
+
+class ColocatedApi(ApiHandler, ColocatedMixin):
+    async def get(self) -> None:
+        self.user  # noqa: B018 (403 for anonymous)
+        self.write_json({"devices": await self.colocated_view()})
+
+
+class DeviceOwnerApi(ApiHandler, ColocatedMixin):
+    """``api/devices/BLOCK/owner``: PUT ``{"owner_group": NAME}`` registers, DELETE gives back."""
+
+    async def put(self, block: str) -> None:
+        self.require_admin()
+        body = self.json_body()
+        group = body.get("owner_group") if isinstance(body, dict) else None
+        if not isinstance(group, str) or not group:
+            raise HTTPError(400, 'Name the owner: {"owner_group": "vision-lab"}.')
+        registration = await self.register(unquote(block), group)
+        self.write_json({"id": registration.block_id, "owner_group": registration.owner_group})
+
+    async def delete(self, block: str) -> None:
+        self.require_admin()
+        block = unquote(block)
+        if not await self.ledger(self.portal.ledger.policy.unregister_device, block, self.actor):
+            raise HTTPError(404, f"{block!r} is not a registered co-located device.")
+        self.set_status(204)
+        self.finish()
+
+
+class DeviceLoanApi(ApiHandler, ColocatedMixin):
+    """``api/devices/BLOCK/loan``: PUT lends (``{"user"|"group": NAME, "until": DATE}``), DELETE
+    takes back. For admins and the owner group's members."""
+
+    async def put(self, block: str) -> None:
+        lent = await self.lend(unquote(block), self.json_body())
+        self.write_json({"id": lent.block_id, "loan": views.loan_json(lent)})
+
+    async def delete(self, block: str) -> None:
+        await self.lend(unquote(block), None)
+        self.set_status(204)
+        self.finish()
+
+
+class ColocatedPage(PageHandler, ColocatedMixin):
+    @authenticated
+    async def get(self) -> None:
+        await self._render()
+
+    @authenticated
+    async def post(self) -> None:
+        action = self.get_body_argument("action", "")
+        block = self.get_body_argument("block", "")
+        try:
+            if action == "register":
+                await self.register(block, self.get_body_argument("owner_group", "").strip())
+            elif action == "unregister":
+                self.require_admin()
+                await self.ledger(self.portal.ledger.policy.unregister_device, block, self.actor)
+            elif action == "lend":
+                to = self.get_body_argument("to", "").strip()
+                kind = "group" if self.get_body_argument("to_kind", "user") == "group" else "user"
+                await self.lend(block, {kind: to, "until": self.get_body_argument("until", "")})
+            elif action == "take_back":
+                await self.lend(block, None)
+            else:
+                raise HTTPError(400, "Choose register, unregister, lend or take back.")
+        except HTTPError as e:
+            if e.status_code != 400:
+                raise
+            self.set_status(400)
+            await self._render(error=e.log_message)
+            return
+        self.redirect(url_path_join(self.portal.prefix, "colocated"))
+
+    async def _render(self, **context: Any) -> None:
+        self.render_page(
+            "colocated.html", devices=await self.colocated_view(), today=date.today(), **context
+        )
+
+
 class CohortsApi(ApiHandler):
     async def get(self) -> None:
         self.require_admin()
@@ -398,7 +523,7 @@ class CohortApi(ApiHandler):
             cohort = views.cohort_from_json(name, self.json_body(), self.portal.model_ids)
         except InvalidQuota as e:
             raise HTTPError(400, str(e)) from None
-        await self.check_subject_exists("cohort", name)
+        await self.check_group_exists(name)
         await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
         self.write_json(views.cohort_json(cohort))
 
@@ -426,7 +551,7 @@ class CohortsPage(PageHandler):
                 await self.ledger(self.portal.ledger.policy.delete_cohort, form["name"], self.actor)
             else:
                 cohort = views.cohort_from_form(form["name"], form, self.portal.model_ids)
-                await self.check_subject_exists("cohort", cohort.name)
+                await self.check_group_exists(cohort.name)
                 await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
         except InvalidQuota as e:
             self.set_status(400)
@@ -464,7 +589,8 @@ class QuotasPage(PageHandler):
                 )
             else:
                 rule = views.rule_from_form(level, form["subject"], form, self.portal.model_ids)
-                await self.check_subject_exists(rule.level, rule.subject)
+                if rule.level == "cohort":
+                    await self.check_group_exists(rule.subject)
                 await self.ledger(self.portal.ledger.policy.set_quota_rule, rule, self.actor)
         except InvalidQuota as e:
             self.set_status(400)
@@ -514,6 +640,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("audit", AuditPage),
     ("cohorts", CohortsPage),
     ("inventory", InventoryPage),
+    ("colocated", ColocatedPage),
     ("api/me", MeApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
@@ -521,6 +648,9 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/users/([^/]+)/quota", UserQuotaApi),
     ("api/audit", AuditApi),
     ("api/inventory", InventoryApi),
+    ("api/colocated", ColocatedApi),
+    (r"api/devices/([^/]+)/owner", DeviceOwnerApi),
+    (r"api/devices/([^/]+)/loan", DeviceLoanApi),
     (r"api/machines/([^/]+)/release", ReleaseMachineApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),

@@ -8,17 +8,19 @@ with a message a person can act on.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import fields
-from datetime import date, datetime
+from dataclasses import fields, replace
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from ..cohorts import Cohort, InvalidCohort, Session
+from ..colocation import InvalidRegistration, Registration
 from ..ledger import AuditEntry, DeviceRecord, Holding, Machine
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
 MOST_MODELS = 100
 MOST_SUBJECT = 255
+MOST_LOAN = timedelta(days=366)
 
 
 def rule_json(rule: QuotaRule) -> dict[str, Any]:
@@ -219,6 +221,62 @@ def _holding_json(h: Holding) -> dict[str, Any]:
         "owner_group": d.owner_group,
         "last_seen": _iso(h.last_seen),
         "holder": holder,
+    }
+
+
+def colocated(
+    holdings: Iterable[Holding],
+    registrations: Mapping[str, Registration],
+    groups: Collection[str] | None,
+) -> list[dict[str, Any]]:
+    """The GPUs an admin may register (``groups`` None: every GPU) or a member may lend
+    (only their groups' registered ones), each with its owner, loan and holder."""
+    rows = []
+    for h in holdings:
+        registration = registrations.get(h.device.block_id)
+        if h.device.kind != "gpu":
+            continue
+        if groups is not None and (registration is None or registration.owner_group not in groups):
+            continue
+        row = _holding_json(h)
+        row["registered"] = registration is not None
+        row["loan"] = loan_json(registration)
+        rows.append(row)
+    return rows
+
+
+def loan_from_json(registration: Registration, body: object, now: datetime) -> Registration:
+    """The registration lent as a PUT asks: ``{"user": ...}`` or ``{"group": ...}``, ``until``."""
+    if not isinstance(body, dict) or set(body) - {"user", "group", "until"}:
+        raise InvalidRegistration(
+            'send {"user": NAME} or {"group": NAME}, and "until": "2026-12-01"'
+        )
+    user, group = body.get("user"), body.get("group")
+    if (user is None) == (group is None):
+        raise InvalidRegistration("lend to a user or to a group: name one of them")
+    who = _text(user if user is not None else group, "user" if user is not None else "group")
+    check_subject("user" if user is not None else "cohort", who)
+    until_day = _date(body.get("until"), "until")
+    if until_day is None:
+        raise InvalidRegistration("say until when: until must be a date written 2026-12-01")
+    until = datetime.combine(until_day, datetime.min.time(), now.tzinfo)
+    if until <= now or until - now > MOST_LOAN:
+        raise InvalidRegistration(f"a loan ends after today and within {MOST_LOAN.days} days")
+    return replace(
+        registration,
+        lent_to_user=who if user is not None else None,
+        lent_to_group=who if group is not None else None,
+        lent_until=until,
+    )
+
+
+def loan_json(registration: Registration | None) -> dict[str, Any] | None:
+    if registration is None or registration.lent_until is None:
+        return None
+    return {
+        "user": registration.lent_to_user,
+        "group": registration.lent_to_group,
+        "until": _iso(registration.lent_until),
     }
 
 

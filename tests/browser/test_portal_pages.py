@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -105,3 +106,59 @@ def test_an_admin_releases_a_machine_from_the_inventory_and_its_user_reads_why(
         shot(mine, "portal-notice")
     finally:
         researcher.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_gpu_registered_to_a_group_shows_in_its_members_form_only_and_is_lent_from_the_page(
+    hub: Hub, page: Page
+) -> None:
+    log_in(page, hub, "admin")
+    page.goto(f"{hub.url}/services/compose/colocated")
+    row = page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"]')
+    row.locator('input[name="owner_group"]').fill("cs-101")
+    row.locator("form.register button").click()
+    expect(row).to_contain_text("cs-101")
+    shot(page, "portal-colocated")
+
+    member = page.context.browser.new_context()  # type: ignore[union-attr]
+    other = page.context.browser.new_context()  # type: ignore[union-attr]
+    try:
+        form = member.new_page()
+        log_in(form, hub, "student1")
+        form.goto(f"{hub.url}/hub/spawn")
+        expect(form.locator('[data-model="rtx6000"]')).to_contain_text("1 free is cs-101's own")
+        shot(form, "spawn-form-colocated")
+
+        # The owner lends it to researcher1 from the portal, and takes it back.
+        form.goto(f"{hub.url}/services/compose/colocated")
+        mine = form.locator('#colocated-devices tr[data-device="x1-rtx6000-1"]')
+        mine.locator('input[name="to"]').fill("researcher1")
+        mine.locator('input[name="until"]').fill(tomorrow())
+        mine.locator("form.lend button").click()
+        expect(mine).to_contain_text("researcher1 until")
+
+        theirs = other.new_page()
+        log_in(theirs, hub, "researcher1")
+        theirs.goto(f"{hub.url}/hub/spawn")
+        expect(theirs.locator('[data-model="rtx6000"]')).to_contain_text(
+            "x1-rtx6000-1 is lent to you"
+        )
+
+        mine.locator("form.take-back button").click()
+        expect(mine).not_to_contain_text("researcher1 until")
+        theirs.goto(f"{hub.url}/hub/spawn")
+        expect(theirs.locator('[data-model="rtx6000"]')).not_to_contain_text("lent to you")
+    finally:
+        member.close()
+        other.close()
+    page.goto(f"{hub.url}/services/compose/colocated")
+    page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"] form').nth(1).locator(
+        "button"
+    ).click()
+    expect(page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"]')).not_to_contain_text(
+        "cs-101"
+    )
+
+
+def tomorrow() -> str:
+    return (datetime.now(UTC) + timedelta(days=2)).date().isoformat()

@@ -7,6 +7,7 @@ hub and reach the portal through JupyterHub's OAuth, as a browser does.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -305,3 +306,132 @@ def test_an_admin_releases_a_machine_and_its_user_is_told_why(
         admin.call("POST", f"api/machines/{machine}/release", json={"reason": "again"}).status_code
         == 404
     )
+
+
+RTX = {"gpu_model": "rtx6000", "gpu_count": 1, "network": "shared"}
+
+
+def tomorrow() -> str:
+    return (datetime.now(UTC) + timedelta(days=2)).date().isoformat()
+
+
+@pytest.mark.timeout(240)
+def test_a_registered_gpu_is_its_groups_alone_until_they_lend_it(
+    hub: Hub, admin: Visitor, student: Visitor
+) -> None:
+    # x1-rtx6000-1 and -2 are vision-lab's by the catalog; the admin gives -1 to cs-101.
+    put = admin.call("PUT", "api/devices/x1-rtx6000-1/owner", json={"owner_group": "cs-101"})
+    assert put.status_code == 200, put.text
+    researcher = Visitor(hub, "researcher1")
+    try:
+        mine = [d["id"] for d in student.call("GET", "api/colocated").json()["devices"]]
+        assert mine == ["x1-rtx6000-1"]  # a member sees only their groups' own
+        hub.spawn("student1", RTX).raise_for_status()
+        hub.wait_ready("student1")
+        assert "x1-rtx6000-1" in hub.attached(hub.server_host("student1"))
+        # researcher1 (vision-lab) gets -2, never -1; with -2 taken there is none for them.
+        hub.spawn("researcher1", RTX).raise_for_status()
+        hub.wait_ready("researcher1")
+        assert "x1-rtx6000-2" in hub.attached(hub.server_host("researcher1"))
+        hub.stop("student1")
+        hub.wait_gone("student1")
+        hub.stop("researcher1")
+        hub.wait_gone("researcher1")
+
+        # A member of another group may not lend it; a member of cs-101 lends it to researcher1.
+        denied = researcher.call(
+            "PUT",
+            "api/devices/x1-rtx6000-1/loan",
+            json={"user": "researcher1", "until": tomorrow()},
+        )
+        assert denied.status_code == 403, denied.text
+        lent = student.call(
+            "PUT",
+            "api/devices/x1-rtx6000-1/loan",
+            json={"user": "researcher1", "until": tomorrow()},
+        )
+        assert lent.status_code == 200, lent.text
+        hub.spawn("researcher1", {**RTX, "gpu_count": 2}).raise_for_status()  # -1 lent, -2 theirs
+        hub.wait_ready("researcher1")
+        held = set(hub.attached(hub.server_host("researcher1")))
+        assert {"x1-rtx6000-1", "x1-rtx6000-2"} <= held
+        hub.stop("researcher1")
+        hub.wait_gone("researcher1")
+        assert student.call("DELETE", "api/devices/x1-rtx6000-1/loan").status_code == 204
+        refused = hub.spawn("researcher1", {**RTX, "gpu_count": 2})
+        assert refused.status_code in (403, 409), refused.text  # taken back: -2 alone is theirs
+        assert hub.composed_hosts() == {}
+    finally:
+        assert admin.call("DELETE", "api/devices/x1-rtx6000-1/owner").status_code == 204
+    actions = [e["action"] for e in admin.call("GET", "api/audit").json()["entries"][:4]]
+    assert actions == ["device.unregister", "device.take_back", "device.lend", "device.register"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [
+        (
+            "PUT",
+            "api/devices/no-such-gpu/owner",
+            {"owner_group": "cs-101"},
+            404,
+            "No device 'no-such-gpu'",
+        ),
+        (
+            "PUT",
+            "api/devices/x1-rtx6000-2/owner",
+            {"owner_group": "nobody"},
+            400,
+            "No group 'nobody'",
+        ),
+        ("PUT", "api/devices/x1-rtx6000-2/owner", {}, 400, "Name the owner"),
+        (
+            "PUT",
+            "api/devices/x1-rtx6000-2/loan",
+            {"user": "student1", "until": "2026-12-01"},
+            404,
+            "not a registered",
+        ),
+        ("DELETE", "api/devices/x1-rtx6000-2/owner", None, 404, "not a registered"),
+    ],
+)
+def test_bad_colocation_input_is_refused_with_a_message(
+    admin: Visitor, method: str, path: str, body: Any, status: int, message: str
+) -> None:
+    response = admin.call(method, path, json=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["message"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"user": "student1", "until": "2020-01-01"}, "a loan ends after today"),
+        ({"user": "student1", "until": "2099-01-01"}, "within 366 days"),
+        ({"user": "student1"}, "say until when"),
+        ({"user": "a", "group": "b", "until": "2026-12-01"}, "name one of them"),
+        ({"user": "ghost", "until": None}, "say until when"),
+        ({"group": "nobody", "until": "tomorrow"}, "until must be a date"),
+    ],
+)
+def test_a_bad_loan_is_refused_and_nothing_lent(admin: Visitor, body: Any, message: str) -> None:
+    assert (
+        admin.call(
+            "PUT", "api/devices/x1-rtx6000-2/owner", json={"owner_group": "vision-lab"}
+        ).status_code
+        == 200
+    )
+    try:
+        response = admin.call("PUT", "api/devices/x1-rtx6000-2/loan", json=body)
+        assert response.status_code == 400, response.text
+        assert message in response.json()["message"]
+        [device] = [
+            d
+            for d in admin.call("GET", "api/colocated").json()["devices"]
+            if d["id"] == "x1-rtx6000-2"
+        ]
+        assert device["loan"] is None
+    finally:
+        assert admin.call("DELETE", "api/devices/x1-rtx6000-2/owner").status_code == 204

@@ -35,6 +35,7 @@ TABLES = (
     "quota_rules",
     "audit_log",
     "cohorts",
+    "colocated",
 )
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -23,6 +23,7 @@ TABLES = {
     "quota_rules",
     "audit_log",
     "cohorts",
+    "colocated",
     "quota_accounts",
     "reconcile_actions",
 }

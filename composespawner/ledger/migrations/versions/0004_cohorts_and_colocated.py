@@ -1,4 +1,5 @@
-"""Cohorts (a hub group's dates, sessions, stacks, kit and reservation); machines note theirs.
+"""Cohorts (a hub group's dates, sessions, stacks, kit and reservation), machines noting
+theirs, and co-located devices registered to an owner group (and lent).
 
 Revision ID: 0004
 Revises: 0003
@@ -36,9 +37,21 @@ def upgrade() -> None:
     )
     # The cohort whose reservation a machine's GPUs were claimed under (members in session).
     op.add_column("machines", sa.Column("cohort", sa.String(255), nullable=True))
+    op.create_table(
+        "colocated",
+        sa.Column("block_id", sa.String(128), nullable=False),
+        sa.Column("owner_group", sa.String(255), nullable=False),
+        sa.Column("lent_to_user", sa.String(255), nullable=True),
+        sa.Column("lent_to_group", sa.String(255), nullable=True),
+        sa.Column("lent_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_by", sa.String(255), nullable=False),
+        sa.PrimaryKeyConstraint("block_id", name=op.f("pk_colocated")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("colocated")
     with op.batch_alter_table("machines") as batch:
         batch.drop_column("cohort")
     op.drop_table("cohorts")
