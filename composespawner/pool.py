@@ -257,10 +257,12 @@ class PoolView:
         """Catalog ids of the GPU models this user may ask for, free or not.
 
         What request validation needs, without the ledger reads of :meth:`offer`:
-        it runs on every spawn.
+        it runs on every spawn. The portal's registrations are read afresh (a small
+        table), so a GPU registered or lent a moment ago can be asked for at once.
         """
         inventory = await self.inventory()
-        owners = self.owners_for(inventory, user, groups)
+        registrations = await self.runner.run(self.ledger.policy.registrations)
+        owners = self.owners_for(inventory, user, groups, registrations)
         models = self._visible_catalog_models(inventory, owners, groups)
         return frozenset(m.id for m in models)
 

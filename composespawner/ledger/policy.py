@@ -192,17 +192,24 @@ class Policy:
             _audit(connection, now, actor, "device.register", f"device {block_id}", values)
         return Registration(block_id, owner_group)
 
-    def unregister_device(self, block_id: str, actor: Actor) -> bool:
-        """Give a registered device back to the pool (the catalog's chassis owner, if any)."""
+    def unregister_device(
+        self, block_id: str, actor: Actor, catalog_owner: str | None = None
+    ) -> bool:
+        """Give a registered device back: to ``catalog_owner`` (its chassis owner in the
+        catalog), or to the pool. False if it was not registered."""
         now = self._now()
         with self._write() as connection:
             removed = connection.execute(
                 delete(COLOCATED).where(COLOCATED.c.block_id == block_id)
             ).rowcount
-            # The ledger's column keeps the owner until the hubs sync the catalog's (or
-            # none): erring on owned, nobody outside the group takes it meanwhile.
             if removed:
-                _audit(connection, now, actor, "device.unregister", f"device {block_id}", {})
+                connection.execute(
+                    update(DEVICES)
+                    .where(DEVICES.c.block_id == block_id)
+                    .values(owner_group=catalog_owner)
+                )
+                detail = {"owner_group": catalog_owner}
+                _audit(connection, now, actor, "device.unregister", f"device {block_id}", detail)
         return bool(removed)
 
     def lend(self, registration: Registration, actor: Actor) -> None:

@@ -390,6 +390,16 @@ class ColocatedMixin(PortalHandler):
         except UnknownDevices:
             raise HTTPError(404, f"No device {block!r} has been seen in the fabric.") from None
 
+    async def unregister(self, block: str) -> bool:
+        """Give a registered device back to its catalog owner, or to the pool."""
+        self.require_admin()
+        holdings = await self.ledger(self.portal.ledger.holdings)
+        chassis = next((h.device.chassis for h in holdings if h.device.block_id == block), "")
+        owner = self.portal.catalog.owner_of_chassis(chassis)
+        return await self.ledger(
+            self.portal.ledger.policy.unregister_device, block, self.actor, owner
+        )
+
     async def lend(self, block: str, body: object) -> Registration:
         """Lend (or, with body None, take back) a device the caller's group owns."""
         registration = (await self.ledger(self.portal.ledger.policy.registrations)).get(block)
@@ -442,7 +452,7 @@ class DeviceOwnerApi(ApiHandler, ColocatedMixin):
     async def delete(self, block: str) -> None:
         self.require_admin()
         block = unquote(block)
-        if not await self.ledger(self.portal.ledger.policy.unregister_device, block, self.actor):
+        if not await self.unregister(block):
             raise HTTPError(404, f"{block!r} is not a registered co-located device.")
         self.set_status(204)
         self.finish()
@@ -475,8 +485,7 @@ class ColocatedPage(PageHandler, ColocatedMixin):
             if action == "register":
                 await self.register(block, self.get_body_argument("owner_group", "").strip())
             elif action == "unregister":
-                self.require_admin()
-                await self.ledger(self.portal.ledger.policy.unregister_device, block, self.actor)
+                await self.unregister(block)
             elif action == "lend":
                 to = self.get_body_argument("to", "").strip()
                 kind = "group" if self.get_body_argument("to_kind", "user") == "group" else "user"

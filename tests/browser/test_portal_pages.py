@@ -155,9 +155,9 @@ def test_a_gpu_registered_to_a_group_shows_in_its_members_form_only_and_is_lent_
     page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"] form').nth(1).locator(
         "button"
     ).click()
-    expect(page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"]')).not_to_contain_text(
-        "cs-101"
-    )
+    given_back = page.locator('#colocated-devices tr[data-device="x1-rtx6000-1"]')
+    expect(given_back).to_contain_text("vision-lab (catalog)")  # its chassis owner's again
+    expect(given_back).not_to_contain_text("cs-101")
 
 
 def tomorrow() -> str:

@@ -319,6 +319,8 @@ def tomorrow() -> str:
 def test_a_registered_gpu_is_its_groups_alone_until_they_lend_it(
     hub: Hub, admin: Visitor, student: Visitor
 ) -> None:
+    # The hub has read the fabric's inventory (a form rendered), so the ledger knows the GPUs.
+    assert student.session.get(f"{hub.url}/hub/spawn", timeout=30).status_code == 200
     # x1-rtx6000-1 and -2 are vision-lab's by the catalog; the admin gives -1 to cs-101.
     put = admin.call("PUT", "api/devices/x1-rtx6000-1/owner", json={"owner_group": "cs-101"})
     assert put.status_code == 200, put.text
@@ -363,6 +365,9 @@ def test_a_registered_gpu_is_its_groups_alone_until_they_lend_it(
         assert hub.composed_hosts() == {}
     finally:
         assert admin.call("DELETE", "api/devices/x1-rtx6000-1/owner").status_code == 204
+    devices = admin.call("GET", "api/colocated").json()["devices"]
+    [given_back] = [d for d in devices if d["id"] == "x1-rtx6000-1"]
+    assert (given_back["owner_group"], given_back["registered"]) == ("vision-lab", False)
     actions = [e["action"] for e in admin.call("GET", "api/audit").json()["entries"][:4]]
     assert actions == ["device.unregister", "device.take_back", "device.lend", "device.register"]
 
@@ -397,8 +402,9 @@ def test_a_registered_gpu_is_its_groups_alone_until_they_lend_it(
     ],
 )
 def test_bad_colocation_input_is_refused_with_a_message(
-    admin: Visitor, method: str, path: str, body: Any, status: int, message: str
+    hub: Hub, admin: Visitor, method: str, path: str, body: Any, status: int, message: str
 ) -> None:
+    assert admin.session.get(f"{hub.url}/hub/spawn", timeout=30).status_code == 200  # GPUs seen
     response = admin.call(method, path, json=body)
     assert response.status_code == status, response.text
     assert message in response.json()["message"]
@@ -416,7 +422,10 @@ def test_bad_colocation_input_is_refused_with_a_message(
         ({"group": "nobody", "until": "tomorrow"}, "until must be a date"),
     ],
 )
-def test_a_bad_loan_is_refused_and_nothing_lent(admin: Visitor, body: Any, message: str) -> None:
+def test_a_bad_loan_is_refused_and_nothing_lent(
+    hub: Hub, admin: Visitor, body: Any, message: str
+) -> None:
+    assert admin.session.get(f"{hub.url}/hub/spawn", timeout=30).status_code == 200  # GPUs seen
     assert (
         admin.call(
             "PUT", "api/devices/x1-rtx6000-2/owner", json={"owner_group": "vision-lab"}
