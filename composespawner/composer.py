@@ -54,7 +54,7 @@ from .machine import ComposedMachine
 from .metrics import measure_compose
 from .placement import DeviceAsk, NoFit, Plan, Pool, place
 from .pool import Offer, PoolView
-from .quota import NO_SITE_QUOTA, Quota, QuotaRule
+from .quota import NO_SITE_QUOTA, QuotaRule
 from .releases import BackgroundReleases
 from .request import MachineRequest
 from .reservations import Reservations
@@ -128,10 +128,6 @@ class Composer:
             self.ledger.policy.spawn_policy, user, groups, self.site_quota
         )
         return admission(policy, self.catalog, self.clock().astimezone(self.timezone))
-
-    async def quota_for(self, user: str, groups: frozenset[str]) -> Quota:
-        """The user's effective quota: the config's site default, then the ledger's rules."""
-        return (await self.admission_for(user, groups)).quota
 
     async def offer(self, user: str, groups: frozenset[str], *, within: float | None) -> Offer:
         """What the spawn form shows ``user``, under their quota and the reservations in force."""

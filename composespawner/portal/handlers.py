@@ -231,6 +231,47 @@ def _hub_static_url(path: str, include_version: bool = True) -> str:
     return url_path_join("/hub/static/", path)
 
 
+class FormPage(PageHandler):
+    """A page with forms: GET shows it; POST acts, then shows it again, or shows why not
+    (a 400 with the person's input kept). Admins only unless ``admins_only`` is False."""
+
+    path = ""  # below the portal's prefix, where the page is
+    admins_only = True
+
+    async def act(self, form: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    async def render_form(self, **context: Any) -> None:
+        raise NotImplementedError
+
+    @authenticated
+    async def get(self) -> None:
+        if self.admins_only:
+            self.require_admin()
+        await self.render_form()
+
+    @authenticated
+    async def post(self) -> None:
+        if self.admins_only:
+            self.require_admin()
+        form = {name: values[0].decode() for name, values in self.request.body_arguments.items()}
+        try:
+            await self.act(form)
+        except InvalidQuota as e:
+            await self._refused(str(e), form)
+            return
+        except HTTPError as e:
+            if e.status_code != 400:
+                raise
+            await self._refused(str(e.log_message), form)
+            return
+        self.redirect(url_path_join(self.portal.prefix, self.path))
+
+    async def _refused(self, why: str, form: dict[str, str]) -> None:
+        self.set_status(400)
+        await self.render_form(error=why, form=form)
+
+
 # -- everyone --------------------------------------------------------------------
 
 
@@ -348,25 +389,16 @@ class ReleaseMachineApi(ApiHandler):
         self.write_json(result, status=202)
 
 
-class InventoryPage(PageHandler):
-    @authenticated
-    async def get(self) -> None:
-        self.require_admin()
-        await self._render()
+class InventoryPage(FormPage):
+    path = "inventory"
 
-    @authenticated
-    async def post(self) -> None:
-        self.require_admin()
-        machine_id = self.get_body_argument("machine", "")
-        reason = self.get_body_argument("reason", "").strip()
+    async def act(self, form: dict[str, str]) -> None:
+        reason = form.get("reason", "").strip()
         if not reason or len(reason) > MOST_REASON:
-            self.set_status(400)
-            await self._render(error=f"Say why, for the user: 1 to {MOST_REASON} characters.")
-            return
-        await self.portal.force_release(machine_id, reason, self.actor)
-        self.redirect(url_path_join(self.portal.prefix, "inventory"))
+            raise HTTPError(400, f"Say why, for the user: 1 to {MOST_REASON} characters.")
+        await self.portal.force_release(form.get("machine", ""), reason, self.actor)
 
-    async def _render(self, **context: Any) -> None:
+    async def render_form(self, **context: Any) -> None:
         view = views.inventory(await self.ledger(self.portal.ledger.holdings))
         self.render_page("inventory.html", inventory=view, **context)
 
@@ -472,40 +504,27 @@ class DeviceLoanApi(ApiHandler, ColocatedMixin):
         self.finish()
 
 
-class ColocatedPage(PageHandler, ColocatedMixin):
-    @authenticated
-    async def get(self) -> None:
-        await self._render()
+class ColocatedPage(FormPage, ColocatedMixin):
+    path = "colocated"
+    admins_only = False  # owners lend their own; each action checks who may
 
-    @authenticated
-    async def post(self) -> None:
-        action = self.get_body_argument("action", "")
-        block = self.get_body_argument("block", "")
-        try:
-            if action == "register":
-                await self.register(block, self.get_body_argument("owner_group", "").strip())
-            elif action == "unregister":
-                await self.unregister(block)
-            elif action == "lend":
-                to = self.get_body_argument("to", "").strip()
-                kind = "group" if self.get_body_argument("to_kind", "user") == "group" else "user"
-                await self.lend(block, {kind: to, "until": self.get_body_argument("until", "")})
-            elif action == "take_back":
-                await self.lend(block, None)
-            else:
-                raise HTTPError(400, "Choose register, unregister, lend or take back.")
-        except HTTPError as e:
-            if e.status_code != 400:
-                raise
-            self.set_status(400)
-            await self._render(error=e.log_message)
-            return
-        self.redirect(url_path_join(self.portal.prefix, "colocated"))
+    async def act(self, form: dict[str, str]) -> None:
+        action, block = form.get("action", ""), form.get("block", "")
+        if action == "register":
+            await self.register(block, form.get("owner_group", "").strip())
+        elif action == "unregister":
+            await self.unregister(block)
+        elif action == "lend":
+            kind = "group" if form.get("to_kind") == "group" else "user"
+            await self.lend(block, {kind: form.get("to", "").strip(), "until": form.get("until")})
+        elif action == "take_back":
+            await self.lend(block, None)
+        else:
+            raise HTTPError(400, "Choose register, unregister, lend or take back.")
 
-    async def _render(self, **context: Any) -> None:
-        self.render_page(
-            "colocated.html", devices=await self.colocated_view(), today=date.today(), **context
-        )
+    async def render_form(self, **context: Any) -> None:
+        devices = await self.colocated_view()
+        self.render_page("colocated.html", devices=devices, today=date.today(), **context)
 
 
 class CohortsApi(ApiHandler):
@@ -545,30 +564,19 @@ class CohortApi(ApiHandler):
         self.finish()
 
 
-class CohortsPage(PageHandler):
-    @authenticated
-    async def get(self) -> None:
-        self.require_admin()
-        await self._render()
+class CohortsPage(FormPage):
+    path = "cohorts"
 
-    @authenticated
-    async def post(self) -> None:
-        self.require_admin()
-        form = {name: self.get_body_argument(name, "") for name in (*views.COHORT_FIELDS, "name")}
-        try:
-            if self.get_body_argument("action", "set") == "delete":
-                await self.ledger(self.portal.ledger.policy.delete_cohort, form["name"], self.actor)
-            else:
-                cohort = views.cohort_from_form(form["name"], form, self.portal.model_ids)
-                await self.check_group_exists(cohort.name)
-                await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
-        except InvalidQuota as e:
-            self.set_status(400)
-            await self._render(error=str(e), form=form)
+    async def act(self, form: dict[str, str]) -> None:
+        name = form.get("name", "")
+        if form.get("action") == "delete":
+            await self.ledger(self.portal.ledger.policy.delete_cohort, name, self.actor)
             return
-        self.redirect(url_path_join(self.portal.prefix, "cohorts"))
+        cohort = views.cohort_from_form(name, form, self.portal.model_ids)
+        await self.check_group_exists(cohort.name)
+        await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
 
-    async def _render(self, **context: Any) -> None:
+    async def render_form(self, **context: Any) -> None:
         self.render_page(
             "cohorts.html",
             cohorts=await self.portal.cohorts(),
@@ -578,36 +586,22 @@ class CohortsPage(PageHandler):
         )
 
 
-class QuotasPage(PageHandler):
-    @authenticated
-    async def get(self) -> None:
-        self.require_admin()
-        await self._render()
+class QuotasPage(FormPage):
+    path = "quotas"
 
-    @authenticated
-    async def post(self) -> None:
-        self.require_admin()
-        form = {name: self.get_body_argument(name, "") for name in (*views.LIMITS, "subject")}
-        level = self.get_body_argument("level", "")
-        action = self.get_body_argument("action", "set")
-        try:
-            if action == "delete":
-                views.check_subject(level, form["subject"])
-                await self.ledger(
-                    self.portal.ledger.policy.delete_quota_rule, level, form["subject"], self.actor
-                )
-            else:
-                rule = views.rule_from_form(level, form["subject"], form, self.portal.model_ids)
-                if rule.level == "cohort":
-                    await self.check_group_exists(rule.subject)
-                await self.ledger(self.portal.ledger.policy.set_quota_rule, rule, self.actor)
-        except InvalidQuota as e:
-            self.set_status(400)
-            await self._render(error=str(e), form={**form, "level": level})
+    async def act(self, form: dict[str, str]) -> None:
+        level, subject = form.get("level", ""), form.get("subject", "")
+        policy = self.portal.ledger.policy
+        if form.get("action") == "delete":
+            views.check_subject(level, subject)
+            await self.ledger(policy.delete_quota_rule, level, subject, self.actor)
             return
-        self.redirect(url_path_join(self.portal.prefix, "quotas"))
+        rule = views.rule_from_form(level, subject, form, self.portal.model_ids)
+        if rule.level == "cohort":
+            await self.check_group_exists(rule.subject)
+        await self.ledger(policy.set_quota_rule, rule, self.actor)
 
-    async def _render(self, **context: Any) -> None:
+    async def render_form(self, **context: Any) -> None:
         rules = await self.ledger(self.portal.ledger.policy.quota_rules)
         self.render_page(
             "quotas.html",
