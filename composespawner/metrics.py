@@ -120,6 +120,9 @@ class MeasuredFabric:
         result: bool = await self._measure("decompose", self.inner.decompose, host, blocks, tag)
         return result
 
+    def seconds_since_answer(self) -> float:
+        return self.inner.seconds_since_answer()
+
     async def close(self) -> None:
         await self.inner.close()
 

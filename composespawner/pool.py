@@ -47,6 +47,11 @@ class Offer:
         return _quota_left(self.gpu_limit, self.gpus_in_use)
 
 
+# How many fabric_wait periods a spawn waits for an inventory the fabric is still
+# answering for (a busy hub, a slow service); 6 × 5 s is half a minute.
+PATIENCE = 6
+
+
 class PoolView:
     """Cached reads of the fabric and the ledger, for offers and for placement."""
 
@@ -87,19 +92,26 @@ class PoolView:
     async def inventory(self, *, fresh: bool = False) -> Inventory:
         """The fabric's inventory, cached for ``snapshot_ttl`` seconds (see Snapshot).
 
-        Raises FabricUnreachable after ``fabric_wait`` seconds; the read goes on
-        for whoever asks next.
+        Raises FabricUnreachable once the fabric has answered nothing for
+        ``fabric_wait`` seconds (or after PATIENCE such waits while it answers
+        slowly); the read goes on for whoever asks next.
         """
         if self.fabric_wait is None:
             return await self._inventory.get(self._read_inventory, fresh=fresh)
-        deadline = asyncio.timeout(self.fabric_wait)
+        read = asyncio.ensure_future(self._inventory.get(self._read_inventory, fresh=fresh))
         try:
-            async with deadline:
-                return await self._inventory.get(self._read_inventory, fresh=fresh)
-        except TimeoutError as e:
-            if not deadline.expired():
-                raise
-            raise _no_inventory_within(self.fabric_wait) from e
+            # A fabric that keeps answering is getting on with the read, however slowly
+            # (or the hub is too busy to take its answers, as when a whole class starts
+            # at once): wait on. One that answers nothing for fabric_wait is not waited for.
+            for _ in range(PATIENCE):
+                done, _ = await asyncio.wait({read}, timeout=self.fabric_wait)
+                if done:
+                    return read.result()
+                if self.fabric.seconds_since_answer() > self.fabric_wait:
+                    break
+            raise _no_inventory_within(self.fabric_wait)
+        finally:
+            read.cancel()  # our wait only: the read itself goes on for the next caller
 
     async def known_inventory(self) -> Inventory:
         """Any inventory read so far, however old (a fresh one if none): for what never changes."""

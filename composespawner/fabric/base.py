@@ -258,6 +258,14 @@ class Fabric(Protocol):
         """Detach one device block from a host (ComputerSystem.RemoveResourceBlock)."""
         ...
 
+    def seconds_since_answer(self) -> float:
+        """Seconds since the fabric last answered any request (``inf``: never).
+
+        What tells a slow fabric, or a busy hub, from one that has stopped
+        answering: a wait for it may go on while it keeps answering.
+        """
+        ...
+
     async def close(self) -> None:
         """Release sessions and connections."""
         ...

@@ -14,6 +14,7 @@ For the real simulator's own fault switches, over HTTP, see
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -161,6 +162,10 @@ class FaultyFabric(InProcessFabric):
     def _raise(self, error: FabricError) -> None:
         self.faults.errors_raised += 1
         raise error
+
+    def seconds_since_answer(self) -> float:
+        """Infinite while hung or unreachable: a frozen fabric answers nothing."""
+        return math.inf if self.faults.hung is not None or self.faults.unreachable else 0.0
 
     async def _answer(self, call: Awaitable[T]) -> T:
         try:

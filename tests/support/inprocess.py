@@ -74,6 +74,9 @@ class InProcessFabric:
         spec = inventory if isinstance(inventory, InventorySpec) else load_inventory(inventory)
         return cls(FabricState(spec, epoch=secrets.token_hex(4)))
 
+    def seconds_since_answer(self) -> float:
+        return 0.0  # in this process: it answers whenever it is asked
+
     async def inventory(self) -> Inventory:
         self._check_open()
         spec = self.state.inventory

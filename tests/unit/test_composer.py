@@ -27,7 +27,7 @@ from composespawner.cohorts import Cohort, Session
 from composespawner.composer import Composer
 from composespawner.fabric.base import FabricError, FabricUnreachable
 from composespawner.failures import ComposeFailed, ComposeRefused
-from composespawner.hardware import CompositionTag
+from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import (
     Actor,
     DeviceRecord,
@@ -783,6 +783,23 @@ async def test_a_spawn_meeting_a_hung_fabric_is_refused_quickly_holding_nothing(
     assert rig.ledger.live_machine("u", "") is None
     assert rig.ledger.holders() == {}
     rig.fabric.faults.heal()
+
+
+async def test_a_spawn_waits_past_fabric_wait_while_the_fabric_keeps_answering(rig: Rig) -> None:
+    # A whole class at once keeps the hub so busy that one inventory read takes longer
+    # than fabric_wait, though the fabric answers every request: that is no reason to refuse.
+    rig.composer.fabric_wait = 0.1
+    answering = rig.fabric.inventory
+
+    async def slowly() -> Inventory:
+        await asyncio.sleep(0.35)
+        return await answering()
+
+    rig.fabric.inventory = slowly  # type: ignore[method-assign]
+    began = time.monotonic()
+    machine = await rig.compose("u", ask("t4", 1))
+    assert time.monotonic() - began >= 0.35
+    assert rig.machine(machine.machine_id).state == "composed"
 
 
 async def test_a_release_in_the_background_marks_stopping_and_keeps_devices_held(

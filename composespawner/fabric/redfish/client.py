@@ -229,6 +229,9 @@ class RedfishFabric:
             f"tag {system_id}", lambda deadline: self._tag(system_id, tag, deadline)
         )
 
+    def seconds_since_answer(self) -> float:
+        return time.monotonic() - self._transport.answered_at
+
     async def close(self) -> None:
         await self._transport.close()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import ssl
 import time
@@ -244,6 +245,7 @@ class RedfishTransport:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._client: aiohttp.ClientSession | None = None
         self._basic_auth = aiohttp.encode_basic_auth(username, password)
+        self.answered_at = -math.inf  # time.monotonic() of the last answer, any status
 
     # -- requests ---------------------------------------------------------------
 
@@ -321,7 +323,8 @@ class RedfishTransport:
                 if deadline.remaining() <= 0:
                     raise FabricDeadlineExceeded(f"{method} {path}: deadline passed") from exc
                 raise _NoAnswer(_describe(exc)) from exc
-        elapsed_ms = (time.monotonic() - started) * 1000
+        self.answered_at = time.monotonic()
+        elapsed_ms = (self.answered_at - started) * 1000
         self._log.debug("%s %s -> %d in %.0f ms", method, path, answer.status, elapsed_ms)
         # answer.headers is case-insensitive, like HTTP: "ETag" finds "Etag".
         return Response(method, path, answer.status, answer.headers, content)
