@@ -102,12 +102,13 @@ class PoolView:
         try:
             # A fabric that keeps answering is getting on with the read, however slowly
             # (or the hub is too busy to take its answers, as when a whole class starts
-            # at once): wait on. One that answers nothing for fabric_wait is not waited for.
+            # at once): wait on. One that answered nothing during a wait is not waited for.
             for _ in range(PATIENCE):
+                began = time.monotonic()
                 done, _ = await asyncio.wait({read}, timeout=self.fabric_wait)
                 if done:
                     return read.result()
-                if self.fabric.seconds_since_answer() > self.fabric_wait:
+                if self.fabric.seconds_since_answer() > time.monotonic() - began:
                     break
             raise _no_inventory_within(self.fabric_wait)
         finally:
