@@ -67,8 +67,16 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> None:
 
 
 def exec_with_hub(hub_pid: int, command: Sequence[str]) -> NoReturn:
-    """Become ``command``, bound to end when the hub ``hub_pid`` ends (it survives exec)."""
+    """Become ``command``, bound to end when the hub ``hub_pid`` ends (it survives exec).
+
+    The hub stops a service with SIGINT, then SIGTERM 10 s later. A hub started
+    in the background of a script (``make demo &``, nohup) passes SIGINT on
+    ignored, and an ignored signal stays ignored across exec: the service would
+    sit out each stop's 10 s. It gets the default back here.
+    """
     die_with_parent(hub_pid)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
     os.execvp(command[0], list(command))
 
 

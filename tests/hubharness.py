@@ -394,8 +394,13 @@ def _shut_down(hub: Hub) -> None:
         try:
             hub.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            running = [_cmdline(pid) for pid in _descendants(hub.proc.pid)]
             os.killpg(hub.proc.pid, signal.SIGKILL)
             hub.proc.wait(timeout=10)
+            raise AssertionError(
+                f"the hub did not stop within 30 s of SIGTERM; still running: {running}\n"
+                f"{hub.log_tail()}"
+            ) from None
     leftovers = leftover_pids(hub.state, hub.proc.pid, also_under=hub.homes)
     for pid in leftovers:
         with suppress(ProcessLookupError):
@@ -433,7 +438,8 @@ def alive(pid: int) -> bool:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        return line or Path(f"/proc/{pid}/stat").read_text()[:200]  # exiting: no command line
     except OSError:
         return str(pid)
 
@@ -446,6 +452,8 @@ def leftover_pids(state: Path, group: int, also_under: Path | None = None) -> li
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            if _exited(entry):
+                continue
             cwd = os.readlink(entry / "cwd")
             in_group = os.getpgid(int(entry.name)) == group
         except OSError:
@@ -453,6 +461,13 @@ def leftover_pids(state: Path, group: int, also_under: Path | None = None) -> li
         if in_group or cwd.startswith(roots):
             found.append(int(entry.name))
     return found
+
+
+def _exited(proc: Path) -> bool:
+    """A zombie (or one being reaped) has ended: only its exit status is left to collect,
+    by a parent that may be gone (a container's init need not reap)."""
+    state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state in ("Z", "X")
 
 
 # Loaded after the demo config: an admin token for the tests' REST calls.

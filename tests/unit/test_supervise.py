@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +57,29 @@ def test_with_hub_refuses_to_start_a_service_whose_hub_is_gone() -> None:
     )
     assert done.returncode == 1
     assert "the hub (pid 1) is gone" in done.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_service_started_with_sigint_ignored_gets_it_back_so_the_hub_can_stop_it() -> None:
+    # As from a hub started in a script's background: SIGINT comes ignored, and an
+    # ignored signal would stay ignored across exec.
+    composespawner = str(Path(sys.executable).parent / "composespawner")
+    report = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run(
+        [
+            composespawner,
+            "with-hub",
+            f"--hub-pid={os.getpid()}",
+            "--",
+            sys.executable,
+            "-c",
+            report,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
