@@ -10,6 +10,7 @@ fabric's state and the ledger directly, never the composer's own view.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -799,6 +800,30 @@ async def test_a_spawn_waits_past_fabric_wait_while_the_fabric_keeps_answering(r
     began = time.monotonic()
     machine = await rig.compose("u", ask("t4", 1))
     assert time.monotonic() - began >= 0.35
+    assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_time_the_hubs_loop_spends_on_other_requests_does_not_count_against_the_fabric(
+    rig: Rig,
+) -> None:
+    # A class's 200 spawn requests keep the hub's loop busy for seconds at a stretch:
+    # the fabric's answers wait unread in their sockets, and that is not its fault.
+    rig.composer.fabric_wait = 0.5
+    answering = rig.fabric.inventory
+    answered_at = -math.inf
+
+    async def answered_while_the_hub_was_busy() -> Inventory:
+        nonlocal answered_at
+        await asyncio.sleep(0)
+        time.sleep(1.5)  # noqa: ASYNC251 (the point: the loop blocked on the hub's own work)
+        await asyncio.sleep(0.01)  # the answer, read once the loop is free again
+        inventory = await answering()
+        answered_at = time.monotonic()
+        return inventory
+
+    rig.fabric.inventory = answered_while_the_hub_was_busy  # type: ignore[method-assign]
+    rig.fabric.seconds_since_answer = lambda: time.monotonic() - answered_at  # type: ignore[method-assign]
+    machine = await rig.compose("u", ask("t4", 1))
     assert rig.machine(machine.machine_id).state == "composed"
 
 
