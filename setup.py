@@ -26,6 +26,7 @@ setup(
             "templates/*.html",
             "templates/hub/*.html",
             "portal/templates/*.html",
+            "portal/static/*.js",
         ],
         "composespawner.hub_config": ["*.py", "*.toml"],
         "fabricsim": ["py.typed"],
@@ -44,6 +45,7 @@ setup(
         "aiohttp>=3.9",
         "yarl>=1.9",
         "Jinja2>=3.1",
+        "plotly>=6",  # the portal serves its plotly.min.js for usage charts: no CDN
     ],
     extras_require={
         "postgres": ["psycopg[binary]>=3.2"],

@@ -163,7 +163,7 @@ def settings_from_config(config: Config, log: logging.Logger | None = None) -> C
 
 def open_ledger(settings: ComposeSettings) -> Ledger:
     """The ledger, refused with an actionable message if its schema is not current."""
-    ledger = Ledger(settings.ledger_url)
+    ledger = Ledger(settings.ledger_url, usage_zone=ZoneInfo(settings.site_timezone))
     try:
         ledger.check_schema()
     except BaseException:

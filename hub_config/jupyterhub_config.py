@@ -202,9 +202,16 @@ c.JupyterHub.load_roles = [
     },
     {
         # Checks that a cohort's group exists, reads a user's groups for their quota,
-        # and stops a server an admin releases from the inventory page.
+        # a cohort's members for its usage, and stops a server an admin releases
+        # from the inventory page.
         "name": "compose-portal",
-        "scopes": ["read:groups:name", "read:users:groups", "read:users:name", "delete:servers"],
+        "scopes": [
+            "list:groups",
+            "read:groups",
+            "read:users:groups",
+            "read:users:name",
+            "delete:servers",
+        ],
         "services": ["compose"],
     },
     {

@@ -169,6 +169,21 @@ class UsageRecordRow(Base):
     ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class UsageDayRow(Base):
+    """GPU-seconds per day (in the site's time zone), user and model: what usage charts read.
+
+    Written with the usage records as a machine ends, so a report over months
+    sums days, not every device's period of use.
+    """
+
+    __tablename__ = "usage_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
 class QuotaAccountRow(Base):
     """One row per user, locked by every claim of that user so they serialize (invariant 3)."""
 

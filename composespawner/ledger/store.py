@@ -38,7 +38,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
@@ -98,7 +98,15 @@ from composespawner.ledger.records import (
     UsageRecord,
     utcnow,
 )
+from composespawner.ledger.usage import (
+    UsageSums,
+    add_day_use,
+    day_uses,
+    live_uses,
+    usage_sums,
+)
 from composespawner.quota import NO_QUOTA, Quota
+from composespawner.usage import DayUse, Period
 
 WEEK = timedelta(days=7)  # the window of the GPU-hours limit
 
@@ -107,7 +115,8 @@ class Ledger:
     """The allocation ledger on one database URL (``sqlite:///...`` or ``postgresql+psycopg://``).
 
     ``clock`` must return aware datetimes; ``timeout`` (seconds) bounds
-    connecting and every wait for a lock held by another transaction.
+    connecting and every wait for a lock held by another transaction;
+    ``usage_zone`` is where usage reports' days begin (the site's time zone).
     """
 
     def __init__(
@@ -117,8 +126,10 @@ class Ledger:
         clock: Callable[[], datetime] = utcnow,
         echo: bool = False,
         timeout: float = 10.0,
+        usage_zone: tzinfo = UTC,
     ) -> None:
         self._clock = clock
+        self._usage_zone = usage_zone
         self._engine = create_ledger_engine(url, timeout=timeout, echo=echo)
         self._writing = writing(self._engine)
         # SQLite has one write lock per file, and a writer that finds it taken
@@ -272,7 +283,8 @@ class Ledger:
             return self.advance(machine_id, (to, message), failure=failure)
         now = self._now()
         with self._write() as connection:
-            return _end(connection, _machine_row(connection, machine_id), to, now, message, failure)
+            machine = _machine_row(connection, machine_id)
+            return _end(connection, machine, to, now, message, failure, self._usage_zone)
 
     def advance(
         self, machine_id: str, *steps: tuple[str, str], failure: str | None = None
@@ -327,7 +339,7 @@ class Ledger:
             machine = _machine_row(connection, machine_id)
             if machine.state in TERMINAL:
                 return _machine_record(machine, ())
-            return _end(connection, machine, to, now, message, failure)
+            return _end(connection, machine, to, now, message, failure, self._usage_zone)
 
     # -- queries ----------------------------------------------------------------
 
@@ -399,6 +411,19 @@ class Ledger:
         query = select(EVENTS).where(EVENTS.c.machine_id == machine_id).order_by(EVENTS.c.id)
         with self._engine.begin() as connection:
             return [_event_record(row) for row in connection.execute(query)]
+
+    def usage_sums(self, period: Period) -> UsageSums:
+        """GPU-seconds in ``period``: ended use per day and model and per user, and
+        running machines' use so far (see :func:`composespawner.usage.usage_report`)."""
+        with self._engine.begin() as connection:
+            return usage_sums(connection, period, self._now(), self._usage_zone)
+
+    def day_uses(self, period: Period) -> list[DayUse]:
+        """Every day, user and model in ``period`` with its use: ended, then running so far."""
+        with self._engine.begin() as connection:
+            return day_uses(connection, period) + live_uses(
+                connection, period, self._now(), self._usage_zone
+            )
 
     def usage(self, user: str | None = None) -> list[UsageRecord]:
         query = select(USAGE).order_by(USAGE.c.id)
@@ -703,6 +728,7 @@ def _end(
     now: datetime,
     message: str,
     failure: str | None,
+    zone: tzinfo,
 ) -> Machine:
     """Enter a terminal state: free every device held and record who used it."""
     ended: dict[str, Any] = {"ended_at": now, **_failure(failure)}
@@ -710,6 +736,7 @@ def _end(
     held = connection.execute(_DEVICES_HELD_BY, {"b_machine_id": machine.id}).all()
     if held:
         connection.execute(_INSERT_USAGE, [_usage_values(machine, d, now) for d in held])
+        add_day_use(connection, machine.user_name, held, now, zone)
         connection.execute(_FREE_DEVICES_OF, {"b_machine_id": machine.id})
     return _moved(machine, to, now, (), **ended)
 

@@ -7,14 +7,16 @@ import os
 import signal
 from datetime import tzinfo
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo
 
 import jinja2
+import plotly
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado.httpserver import HTTPServer
-from tornado.web import Application
+from tornado.web import Application, StaticFileHandler
 from traitlets import Integer, Unicode, default
 
 from ..application import ComposeApplication
@@ -26,6 +28,8 @@ from . import handlers
 from .hub import HubClient
 
 TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"
+PLOTLY = Path(plotly.__file__).parent / "package_data"
 
 
 class PortalApp(ComposeApplication):
@@ -96,8 +100,17 @@ class PortalApp(ComposeApplication):
         timezone: tzinfo,
     ) -> Application:
         prefix = self.service_prefix
-        routes = [(url_path_join(prefix, path), handler) for path, handler in handlers.ROUTES]
+        routes: list[Any] = [
+            (url_path_join(prefix, path), handler) for path, handler in handlers.ROUTES
+        ]
         routes.append((url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler))
+        # The pages' scripts, and the charting library's, from here: campus hubs often
+        # sit behind firewalls that keep CDNs out.
+        static = url_path_join(prefix, "static/")
+        routes += [
+            (static + r"(plotly\.min\.js)", StaticFileHandler, {"path": PLOTLY}),
+            (static + r"(.+)", StaticFileHandler, {"path": STATIC}),
+        ]
         # JupyterHub's own templates after ours: the pages extend its page.html.
         loader = jinja2.ChoiceLoader(
             [jinja2.FileSystemLoader(TEMPLATES), jinja2.FileSystemLoader(_hub_templates())]

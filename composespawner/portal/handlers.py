@@ -18,6 +18,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
+import plotly
 from jupyterhub.services.auth import HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError, RequestHandler, authenticated
@@ -28,6 +29,7 @@ from ..colocation import Registration
 from ..ledger import TERMINAL, Actor, Ledger, UnknownDevices
 from ..ledger.runner import LedgerRunner
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from ..usage import InvalidPeriod, Period, usage_report
 from . import views
 from .hub import HubClient, HubUnavailable
 
@@ -88,6 +90,28 @@ class Portal:
         except HubUnavailable as e:
             raise HTTPError(503, "The hub did not answer; try again.") from e
         return {"machine": machine_id, "user": user, "server": server, "stopping": stopping}
+
+    async def usage(self, period: Period) -> dict[str, Any]:
+        """GPU-hours in ``period`` by day and model, user, cohort; and what runs now."""
+        sums = await self.runner.run(self.ledger.usage_sums, period)
+        cohorts = {c.name for c in await self.runner.run(self.ledger.policy.cohorts)}
+        members = {}
+        if cohorts:
+            try:
+                groups = await self.hub.group_members()
+            except HubUnavailable as e:
+                raise HTTPError(503, "The hub did not answer; try again.") from e
+            members = {name: groups.get(name, []) for name in cohorts}
+        report = usage_report(period, sums.days, sums.users, sums.live, members)
+        holdings = await self.runner.run(self.ledger.holdings)
+        return views.usage_json(report, views.running(holdings))
+
+    def period(self, since: str | None, until: str | None) -> Period:
+        """The date range asked for, in the site's days; 400 with what to fix if unusable."""
+        try:
+            return Period.parse(since, until, today=datetime.now(self.timezone).date())
+        except InvalidPeriod as e:
+            raise HTTPError(400, str(e)) from e
 
     async def cohorts(self) -> list[dict[str, Any]]:
         """Every cohort, with its next session start in the site's time zone."""
@@ -223,7 +247,8 @@ class _PageUser:
 
     @property
     def json_escaped_name(self) -> str:
-        return json.dumps(self.name)
+        # page.html puts it between quotes of its own, as JupyterHub's User does.
+        return json.dumps(self.name)[1:-1]
 
 
 def _hub_static_url(path: str, include_version: bool = True) -> str:
@@ -612,6 +637,40 @@ class QuotasPage(FormPage):
         )
 
 
+class UsageApi(ApiHandler):
+    """GPU-hours over ``?since=&until=`` (days, both included; the last 30 by default);
+    ``?format=csv`` exports one row per day, user and model."""
+
+    async def get(self) -> None:
+        self.require_admin()
+        period = self.portal.period(
+            self.get_argument("since", None), self.get_argument("until", None)
+        )
+        if self.get_argument("format", "json") == "csv":
+            uses = await self.ledger(self.portal.ledger.day_uses, period)
+            name = f"gpu-usage-{period.first}-{period.last}.csv"
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", f'attachment; filename="{name}"')
+            self.finish(_csv(views.usage_rows(uses), views.USAGE_COLUMNS))
+            return
+        self.write_json(await self.portal.usage(period))
+
+
+class UsagePage(PageHandler):
+    @authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        since, until = self.get_argument("since", None), self.get_argument("until", None)
+        error = None
+        try:
+            period = self.portal.period(since or None, until or None)
+        except HTTPError as e:  # the page shows the default range, and what to fix
+            self.set_status(400)
+            period, error = self.portal.period(None, None), e.log_message
+        usage = await self.portal.usage(period)
+        self.render_page("usage.html", usage=usage, error=error, plotly_version=plotly.__version__)
+
+
 class AuditPage(PageHandler):
     @authenticated
     async def get(self) -> None:
@@ -641,6 +700,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("", MyMachinePage),
     ("quotas", QuotasPage),
     ("audit", AuditPage),
+    ("usage", UsagePage),
     ("cohorts", CohortsPage),
     ("inventory", InventoryPage),
     ("colocated", ColocatedPage),
@@ -650,6 +710,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),
     (r"api/users/([^/]+)/quota", UserQuotaApi),
     ("api/audit", AuditApi),
+    ("api/usage", UsageApi),
     ("api/inventory", InventoryApi),
     ("api/colocated", ColocatedApi),
     (r"api/devices/([^/]+)/owner", DeviceOwnerApi),

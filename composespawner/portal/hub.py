@@ -9,6 +9,8 @@ from urllib.parse import quote
 import aiohttp
 
 HUB_TIMEOUT = 10.0  # seconds for one call to the hub's API
+GROUPS_PAGE = 200  # the hub's largest page
+PAGINATED = "application/jupyterhub-pagination+json"  # items with a "next" link
 
 
 class HubUnavailable(Exception):
@@ -35,6 +37,21 @@ class HubClient:
         model = await self._get(f"/users/{quote(name, safe='')}")
         return None if model is None else list(model.get("groups", []))
 
+    async def group_members(self) -> dict[str, list[str]]:
+        """Every group and its users, read page by page."""
+        members: dict[str, list[str]] = {}
+        offset = 0
+        while True:
+            page = await self._get(f"/groups?offset={offset}&limit={GROUPS_PAGE}", PAGINATED)
+            if page is None:
+                raise HubUnavailable("GET /groups: 404")
+            for group in page["items"]:
+                members[group["name"]] = list(group.get("users", []))
+            following = page["_pagination"].get("next")
+            if not following:
+                return members
+            offset = following["offset"]
+
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the hub to stop a server (its spawner gives the devices back).
 
@@ -60,9 +77,11 @@ class HubClient:
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
         return self._session
 
-    async def _get(self, path: str) -> dict[str, Any] | None:
+    async def _get(self, path: str, accept: str = "application/json") -> dict[str, Any] | None:
         try:
-            async with self._session_().get(self.api_url + path) as response:
+            async with self._session_().get(
+                self.api_url + path, headers={"Accept": accept}
+            ) as response:
                 if response.status == 404:
                     return None
                 if response.status != 200:

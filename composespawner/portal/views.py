@@ -16,11 +16,13 @@ from ..cohorts import Cohort, InvalidCohort, Session
 from ..colocation import InvalidRegistration, Registration
 from ..ledger import AuditEntry, DeviceRecord, Holding, Machine
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from ..usage import DayUse, UsageReport
 
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
 MOST_MODELS = 100
 MOST_SUBJECT = 255
 MOST_LOAN = timedelta(days=366)
+USAGE_COLUMNS = ("day", "user", "model", "gpu_hours")
 
 
 def rule_json(rule: QuotaRule) -> dict[str, Any]:
@@ -189,6 +191,65 @@ def inventory(holdings: Iterable[Holding]) -> dict[str, Any]:
         count["held" if d["holder"] else "free"] += 1
     summary = [{"kind": k, "model": m, **n} for (k, m), n in sorted(counts.items())]
     return {"devices": devices, "summary": summary}
+
+
+def usage_json(report: UsageReport, running: list[dict[str, Any]]) -> dict[str, Any]:
+    """A usage report as the page and the API show it."""
+    return {
+        "since": report.period.first.isoformat(),
+        "until": report.period.last.isoformat(),
+        "gpu_hours": _hours(report.total),
+        "models": report.models(),
+        "by_day": [
+            {"day": day.isoformat(), "gpu_hours": {m: _hours(h) for m, h in sorted(models.items())}}
+            for day, models in sorted(report.by_day.items())
+        ],
+        "by_model": {m: _hours(h) for m, h in sorted(report.by_model.items())},
+        "by_cohort": {c: _hours(h) for c, h in sorted(report.by_cohort.items())},
+        "top_users": [{"user": u, "gpu_hours": _hours(h)} for u, h in report.top_users()],
+        "running": running,
+    }
+
+
+def usage_rows(uses: Iterable[DayUse]) -> list[dict[str, Any]]:
+    """One CSV row per day, user and model (running machines' share added in)."""
+    hours: dict[tuple[str, str, str], float] = {}
+    for use in uses:
+        key = (use.day.isoformat(), use.user, use.model)
+        hours[key] = hours.get(key, 0.0) + use.seconds / 3600
+    return [
+        {"day": day, "user": user, "model": model, "gpu_hours": _hours(value)}
+        for (day, user, model), value in sorted(hours.items())
+    ]
+
+
+def running(holdings: Iterable[Holding]) -> list[dict[str, Any]]:
+    """Live machines holding GPUs: whose, where, how many, since when."""
+    machines: dict[str, dict[str, Any]] = {}
+    for h in holdings:
+        if h.machine_id is None or h.device.kind != "gpu":
+            continue
+        machine = machines.setdefault(
+            h.machine_id,
+            {
+                "machine": h.machine_id,
+                "user": h.user,
+                "server": h.server,
+                "host": h.host,
+                "cohort": h.cohort,
+                "gpus": 0,
+                "models": [],
+                "since": _iso(h.held_since) if h.held_since else None,
+            },
+        )
+        machine["gpus"] += 1
+        if h.device.model not in machine["models"]:
+            machine["models"].append(h.device.model)
+    return sorted(machines.values(), key=lambda m: (m["since"] or "", m["machine"]))
+
+
+def _hours(value: float) -> float:
+    return round(value, 4)  # about a second: a short test run still shows
 
 
 def notice_text(entry: AuditEntry) -> str:

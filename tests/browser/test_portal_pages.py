@@ -109,6 +109,29 @@ def test_an_admin_releases_a_machine_from_the_inventory_and_its_user_reads_why(
 
 
 @pytest.mark.timeout(180)
+def test_the_usage_chart_shows_the_hours_just_used(hub: Hub, page: Page) -> None:
+    hub.spawn("researcher1", {"gpu_model": "a100", "gpu_count": 1, "network": "shared"})
+    hub.wait_ready("researcher1")
+    hub.stop("researcher1")
+    hub.wait_gone("researcher1")
+    log_in(page, hub, "admin")
+    page.goto(f"{hub.url}/hub/home")
+    page.goto(f"{hub.url}/services/compose/")
+    page.get_by_role("link", name="Usage").click()
+    page.wait_for_url(re.compile(r"/services/compose/usage$"))
+    expect(page.locator("#usage-charts")).to_have_attribute("data-drawn", "true")
+    # The bar chart's legend and axis come from plotly, drawn from the hours just used.
+    expect(page.locator("#usage-by-day .legend")).to_contain_text("NVIDIA A100")
+    expect(page.locator("#usage-by-user .ytick", has_text="researcher1")).to_have_count(1)
+    expect(page.locator("#usage-users")).to_contain_text("researcher1")
+    shot(page, "portal-usage")
+
+    page.fill("#since", "2020-01-01")
+    page.click("#usage-range button[type=submit]")
+    expect(page.locator("#usage-error")).to_contain_text("more than 366 days")
+
+
+@pytest.mark.timeout(180)
 def test_a_gpu_registered_to_a_group_shows_in_its_members_form_only_and_is_lent_from_the_page(
     hub: Hub, page: Page
 ) -> None:

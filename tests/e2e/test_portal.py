@@ -120,6 +120,8 @@ def test_an_admin_sets_a_cohort_quota_and_a_spawn_past_it_is_refused_naming_it(
         ("GET", "api/audit", None),
         ("GET", "quotas", None),
         ("GET", "audit", None),
+        ("GET", "api/usage", None),
+        ("GET", "usage", None),
     ],
 )
 def test_a_student_gets_403_on_every_admin_page_and_call(
@@ -444,3 +446,67 @@ def test_a_bad_loan_is_refused_and_nothing_lent(
         assert device["loan"] is None
     finally:
         assert admin.call("DELETE", "api/devices/x1-rtx6000-2/owner").status_code == 204
+
+
+@pytest.mark.timeout(180)
+def test_usage_counts_the_hours_just_used_by_user_cohort_and_model(
+    hub: Hub, admin: Visitor
+) -> None:
+    assert admin.call("PUT", "api/cohorts/cs-101", json={}).status_code == 200
+    try:
+        hub.spawn("student1", TWO_T4).raise_for_status()
+        hub.wait_ready("student1")
+        live = admin.call("GET", "api/usage").json()
+        [running] = [m for m in live["running"] if m["user"] == "student1"]
+        assert (running["gpus"], running["models"]) == (2, ["NVIDIA T4"])
+        hub.stop("student1")
+        hub.wait_gone("student1")
+
+        usage = admin.call("GET", "api/usage").json()
+        today = datetime.now(UTC).date().isoformat()
+        assert usage["until"] == today
+        mine = next(u for u in usage["top_users"] if u["user"] == "student1")
+        assert mine["gpu_hours"] > 0
+        # Earlier tests here ran student1 on other models too.
+        assert usage["by_model"]["NVIDIA T4"] > 0
+        assert usage["gpu_hours"] == pytest.approx(sum(usage["by_model"].values()), abs=1e-3)
+        assert usage["gpu_hours"] >= mine["gpu_hours"]
+        assert usage["by_cohort"]["cs-101"] >= mine["gpu_hours"]
+        assert usage["by_day"][-1]["day"] == today
+        assert usage["by_day"][-1]["gpu_hours"]["NVIDIA T4"] == usage["by_model"]["NVIDIA T4"]
+
+        csv = admin.call("GET", "api/usage", params={"format": "csv", "since": today})
+        assert csv.headers["Content-Type"].startswith("text/csv")
+        header, *rows = csv.text.splitlines()
+        assert header == "day,user,model,gpu_hours"
+        assert any(row.startswith(f"{today},student1,NVIDIA T4,") for row in rows)
+
+        page = admin.call("GET", "usage")
+        assert page.status_code == 200
+        assert 'id="usage-by-day"' in page.text
+        plotly = admin.session.get(f"{hub.url}{PORTAL}static/plotly.min.js", timeout=30)
+        assert plotly.status_code == 200
+        assert "plotly.js" in plotly.text[:500]
+    finally:
+        assert admin.call("DELETE", "api/cohorts/cs-101").status_code == 204
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"since": "2026-02-30"}, "since: '2026-02-30' is not a date; write it as YYYY-MM-DD."),
+        ({"since": "2026-03-02", "until": "2026-03-01"}, "is after until"),
+        ({"since": "2020-01-01", "until": "2026-01-01"}, "more than 366 days"),
+        ({"until": "<script>"}, "until: '<script>' is not a date"),
+    ],
+)
+def test_a_bad_usage_range_is_refused_with_what_to_fix(
+    admin: Visitor, params: dict[str, str], message: str
+) -> None:
+    response = admin.call("GET", "api/usage", params=params)
+    assert response.status_code == 400
+    assert message in response.json()["message"]
+    page = admin.call("GET", "usage", params=params)
+    assert page.status_code == 400
+    assert "<script>" not in page.text

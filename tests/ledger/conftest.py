@@ -26,6 +26,7 @@ from .support import GPUS, PATHS, Clock, MachineMaker, gpu_ids, inventory
 PG_ADDRESS = "127.0.0.1:5432"
 PG_USERS = ("postgres", "root")
 TABLES = (
+    "usage_days",
     "usage_records",
     "machine_events",
     "devices",

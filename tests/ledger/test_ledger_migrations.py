@@ -20,6 +20,7 @@ TABLES = {
     "machines",
     "machine_events",
     "usage_records",
+    "usage_days",
     "quota_rules",
     "audit_log",
     "cohorts",
@@ -54,7 +55,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0004"
+    assert empty.schema_revision() == head == "0005"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import pytest
 
 from composespawner.ledger import DeviceRecord, Machine
+from composespawner.portal import views
 from composespawner.portal.views import my_machine, rule_from_form, rule_from_json, rule_json
 from composespawner.quota import InvalidQuota, QuotaRule, effective_quota
+from composespawner.usage import DayUse
 
 MODELS = ["t4", "a100"]
 
@@ -78,3 +80,13 @@ def test_my_machine_lists_gpus_and_other_devices_of_each_server() -> None:
         "nic",
     ]  # the host block is not a device
     assert server["since"] == "2026-11-24T09:00:00+00:00"
+
+
+def test_usage_rows_add_a_running_machines_share_to_its_day() -> None:
+    ended = DayUse(date(2026, 3, 2), "alice", "t4", 3600.0)
+    running = DayUse(date(2026, 3, 2), "alice", "t4", 1800.0)
+    other = DayUse(date(2026, 3, 1), "=cmd", "t4", 36.0)
+    assert views.usage_rows([ended, other, running]) == [
+        {"day": "2026-03-01", "user": "=cmd", "model": "t4", "gpu_hours": 0.01},
+        {"day": "2026-03-02", "user": "alice", "model": "t4", "gpu_hours": 1.5},
+    ]

@@ -1,0 +1,141 @@
+"""GPU-hours per day, user and model: written as machines end, summed for reports."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+import sqlalchemy as sa
+
+from composespawner.ledger import Ledger, migrate
+from composespawner.ledger.database import writing
+from composespawner.ledger.store import USAGE
+from composespawner.usage import DayUse, InvalidPeriod, Period, usage_report
+from tests.ledger.support import Clock, MachineMaker, inventory
+
+MODEL = "A100-80GB"
+MARCH = Period(date(2025, 3, 1), date(2025, 3, 31))
+RECORD = {"user_name": "alice", "server_name": "", "block_id": "gpu-01", "model": MODEL}
+
+
+def run_until(ledger: Ledger, clock: Clock, machine_id: str, **later: float) -> None:
+    clock.advance(**later)
+    ledger.transition(machine_id, "stopping", "stop")
+    ledger.release(machine_id)
+
+
+def test_a_machine_across_midnight_counts_on_both_days(
+    ledger: Ledger, clock: Clock, machine_in: MachineMaker, gpus: list[str]
+) -> None:
+    clock.now = datetime(2025, 3, 1, 22, 0, tzinfo=UTC)
+    machine = machine_in("running", "alice", blocks=[*gpus[:2], "nic-01"])
+    run_until(ledger, clock, machine, hours=4)  # 22:00-02:00, two GPUs; the NIC is no GPU
+
+    sums = ledger.usage_sums(MARCH)
+
+    assert sorted(sums.days) == [
+        (date(2025, 3, 1), MODEL, 4 * 3600.0),
+        (date(2025, 3, 2), MODEL, 4 * 3600.0),
+    ]
+    assert sums.users == [("alice", 8 * 3600.0)]
+    assert sums.live == []
+
+
+def test_running_machines_count_until_now_and_ended_ones_add_up(
+    ledger: Ledger, clock: Clock, machine_in: MachineMaker, gpus: list[str]
+) -> None:
+    first = machine_in("running", "alice", blocks=gpus[:1])
+    run_until(ledger, clock, first, hours=1)
+    second = machine_in("running", "alice", blocks=gpus[:1])
+    run_until(ledger, clock, second, hours=2)
+    machine_in("running", "bob", blocks=gpus[1:2])
+    clock.advance(minutes=30)
+
+    sums = ledger.usage_sums(MARCH)
+    report = usage_report(MARCH, sums.days, sums.users, sums.live, {"cs-101": ["alice", "bob"]})
+
+    assert sums.users == [("alice", 3 * 3600.0)]
+    assert sums.live == [DayUse(date(2025, 3, 1), "bob", MODEL, 1800.0)]
+    assert report.by_user == {"alice": 3.0, "bob": 0.5}
+    assert report.by_cohort == {"cs-101": 3.5}
+    assert report.by_day[date(2025, 3, 1)] == {MODEL: 3.5}
+
+
+def test_days_begin_in_the_sites_time_zone(
+    migrated_url: str, clock: Clock, gpus: list[str]
+) -> None:
+    ledger = Ledger(migrated_url, clock=clock, usage_zone=ZoneInfo("Asia/Tokyo"))
+    try:
+        ledger.sync_devices(inventory())
+        clock.now = datetime(2025, 3, 1, 14, 0, tzinfo=UTC)  # 23:00 in Tokyo
+        machine = ledger.request_machine("alice", "", {})
+        ledger.claim(machine, host_id="host-1", zone="rack-1", block_ids=gpus[:1])
+        run_until(ledger, clock, machine, hours=2)
+
+        assert sorted(ledger.usage_sums(MARCH).days) == [
+            (date(2025, 3, 1), MODEL, 3600.0),
+            (date(2025, 3, 2), MODEL, 3600.0),
+        ]
+    finally:
+        ledger.close()
+
+
+def test_a_range_outside_the_use_reports_nothing(
+    ledger: Ledger, clock: Clock, machine_in: MachineMaker, gpus: list[str]
+) -> None:
+    machine = machine_in("running", "alice", blocks=gpus[:1])
+    run_until(ledger, clock, machine, hours=1)
+    april = Period(date(2025, 4, 1), date(2025, 4, 30))
+    sums = ledger.usage_sums(april)
+    assert (sums.days, sums.users, sums.live) == ([], [], [])
+
+
+def test_the_upgrade_fills_days_from_the_usage_records(db_url: str, clock: Clock) -> None:
+    ledger = Ledger(db_url, clock=clock)
+    try:
+        with writing(ledger.engine).begin() as connection:
+            migrate.upgrade(connection, "0004")
+        machine = ledger.request_machine("alice", "", {})
+        # What 0004's code wrote as a machine ended: a usage record, no per-day row.
+        started = datetime(2025, 3, 1, 23, 0, tzinfo=UTC)
+        with ledger.engine.begin() as connection:
+            connection.execute(
+                sa.insert(USAGE),
+                [
+                    {
+                        **RECORD,
+                        "machine_id": machine,
+                        "kind": kind,
+                        "started_at": started,
+                        "ended_at": started + timedelta(hours=2),
+                    }
+                    for kind in ("gpu", "nic")
+                ],
+            )
+
+        ledger.upgrade()
+
+        sums = ledger.usage_sums(MARCH)
+        assert sorted(sums.days) == [
+            (date(2025, 3, 1), MODEL, 3600.0),
+            (date(2025, 3, 2), MODEL, 3600.0),
+        ]
+        assert sums.users == [("alice", 7200.0)]
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "message"),
+    [
+        ("2025-03-10", "2025-03-01", "after until"),
+        ("yesterday", None, "not a date"),
+        ("2024-01-01", "2025-03-01", "more than 366 days"),
+    ],
+)
+def test_a_bad_range_is_refused_with_what_to_do(
+    since: str, until: str | None, message: str
+) -> None:
+    with pytest.raises(InvalidPeriod, match=message):
+        Period.parse(since, until, today=date(2025, 3, 31))

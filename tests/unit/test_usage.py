@@ -1,0 +1,65 @@
+"""How periods of use split into days, and what a usage report sums."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from composespawner.usage import DayUse, InvalidPeriod, Period, day_shares, usage_report
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def test_a_period_within_one_day_is_one_share() -> None:
+    start = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    assert list(day_shares(start, start.replace(hour=11))) == [(date(2026, 3, 2), 7200.0)]
+
+
+def test_an_empty_or_backward_period_has_no_share() -> None:
+    start = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    assert list(day_shares(start, start)) == []
+    assert list(day_shares(start, start.replace(hour=8))) == []
+
+
+def test_a_day_with_a_clock_change_has_its_real_length() -> None:
+    # Berlin's clocks go forward on 29 March 2026: that day has 23 hours.
+    start = datetime(2026, 3, 29, 0, 0, tzinfo=BERLIN)
+    end = datetime(2026, 3, 30, 0, 0, tzinfo=BERLIN)
+    assert list(day_shares(start, end, BERLIN)) == [(date(2026, 3, 29), 23 * 3600.0)]
+
+
+def test_the_default_range_is_the_last_thirty_days() -> None:
+    period = Period.parse(None, None, today=date(2026, 3, 31))
+    assert (period.first, period.last) == (date(2026, 3, 2), date(2026, 3, 31))
+    assert len(period.days()) == 30
+
+
+def test_a_report_has_every_day_of_its_range_and_ranks_users() -> None:
+    period = Period(date(2026, 3, 1), date(2026, 3, 3))
+    report = usage_report(
+        period,
+        days=[(date(2026, 3, 1), "t4", 7200.0), (date(2026, 3, 3), "a100", 3600.0)],
+        users=[("bob", 3600.0), ("alice", 7200.0)],
+        live=[
+            DayUse(date(2026, 3, 3), "carol", "a100", 3600.0),
+            DayUse(date(2026, 2, 28), "carol", "a100", 3600.0),  # before the range
+        ],
+        members={"cs-101": ["alice", "carol", "alice"], "empty": []},
+    )
+    assert report.by_day == {
+        date(2026, 3, 1): {"t4": 2.0},
+        date(2026, 3, 2): {},
+        date(2026, 3, 3): {"a100": 2.0},
+    }
+    assert report.by_model == {"t4": 2.0, "a100": 2.0}
+    assert report.top_users() == [("alice", 2.0), ("bob", 1.0), ("carol", 1.0)]
+    assert report.by_cohort == {"cs-101": 3.0, "empty": 0.0}
+    assert report.total == 4.0
+    assert report.models() == ["a100", "t4"]
+
+
+def test_a_range_before_the_calendar_begins_is_refused() -> None:
+    with pytest.raises(InvalidPeriod, match="too early"):
+        Period.parse(None, "0001-01-01", today=date(2026, 3, 31))
