@@ -256,7 +256,10 @@ def server_devices(hub: Hub, session: requests.Session, users: int) -> dict[str,
     for user, server in active_servers(hub, session, users).items():
         pid = server.get("state", {}).get("pid")
         if pid:
-            env = process_env(int(pid))
+            try:
+                env = process_env(int(pid))
+            except FileNotFoundError:
+                continue  # it exited since the listing: its devices are being given back
             told[user] = [d for d in env.get("COMPOSE_DEVICE_IDS", "").split(",") if d]
     return told
 
