@@ -115,7 +115,6 @@ def test_the_usage_chart_shows_the_hours_just_used(hub: Hub, page: Page) -> None
     hub.stop("researcher1")
     hub.wait_gone("researcher1")
     log_in(page, hub, "admin")
-    page.goto(f"{hub.url}/hub/home")
     page.goto(f"{hub.url}/services/compose/")
     page.get_by_role("link", name="Usage").click()
     page.wait_for_url(re.compile(r"/services/compose/usage$"))
