@@ -158,9 +158,7 @@ class Policy:
             rules = under_site_default(_quota_rules(connection, user, groups), site_default)
             reserving = [_cohort(r._mapping) for r in connection.execute(_RESERVING_COHORTS)]
             held = _held_under_cohorts(connection) if reserving else {}
-            registered = {
-                r.block_id: r for r in map(_registration, connection.execute(_REGISTRATIONS))
-            }
+            registered = _registrations(connection)
         return SpawnPolicy(effective_quota(rules, user, groups), reserving, held, registered)
 
     # -- co-located devices --------------------------------------------------------
@@ -168,7 +166,7 @@ class Policy:
     def registrations(self) -> dict[str, Registration]:
         """block → its registration, for every co-located device registered in the portal."""
         with self._engine.begin() as connection:
-            return {r.block_id: r for r in map(_registration, connection.execute(_REGISTRATIONS))}
+            return _registrations(connection)
 
     def register_device(self, block_id: str, owner_group: str, actor: Actor) -> Registration:
         """Make a device the owner group's (ending any loan). UnknownDevices if never seen."""
@@ -345,7 +343,12 @@ _REGISTRATIONS = select(COLOCATED).order_by(COLOCATED.c.block_id)
 _DEVICE_KIND = select(DEVICES.c.kind).where(DEVICES.c.block_id == bindparam("b_block"))
 
 
-def _registration(row: Any) -> Registration:
+def _registrations(connection: Connection) -> dict[str, Registration]:
+    return {r.block_id: r for r in map(registration_of, connection.execute(_REGISTRATIONS))}
+
+
+def registration_of(row: Any) -> Registration:
+    """A ``colocated`` row as the domain's Registration."""
     m = row._mapping
     return Registration(
         m["block_id"], m["owner_group"], m["lent_to_user"], m["lent_to_group"], m["lent_until"]

@@ -60,7 +60,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from composespawner.colocation import Registration
 from composespawner.ledger import migrate
 from composespawner.ledger.database import create_ledger_engine, writing
 from composespawner.ledger.errors import (
@@ -85,7 +84,7 @@ from composespawner.ledger.models import (
     UsageRecordRow,
     refuse_event_rewrites,
 )
-from composespawner.ledger.policy import Policy
+from composespawner.ledger.policy import Policy, registration_of
 from composespawner.ledger.quota import Use, check_use
 from composespawner.ledger.records import (
     DeviceRecord,
@@ -661,10 +660,7 @@ def _check_owned(
         if row is None:
             allowed = device.owner_group in groups
         else:
-            registration = Registration(
-                row.block_id, row.owner_group, row.lent_to_user, row.lent_to_group, row.lent_until
-            )
-            allowed = registration.usable_by(user, groups, now)
+            allowed = registration_of(row).usable_by(user, groups, now)
         if not allowed:
             refused.append(device.block_id)
     if refused:
