@@ -82,7 +82,7 @@ c.JupyterHub.named_server_limit_per_user = 3
 # --- who may log in --------------------------------------------------------
 c.JupyterHub.authenticator_class = "compose-demo"
 c.DemoAuthenticator.password = PASSWORD
-c.Authenticator.allowed_users = {"student1", "student2", "researcher1"}
+c.Authenticator.allowed_users = {"student1", "student2", "researcher1", "teacher1"}
 c.Authenticator.admin_users = {"admin"}
 c.JupyterHub.load_groups = {
     "cs-101": {"users": ["student1", "student2"]},
@@ -162,7 +162,7 @@ c.JupyterHub.services = [
         "environment": {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")},
         "oauth_no_confirm": True,
         # What the portal may learn of a visitor: their custom:compose:* scopes.
-        "oauth_client_allowed_scopes": ["custom:compose:admin"],
+        "oauth_client_allowed_scopes": ["custom:compose:admin", "custom:compose:staff"],
     },
     {
         # Makes ledger, fabric and servers agree at hub start and then periodically.
@@ -184,8 +184,14 @@ c.JupyterHub.services = [
 if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
     c.JupyterHub.services.insert(0, SIMULATOR)
 c.JupyterHub.custom_scopes = {
+    "custom:compose:staff": {
+        "description": "Manage cohorts in the GPU portal: dates, sessions, stacks, starter"
+        " kit. Give it as custom:compose:staff!group=<cohort> for one cohort.",
+    },
     "custom:compose:admin": {
-        "description": "Manage the GPU pool in its portal: quotas, the audit log.",
+        "description": "Manage the GPU pool in its portal: inventory, quotas, cohorts,"
+        " co-located devices, usage, the audit log.",
+        "subscopes": ["custom:compose:staff"],
     },
 }
 c.JupyterHub.load_roles = [
@@ -199,6 +205,13 @@ c.JupyterHub.load_roles = [
         "description": "The GPU pool's admins",
         "scopes": ["custom:compose:admin", "access:services!service=compose"],
         "users": ["admin"],
+    },
+    {
+        # Course staff: they manage their own cohort in the portal, and nothing else.
+        "name": "cs-101-staff",
+        "description": "Staff of the course cs-101",
+        "scopes": ["custom:compose:staff!group=cs-101", "access:services!service=compose"],
+        "users": ["teacher1"],
     },
     {
         # Checks that a cohort's group exists, reads a user's groups for their quota,
@@ -232,7 +245,8 @@ if os.environ.get("COMPOSE_EXTRA_CONFIG"):
 print(
     f"""
 composespawner demo: open http://127.0.0.1:{HUB_PORT} and log in as
-  student1, student2 (group cs-101), researcher1 (group vision-lab) or admin (hub admin)
+  student1, student2 (group cs-101), researcher1 (group vision-lab),
+  teacher1 (staff of the cohort cs-101) or admin (hub admin)
   password: {"$COMPOSE_DEMO_PASSWORD" if "COMPOSE_DEMO_PASSWORD" in os.environ else PASSWORD}
 Idle servers are stopped after {CULL_TIMEOUT} s (COMPOSE_CULL_TIMEOUT). State lives in {STATE}.
 """,

@@ -24,7 +24,7 @@ from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError, RequestHandler, authenticated
 
 from ..catalog import Catalog
-from ..cohorts import next_session_start
+from ..cohorts import Cohort, next_session_start
 from ..colocation import Registration
 from ..ledger import TERMINAL, Actor, Ledger, UnknownDevices
 from ..ledger.runner import LedgerRunner
@@ -36,6 +36,8 @@ from .hub import HubClient, HubUnavailable
 T = TypeVar("T")
 
 ADMIN_SCOPE = "custom:compose:admin"
+# Course staff: ``custom:compose:staff!group=<cohort>`` manages that cohort alone.
+STAFF_SCOPE = "custom:compose:staff"
 AUDIT_PAGE_ROWS = 500
 MOST_REASON = 500
 NOTICES_FOR = timedelta(days=7)  # how long "my machine" shows what admins did to my servers
@@ -148,6 +150,26 @@ class PortalHandler(HubOAuthenticated, RequestHandler):
         if not self.is_admin:
             raise HTTPError(403, "Only the GPU pool's admins may do this.")
 
+    def staffs(self, cohort: str) -> bool:
+        """Whether the caller manages ``cohort``: its staff, or an admin."""
+        model = self.current_user
+        required = [f"{STAFF_SCOPE}!group={cohort}"]
+        return bool(model and (self.is_admin or self.hub_auth.check_scopes(required, model)))
+
+    @property
+    def is_staff(self) -> bool:
+        """Whether the caller manages some cohort."""
+        model = self.current_user
+        held = model.get("scopes", []) if model else []
+        return self.is_admin or any(s.partition("!")[0] == STAFF_SCOPE for s in held)
+
+    def require_staff(self, cohort: str | None = None) -> None:
+        """403 unless the caller manages ``cohort`` (with None: some cohort)."""
+        self.user  # noqa: B018
+        if not (self.is_staff if cohort is None else self.staffs(cohort)):
+            whose = "a cohort's" if cohort is None else f"{cohort}'s"
+            raise HTTPError(403, f"Only the GPU pool's admins and {whose} staff may do this.")
+
     @property
     def actor(self) -> Actor:
         return Actor(self.user["name"], self.request.remote_ip or "")
@@ -223,6 +245,7 @@ class PageHandler(PortalHandler):
             "logout_url": "/hub/logout",
             "portal_url": self.portal.prefix,
             "is_admin": self.is_admin,
+            "is_staff": self.is_staff,
             "announcement": None,
             "version_hash": "",
         }
@@ -552,32 +575,48 @@ class ColocatedPage(FormPage, ColocatedMixin):
         self.render_page("colocated.html", devices=devices, today=date.today(), **context)
 
 
-class CohortsApi(ApiHandler):
+class CohortsMixin(PortalHandler):
+    """Cohorts: admins manage all of them; course staff their own, but not its reservation."""
+
+    async def my_cohorts(self) -> list[dict[str, Any]]:
+        return [c for c in await self.portal.cohorts() if self.staffs(c["name"])]
+
+    async def set_cohort(self, name: str, body: object) -> Cohort:
+        self.require_staff(name)
+        if not self.is_admin:
+            stored = await self.ledger(self.portal.ledger.policy.cohorts)
+            try:
+                body = views.staff_change(body, next((c for c in stored if c.name == name), None))
+            except views.NotStaffsToChange as e:
+                raise HTTPError(403, str(e)) from None
+        try:
+            cohort = views.cohort_from_json(name, body, self.portal.model_ids)
+        except InvalidQuota as e:
+            raise HTTPError(400, str(e)) from None
+        await self.check_group_exists(cohort.name)
+        await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
+        return cohort
+
+
+class CohortsApi(ApiHandler, CohortsMixin):
     async def get(self) -> None:
-        self.require_admin()
-        self.write_json({"cohorts": await self.portal.cohorts()})
+        self.require_staff()
+        self.write_json({"cohorts": await self.my_cohorts()})
 
 
-class CohortApi(ApiHandler):
+class CohortApi(ApiHandler, CohortsMixin):
     """One cohort: ``api/cohorts/NAME``, NAME its hub group."""
 
     async def get(self, name: str) -> None:
-        self.require_admin()
         name = unquote(name)
+        self.require_staff(name)
         found = next((c for c in await self.portal.cohorts() if c["name"] == name), None)
         if found is None:
             raise HTTPError(404, f"No cohort {name!r}.")
         self.write_json(found)
 
     async def put(self, name: str) -> None:
-        self.require_admin()
-        name = unquote(name)
-        try:
-            cohort = views.cohort_from_json(name, self.json_body(), self.portal.model_ids)
-        except InvalidQuota as e:
-            raise HTTPError(400, str(e)) from None
-        await self.check_group_exists(name)
-        await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
+        cohort = await self.set_cohort(unquote(name), self.json_body())
         self.write_json(views.cohort_json(cohort))
 
     async def delete(self, name: str) -> None:
@@ -589,26 +628,27 @@ class CohortApi(ApiHandler):
         self.finish()
 
 
-class CohortsPage(FormPage):
+class CohortsPage(FormPage, CohortsMixin):
     path = "cohorts"
-
-    async def act(self, form: dict[str, str]) -> None:
-        name = form.get("name", "")
-        if form.get("action") == "delete":
-            await self.ledger(self.portal.ledger.policy.delete_cohort, name, self.actor)
-            return
-        cohort = views.cohort_from_form(name, form, self.portal.model_ids)
-        await self.check_group_exists(cohort.name)
-        await self.ledger(self.portal.ledger.policy.set_cohort, cohort, self.actor)
+    admins_only = False  # course staff manage their own; each action checks who may
 
     async def render_form(self, **context: Any) -> None:
+        self.require_staff()
         self.render_page(
             "cohorts.html",
-            cohorts=await self.portal.cohorts(),
+            cohorts=await self.my_cohorts(),
             models=self.portal.model_ids,
             timezone=str(self.portal.timezone),
             **context,
         )
+
+    async def act(self, form: dict[str, str]) -> None:
+        name = form.get("name", "").strip()
+        if form.get("action") == "delete":
+            self.require_admin()
+            await self.ledger(self.portal.ledger.policy.delete_cohort, name, self.actor)
+            return
+        await self.set_cohort(name, views.cohort_body_from_form(form))
 
 
 class QuotasPage(FormPage):

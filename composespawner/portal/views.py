@@ -136,8 +136,9 @@ def cohort_from_json(name: str, body: object, catalog_models: Collection[str]) -
     )
 
 
-def cohort_from_form(name: str, form: Mapping[str, str], catalog_models: Collection[str]) -> Cohort:
-    """The cohort a page's form asks to store: sessions one per line, lists comma-separated."""
+def cohort_body_from_form(form: Mapping[str, str]) -> dict[str, Any]:
+    """A page's cohort form as the API's body: sessions one per line, lists comma-separated,
+    empty fields left out."""
     body: dict[str, Any] = {
         "title": form.get("title", "").strip(),
         "sessions": [
@@ -151,7 +152,34 @@ def cohort_from_form(name: str, form: Mapping[str, str], catalog_models: Collect
         body["stacks"] = [s.strip() for s in form["stacks"].split(",") if s.strip()]
     if form.get("reserved_gpus", "").strip():
         body["reserved_gpus"] = _number("reserved_gpus", form["reserved_gpus"].strip())
-    return cohort_from_json(name.strip(), body, catalog_models)
+    return body
+
+
+RESERVATION_FIELDS = ("reserved_model", "reserved_gpus")
+
+
+class NotStaffsToChange(Exception):
+    """Course staff asked to change what only admins may; the message says what."""
+
+
+def staff_change(body: object, stored: Cohort | None) -> object:
+    """The cohort body course staff may store: anything but the reservation.
+
+    A reservation keeps GPUs from everyone outside the cohort, so its model and
+    size stay the admins'. Staff who leave its fields out keep the stored
+    reservation; sending a different one is refused.
+    """
+    if not isinstance(body, dict):
+        return body  # cohort_from_json says what to send
+    unreserved = {"reserved_model": None, "reserved_gpus": 0}
+    kept = {name: getattr(stored, name) for name in RESERVATION_FIELDS} if stored else unreserved
+    changed = [name for name in RESERVATION_FIELDS if body.get(name, kept[name]) != kept[name]]
+    if changed:
+        raise NotStaffsToChange(
+            f"only the GPU pool's admins change a cohort's reservation ({changed[0]}); "
+            "ask them, or leave the reservation's fields out"
+        )
+    return {**body, **kept}
 
 
 def quota_json(quota: Quota) -> dict[str, Any]:

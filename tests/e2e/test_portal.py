@@ -122,6 +122,9 @@ def test_an_admin_sets_a_cohort_quota_and_a_spawn_past_it_is_refused_naming_it(
         ("GET", "audit", None),
         ("GET", "api/usage", None),
         ("GET", "usage", None),
+        ("GET", "api/cohorts", None),
+        ("GET", "cohorts", None),
+        ("PUT", "api/cohorts/cs-101", {"title": "mine now"}),
     ],
 )
 def test_a_student_gets_403_on_every_admin_page_and_call(
@@ -265,6 +268,60 @@ def test_bad_cohort_input_is_refused_with_a_message_and_nothing_stored(
     assert response.status_code == 400, response.text
     assert message in response.json()["message"]
     assert admin.call("GET", "api/cohorts").json() == {"cohorts": []}
+
+
+@pytest.mark.timeout(120)
+def test_course_staff_manage_their_own_cohort_and_nothing_else(hub: Hub, admin: Visitor) -> None:
+    teacher = Visitor(hub, "teacher1")  # custom:compose:staff!group=cs-101 in the demo
+    kept = {"sessions": ["Mon 09:00-11:00"], "reserved_model": "t4", "reserved_gpus": 2}
+    for group in ("cs-101", "vision-lab"):
+        assert admin.call("PUT", f"api/cohorts/{group}", json=kept).status_code == 200
+    try:
+        assert [c["name"] for c in teacher.call("GET", "api/cohorts").json()["cohorts"]] == [
+            "cs-101"
+        ]
+        change = {"title": "Deep learning", "sessions": ["Tue 10:00-12:00"], "starter_kit": "mnist"}
+        put = teacher.call("PUT", "api/cohorts/cs-101", json=change)
+        assert put.status_code == 200, put.text
+        stored = admin.call("GET", "api/cohorts/cs-101").json()
+        assert (stored["title"], stored["sessions"], stored["starter_kit"]) == (
+            "Deep learning",
+            ["Tue 10:00-12:00"],
+            "mnist",
+        )
+        assert (stored["reserved_model"], stored["reserved_gpus"]) == ("t4", 2)  # the admins'
+
+        grow = teacher.call("PUT", "api/cohorts/cs-101", json={**change, "reserved_gpus": 6})
+        assert grow.status_code == 403, grow.text
+        assert "only the GPU pool's admins change a cohort's reservation" in grow.json()["message"]
+        for method, path in [
+            ("PUT", "api/cohorts/vision-lab"),
+            ("GET", "api/cohorts/vision-lab"),
+            ("DELETE", "api/cohorts/cs-101"),
+            ("GET", "api/quotas"),
+            ("GET", "api/inventory"),
+            ("GET", "quotas"),
+        ]:
+            response = teacher.call(method, path, json=change if method == "PUT" else None)
+            assert response.status_code == 403, (method, path, response.text)
+        assert admin.call("GET", "api/cohorts/cs-101").json() == stored
+        assert admin.call("GET", "api/cohorts/vision-lab").json()["title"] == ""
+
+        page = teacher.call("GET", "cohorts")
+        assert page.status_code == 200
+        assert 'data-cohort="cs-101"' in page.text
+        assert "vision-lab" not in page.text
+        assert "Delete" not in page.text
+        assert 'name="reserved_gpus"' not in page.text
+        [entry, *_] = admin.call("GET", "api/audit").json()["entries"]
+        assert (entry["action"], entry["target"], entry["actor"]) == (
+            "cohort.set",
+            "cohort cs-101",
+            "teacher1",
+        )
+    finally:
+        for group in ("cs-101", "vision-lab"):
+            assert admin.call("DELETE", f"api/cohorts/{group}").status_code == 204
 
 
 @pytest.mark.timeout(180)

@@ -6,6 +6,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
+from composespawner.cohorts import Cohort
 from composespawner.ledger import DeviceRecord, Machine
 from composespawner.portal import views
 from composespawner.portal.views import my_machine, rule_from_form, rule_from_json, rule_json
@@ -90,3 +91,29 @@ def test_usage_rows_add_a_running_machines_share_to_its_day() -> None:
         {"day": "2026-03-01", "user": "=cmd", "model": "t4", "gpu_hours": 0.01},
         {"day": "2026-03-02", "user": "alice", "model": "t4", "gpu_hours": 1.5},
     ]
+
+
+def test_staff_keep_the_stored_reservation_when_they_leave_it_out() -> None:
+    stored = Cohort("cs-101", reserved_model="t4", reserved_gpus=2)
+    body = views.staff_change({"title": "DL", "reserved_gpus": 2}, stored)
+    assert body == {"title": "DL", "reserved_model": "t4", "reserved_gpus": 2}
+    assert views.staff_change({}, None) == {"reserved_model": None, "reserved_gpus": 0}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"reserved_gpus": 3}, {"reserved_model": "a100"}, {"reserved_model": None}],
+)
+def test_staff_may_not_change_a_reservation(body: dict[str, object]) -> None:
+    stored = Cohort("cs-101", reserved_model="t4", reserved_gpus=2)
+    with pytest.raises(views.NotStaffsToChange, match="only the GPU pool's admins"):
+        views.staff_change(body, stored)
+
+
+def test_a_staff_form_leaves_out_what_is_empty() -> None:
+    form = {"title": " DL ", "sessions": "Mon 09:00-11:00\n\n", "stacks": "a, b", "starts_on": ""}
+    assert views.cohort_body_from_form(form) == {
+        "title": "DL",
+        "sessions": ["Mon 09:00-11:00"],
+        "stacks": ["a", "b"],
+    }
