@@ -432,7 +432,8 @@ class Composer:
             await self._fail_unclaimed(machine_id, reason)
             return None
         if machine.state != "stopping":
-            await self.runner.run(self.ledger.transition, machine_id, "stopping", reason)
+            # What it holds as it stops: a grow that committed a moment ago included.
+            machine = await self.runner.run(self.ledger.transition, machine_id, "stopping", reason)
         return machine
 
     def release_soon(self, machine_id: str, *, reason: str, failed: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,3 +66,32 @@ def _device_from_state(state: Mapping[str, Any]) -> Device:
         speed_gbps=state.get("speed_gbps"),
         capacity_gb=state.get("capacity_gb"),
     )
+
+
+def machine_env(machine: ComposedMachine) -> dict[str, str]:
+    """Environment that tells the notebook what it got."""
+    gpus = [{"id": d.block_id, "model": d.model, "memory_gib": d.memory_gib} for d in machine.gpus]
+    return {
+        "COMPOSE_MACHINE_ID": machine.machine_id,
+        "COMPOSE_HOST": machine.host,
+        "COMPOSE_ZONE": machine.zone,
+        "COMPOSE_GPUS": json.dumps(gpus),
+        "COMPOSE_GPU_MODELS": ",".join(d.model for d in machine.gpus),
+        "COMPOSE_DEVICE_IDS": ",".join(d.block_id for d in (*machine.gpus, *_extras(machine))),
+        # The host sees only the GPUs composed into it, numbered from 0 in the
+        # order they were attached.
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(machine.gpus))),
+        "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
+        "COMPOSE_NIC": _nic(machine),
+    }
+
+
+def _nic(machine: ComposedMachine) -> str:
+    """The composed network card, or ``none`` when the host network is all there is."""
+    if machine.nic is None:
+        return "none"
+    return f"{machine.nic.model} ({machine.nic.speed_gbps} Gb/s)"
+
+
+def _extras(machine: ComposedMachine) -> tuple[Any, ...]:
+    return ((machine.nic,) if machine.nic else ()) + machine.drives

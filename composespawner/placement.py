@@ -314,3 +314,17 @@ def _why_not(index: _ZoneIndex, ask: DeviceAsk) -> str:
         f"No single rack has {ask.gpu_count} × {ask.label} together with the network card and"
         " scratch space you chose right now. Ask for fewer extras or try again later."
     )
+
+
+def place_more(pool: Pool, zone: str, ask: DeviceAsk) -> tuple[Device, ...] | NoFit:
+    """GPUs to add to a running machine in ``zone``: devices never compose across zones."""
+    gpus = _by_zone([d for d in pool.devices if d.kind == "gpu" and d.model in ask.gpu_models])
+    picked = _pick_gpus(gpus.get(zone, []), ask.gpu_count)
+    if picked is not None:
+        return picked
+    free = len(gpus.get(zone, []))
+    return NoFit(
+        f"Only {free} more {ask.label} {'is' if free == 1 else 'are'} free in your machine's"
+        f" rack ({zone}) right now, and devices join a machine only from its own rack."
+        " Ask for fewer, or try again when a server there stops."
+    )

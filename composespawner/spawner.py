@@ -13,7 +13,6 @@ This module holds no allocation logic: it parses and renders, then asks the
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -22,7 +21,7 @@ from jupyterhub.spawner import Spawner
 from jupyterhub.utils import maybe_future
 from sqlalchemy import event
 from tornado.log import app_log
-from traitlets import Float, default
+from traitlets import Float, Unicode, default
 
 from .catalog import Catalog
 from .composer import Composer
@@ -31,7 +30,7 @@ from .failures import ComposeFailed, ComposeRefused
 from .form import render_form, render_unavailable
 from .launchers.local import LocalLauncher
 from .ledger import SchemaNotCurrent
-from .machine import ComposedMachine
+from .machine import ComposedMachine, machine_env
 from .refusal import ComposeRefusal
 from .request import (
     MAX_OPTIONS_BYTES,
@@ -93,6 +92,15 @@ class ComposeMixin(ComposeSettings, Spawner):
         goes on in the background while the form shows the last inventory with its age
         (or, with none read yet, says the fabric is not answering). Raise it only if
         your fabric's inventory read regularly takes longer.""",
+    )
+
+    portal_url = Unicode(
+        "",
+        config=True,
+        help="""The GPU portal's address as notebooks reach it (the portal service's own
+        url and prefix, e.g. ``http://127.0.0.1:8002/services/compose/``), given to them
+        as $COMPOSE_PORTAL_URL for ``composespawner.client``. Empty: notebooks cannot
+        use the client.""",
     )
 
     # Removals of refused servers' records, kept referenced until they finish.
@@ -385,6 +393,8 @@ class ComposeMixin(ComposeSettings, Spawner):
         env: dict[str, str] = super().get_env()
         if self.machine is not None:
             env.update(machine_env(self.machine))
+        if self.portal_url:
+            env["COMPOSE_PORTAL_URL"] = self.portal_url
         return env
 
     # -- progress ------------------------------------------------------------
@@ -418,35 +428,6 @@ class ComposeSpawner(ComposeMixin, LocalLauncher):
 def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> None:
     """ComposeMixin validates and applies ``user_options`` in start(), against fresh data."""
     del spawner, user_options
-
-
-def machine_env(machine: ComposedMachine) -> dict[str, str]:
-    """Environment that tells the notebook what it got."""
-    gpus = [{"id": d.block_id, "model": d.model, "memory_gib": d.memory_gib} for d in machine.gpus]
-    return {
-        "COMPOSE_MACHINE_ID": machine.machine_id,
-        "COMPOSE_HOST": machine.host,
-        "COMPOSE_ZONE": machine.zone,
-        "COMPOSE_GPUS": json.dumps(gpus),
-        "COMPOSE_GPU_MODELS": ",".join(d.model for d in machine.gpus),
-        "COMPOSE_DEVICE_IDS": ",".join(d.block_id for d in (*machine.gpus, *_extras(machine))),
-        # The host sees only the GPUs composed into it, numbered from 0 in the
-        # order they were attached.
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(machine.gpus))),
-        "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
-        "COMPOSE_NIC": _nic(machine),
-    }
-
-
-def _nic(machine: ComposedMachine) -> str:
-    """The composed network card, or ``none`` when the host network is all there is."""
-    if machine.nic is None:
-        return "none"
-    return f"{machine.nic.model} ({machine.nic.speed_gbps} Gb/s)"
-
-
-def _extras(machine: ComposedMachine) -> tuple[Any, ...]:
-    return ((machine.nic,) if machine.nic else ()) + machine.drives
 
 
 def _percent(step: int) -> int:

@@ -96,6 +96,8 @@ c.ComposeSpawner.ledger_url = f"sqlite:///{STATE / 'composespawner.sqlite'}"
 c.ComposeSpawner.fabric_url = f"http://127.0.0.1:{FABRIC_PORT}"
 c.ComposeSpawner.hub_id = "composespawner-demo"
 c.ComposeSpawner.max_gpus_per_user = 4
+# Where notebooks reach the GPU portal (composespawner.client): its own address.
+c.ComposeSpawner.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
 # Demo users have no system accounts: notebooks run under one account, the
 # unprivileged c.ComposeSpawner.notebook_account when the hub is root.
 c.ComposeSpawner.shared_account = True
@@ -199,6 +201,16 @@ c.JupyterHub.load_roles = [
         # JupyterHub's default user role, and the GPU portal.
         "name": "user",
         "scopes": ["self", "access:services!service=compose"],
+    },
+    {
+        # A notebook's own token (JupyterHub's server role), and the GPU portal for
+        # composespawner.client: the machine it runs on, grown or shrunk in place.
+        "name": "server",
+        "scopes": [
+            "users:activity!user",
+            "access:servers!server",
+            "access:services!service=compose",
+        ],
     },
     {
         "name": "compose-admin",

@@ -4,6 +4,7 @@
     ├── UnknownMachine       no machine with that id
     ├── IllegalTransition    the lifecycle does not allow that step (or someone else moved first)
     ├── ServerBusy           the user's server already has a live machine
+    ├── NotRunning           a machine that is not running cannot grow or shrink
     ├── QuotaExceeded        the spawn would take the user past a limit of their quota
     ├── NotOwner             a co-located device belongs to a group the user is not in
     ├── ReservedForCohort    the GPUs left are reserved for a cohort's session
@@ -71,6 +72,22 @@ class ServerBusy(LedgerError):
     @property
     def user_message(self) -> str:
         return f"Your {server_label(self.server)} is already running or starting. Stop it first."
+
+
+class NotRunning(LedgerError):
+    """Only a running machine grows or shrinks in place: not one starting or stopping."""
+
+    def __init__(self, machine_id: str, server: str, state: str) -> None:
+        super().__init__(f"machine {machine_id} is {state}, not running")
+        self.server = server
+        self.state = state
+
+    @property
+    def user_message(self) -> str:
+        return (
+            f"Your {server_label(self.server)} is {self.state}: only a running server can"
+            " grow or shrink. Try again once it runs."
+        )
 
 
 class QuotaExceeded(LedgerError):

@@ -66,13 +66,20 @@ from composespawner.ledger.errors import (
     DevicesTaken,
     IllegalTransition,
     NotOwner,
+    NotRunning,
     ReservedForCohort,
     SchemaNotCurrent,
     ServerBusy,
     UnknownDevices,
     UnknownMachine,
 )
-from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL, check_transition
+from composespawner.ledger.lifecycle import (
+    CLAIMED,
+    REQUESTED,
+    RUNNING,
+    TERMINAL,
+    check_transition,
+)
 from composespawner.ledger.models import (
     CohortRow,
     ColocatedRow,
@@ -267,6 +274,72 @@ class Ledger:
             changes = {"host_id": host_id, "zone": zone, "cohort": cohort}
             _move(connection, machine, CLAIMED, now, message, **changes)
             return _moved(machine, CLAIMED, now, wanted, **changes)
+
+    def grow(
+        self,
+        machine_id: str,
+        *,
+        block_ids: Sequence[str],
+        quota: Quota = NO_QUOTA,
+        groups: frozenset[str] = frozenset(),
+        keep_free: Sequence[KeepFree] = (),
+    ) -> Machine:
+        """Add ``block_ids`` to a running machine: all or nothing, checked as a claim is.
+
+        The machine's row is locked, so a stop that starts meanwhile waits for
+        this transaction (and then gives the new devices back with the rest),
+        or this one sees the machine stopping and refuses. Quota counts the
+        machine's GPUs with the new ones as one server's. Raises
+        :class:`NotRunning` besides what :meth:`claim` raises, having changed nothing.
+        """
+        wanted = tuple(sorted(set(block_ids)))
+        now = self._now()
+        with self._write() as connection:
+            machine = _lock_running(connection, machine_id)
+            _lock_quota_account(connection, machine.user_name, now)
+            devices = _lock_devices(connection, wanted)
+            _check_known(wanted, devices)
+            _check_owned(connection, machine.user_name, devices, groups, now)
+            held = connection.execute(_DEVICES_HELD_BY, {"b_machine_id": machine_id}).all()
+            gpus = sum(1 for device in (*held, *devices) if device.kind == "gpu")
+            check_use(machine.user_name, quota, gpus, _use(connection, machine, quota, now))
+            for keep in keep_free:
+                _check_keep_free(connection, machine.user_name, keep, devices)
+            _take_devices(connection, machine_id, wanted, devices, now)
+            message = f"grew by {', '.join(wanted)}"
+            connection.execute(_INSERT_EVENT, _event(machine_id, now, RUNNING, RUNNING, message))
+            return _machine_record(machine, tuple(_held_by(connection, machine_id)))
+
+    def give_back(
+        self, machine_id: str, block_ids: Sequence[str], message: str, *, used: bool = True
+    ) -> Machine:
+        """Free some of a live machine's devices (the fabric detached them, or never
+        attached them: ``used`` False records no use of them). Blocks the machine does
+        not hold are left alone."""
+        now = self._now()
+        with self._write() as connection:
+            machine = _machine_row(connection, machine_id)
+            mine = [
+                device
+                for device in connection.execute(_DEVICES_HELD_BY, {"b_machine_id": machine_id})
+                if device.block_id in set(block_ids)
+            ]
+            if mine:
+                if used:
+                    connection.execute(
+                        _INSERT_USAGE, [_usage_values(machine, d, now) for d in mine]
+                    )
+                    add_day_use(connection, machine.user_name, mine, now, self._usage_zone)
+                connection.execute(
+                    _FREE_THESE_OF,
+                    {"b_machine_id": machine_id, "b_blocks": [d.block_id for d in mine]},
+                )
+                given = ", ".join(d.block_id for d in mine)
+                connection.execute(
+                    _INSERT_EVENT,
+                    _event(machine_id, now, machine.state, machine.state, f"{message}: {given}"),
+                )
+            return _machine_record(machine, tuple(_held_by(connection, machine_id)))
 
     def transition(
         self, machine_id: str, to: str, message: str = "", *, failure: str | None = None
@@ -500,6 +573,14 @@ _FREE_DEVICES_OF = (
     .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
     .values(machine_id=None, held_since=None)
 )
+_FREE_THESE_OF = (
+    update(DEVICES)
+    .where(
+        DEVICES.c.machine_id == bindparam("b_machine_id"),
+        DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
+    )
+    .values(machine_id=None, held_since=None)
+)
 # Sorted: two claims wanting overlapping blocks lock them in the same order.
 _LOCK_DEVICES = (
     select(DEVICES)
@@ -595,6 +676,16 @@ def _machine_row(connection: Connection, machine_id: str) -> Row[Any]:
     row = _find_machine(connection, machine_id)
     if row is None:
         raise UnknownMachine(machine_id)
+    return row
+
+
+def _lock_running(connection: Connection, machine_id: str) -> Row[Any]:
+    """The machine's row, locked until the transaction ends; NotRunning unless it runs."""
+    row = connection.execute(_MACHINE_BY_ID.with_for_update(), {"b_machine_id": machine_id}).first()
+    if row is None:
+        raise UnknownMachine(machine_id)
+    if row.state != RUNNING:
+        raise NotRunning(machine_id, row.server_name, row.state)
     return row
 
 

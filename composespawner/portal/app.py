@@ -20,10 +20,9 @@ from tornado.web import Application, StaticFileHandler
 from traitlets import Integer, Unicode, default
 
 from ..application import ComposeApplication
-from ..catalog import Catalog
-from ..ledger import Ledger
-from ..quota import QuotaRule
-from ..settings import open_ledger
+from ..composer import Composer
+from ..resize import Resizer
+from ..settings import build_composer
 from . import handlers
 from .hub import HubClient
 
@@ -66,13 +65,13 @@ class PortalApp(ComposeApplication):
 
     async def serve(self) -> None:
         settings = self.settings
-        ledger = open_ledger(settings)
+        # The portal grows and shrinks running machines: it composes as the hub does,
+        # through the same ledger transactions and fabric client.
+        composer = build_composer(settings, self.log)
         hub = HubClient.from_environment()
         app = self.make_app(
-            ledger=ledger,
+            composer=composer,
             hub=hub,
-            catalog=Catalog.from_file(settings.catalog_file),
-            site_quota=QuotaRule("site", gpus_held=settings.max_gpus_per_user or None),
             timezone=ZoneInfo(settings.site_timezone),
         )
         url = urlparse(self.service_url)
@@ -88,15 +87,13 @@ class PortalApp(ComposeApplication):
         finally:
             server.stop()
             await hub.close()
-            ledger.close()
+            await composer.close()
 
     def make_app(
         self,
         *,
-        ledger: Ledger,
+        composer: Composer,
         hub: HubClient,
-        catalog: Catalog,
-        site_quota: QuotaRule,
         timezone: tzinfo,
     ) -> Application:
         prefix = self.service_prefix
@@ -121,12 +118,13 @@ class PortalApp(ComposeApplication):
             # No xsrf_cookies: HubOAuth accepts its cookie on a change only with the
             # XSRF token, and a token in the Authorization header needs none.
             portal=handlers.Portal(
-                ledger=ledger,
+                ledger=composer.ledger,
                 hub=hub,
-                catalog=catalog,
-                site_quota=site_quota,
+                catalog=composer.catalog,
+                site_quota=composer.site_quota,
                 prefix=prefix,
                 timezone=timezone,
+                resizer=Resizer(composer),
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from http import HTTPStatus
@@ -26,9 +26,12 @@ from tornado.web import HTTPError, RequestHandler, authenticated
 from ..catalog import Catalog
 from ..cohorts import Cohort, next_session_start
 from ..colocation import Registration
-from ..ledger import TERMINAL, Actor, Ledger, UnknownDevices
+from ..failures import ComposeFailed, ComposeRefused
+from ..ledger import TERMINAL, Actor, Ledger, Machine, UnknownDevices
 from ..ledger.runner import LedgerRunner
+from ..machine import machine_env
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from ..resize import Resizer
 from ..usage import InvalidPeriod, Period, usage_report
 from . import views
 from .hub import HubClient, HubUnavailable
@@ -53,6 +56,7 @@ class Portal:
     site_quota: QuotaRule
     prefix: str
     timezone: tzinfo = UTC  # where cohort session times are told
+    resizer: Resizer | None = None  # grows and shrinks running machines (None: it cannot)
     runner: LedgerRunner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,21 @@ class Portal:
         notices = await self.runner.run(self.ledger.policy.notices, user, since)
         mine["notices"] = [views.notice_text(entry) for entry in notices]
         return mine
+
+    async def resize(self, change: Callable[[Resizer], Awaitable[Machine]]) -> dict[str, Any]:
+        """Grow or shrink a running machine; the server as it is now, and what a kernel
+        must do to see the change."""
+        if self.resizer is None:
+            raise HTTPError(501, "This portal cannot change running machines.")
+        try:
+            machine = await change(self.resizer)
+        except ComposeRefused as e:
+            raise HTTPError(e.status, str(e)) from None
+        except ComposeFailed as e:
+            raise HTTPError(503, str(e)) from None
+        devices = {d.block_id: d for d in await self.runner.run(self.ledger.devices)}
+        composed = await self.resizer.composed(machine)
+        return views.resized(machine, devices, machine_env(composed))
 
     async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
         """Stop the server a live machine serves, cleanly, telling its user why."""
@@ -169,6 +188,18 @@ class PortalHandler(HubOAuthenticated, RequestHandler):
         if not (self.is_staff if cohort is None else self.staffs(cohort)):
             whose = "a cohort's" if cohort is None else f"{cohort}'s"
             raise HTTPError(403, f"Only the GPU pool's admins and {whose} staff may do this.")
+
+    async def groups(self) -> list[str]:
+        """The caller's hub groups: from their model, or (for a token that may not read
+        them, such as a notebook's) from the hub, so their cohorts' quotas always apply."""
+        user = self.user
+        if "groups" in user:
+            return list(user["groups"])
+        try:
+            groups = await self.portal.hub.user_groups(user["name"])
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        return groups or []
 
     @property
     def actor(self) -> Actor:
@@ -333,8 +364,35 @@ class MyMachinePage(PageHandler):
 
 class MeApi(ApiHandler):
     async def get(self) -> None:
-        user = self.user
-        self.write_json(await self.portal.my_machine(user["name"], list(user.get("groups", []))))
+        self.write_json(await self.portal.my_machine(self.user["name"], await self.groups()))
+
+
+class MyGpusApi(ApiHandler):
+    """A running server's GPUs, changed in place: ``api/me/server/gpus`` for the default
+    server, ``api/me/servers/NAME/gpus`` for a named one. POST ``{"count": N}`` adds N
+    GPUs of the server's model; DELETE ``.../gpus/ID`` gives one back; GET reads them."""
+
+    async def get(self, server: str) -> None:
+        """The server's machine and its kernels' environment, as they are now."""
+        name, server = self.user["name"], unquote(server)
+        self.write_json(await self.portal.resize(lambda r: r.running_machine(name, server)))
+
+    async def post(self, server: str) -> None:
+        try:
+            count = views.grow_count(self.json_body())
+        except views.InvalidGrow as e:
+            raise HTTPError(400, str(e)) from None
+        name, groups = self.user["name"], frozenset(await self.groups())
+        server = unquote(server)
+        self.write_json(
+            await self.portal.resize(lambda resizer: resizer.grow(name, groups, server, count))
+        )
+
+    async def delete(self, server: str, gpu: str) -> None:
+        name, server, gpu = self.user["name"], unquote(server), unquote(gpu)
+        self.write_json(
+            await self.portal.resize(lambda resizer: resizer.shrink(name, server, [gpu]))
+        )
 
 
 # -- admins ---------------------------------------------------------------------
@@ -745,6 +803,10 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("inventory", InventoryPage),
     ("colocated", ColocatedPage),
     ("api/me", MeApi),
+    (r"api/me/server()/gpus", MyGpusApi),
+    (r"api/me/servers/([^/]+)/gpus", MyGpusApi),
+    (r"api/me/server()/gpus/([^/]+)", MyGpusApi),
+    (r"api/me/servers/([^/]+)/gpus/([^/]+)", MyGpusApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),

@@ -16,6 +16,7 @@ from ..cohorts import Cohort, InvalidCohort, Session
 from ..colocation import InvalidRegistration, Registration
 from ..ledger import AuditEntry, DeviceRecord, Holding, Machine
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from ..resize import MOST_AT_ONCE
 from ..usage import DayUse, UsageReport
 
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
@@ -23,6 +24,13 @@ MOST_MODELS = 100
 MOST_SUBJECT = 255
 MOST_LOAN = timedelta(days=366)
 USAGE_COLUMNS = ("day", "user", "model", "gpu_hours")
+# What a kernel must take from a resized machine: the rest of its environment stays.
+KERNEL_ENVIRONMENT = (
+    "CUDA_VISIBLE_DEVICES",
+    "COMPOSE_GPUS",
+    "COMPOSE_GPU_MODELS",
+    "COMPOSE_DEVICE_IDS",
+)
 
 
 def rule_json(rule: QuotaRule) -> dict[str, Any]:
@@ -458,3 +466,35 @@ def _number(name: str, text: str) -> float | int:
 
 def _iso(at: datetime) -> str:
     return at.isoformat(timespec="seconds")
+
+
+class InvalidGrow(ValueError):
+    """A grow's body that asks for nothing sensible; the message says what to send."""
+
+
+def grow_count(body: object) -> int:
+    """How many GPUs a grow asks for: ``{"count": N}``, N from 1 to MOST_AT_ONCE (1 if left out)."""
+    if not isinstance(body, dict) or set(body) - {"count"}:
+        raise InvalidGrow('Send {"count": N}: how many GPUs to add to your server.')
+    count = body.get("count", 1)
+    if type(count) is not int or not 1 <= count <= MOST_AT_ONCE:
+        raise InvalidGrow(f"count must be a whole number from 1 to {MOST_AT_ONCE}, not {count!r}.")
+    return count
+
+
+def resized(
+    machine: Machine, devices: Mapping[str, DeviceRecord], environment: Mapping[str, str]
+) -> dict[str, Any]:
+    """A server after a grow or shrink, its notebook's environment now, and what to do."""
+    server = _server(machine, devices)
+    gpus = len(server["gpus"])
+    return {
+        **server,
+        "environment": {k: environment[k] for k in KERNEL_ENVIRONMENT},
+        "next_step": (
+            f"Your server has {gpus} GPU{'s' if gpus != 1 else ''} now. A kernel sees the change"
+            " once it starts again (CUDA counts GPUs as it starts): restart it, then run"
+            " `from composespawner import client; client.apply()` before importing your"
+            " framework, or use a new kernel."
+        ),
+    }

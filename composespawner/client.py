@@ -1,0 +1,249 @@
+"""Your composed machine, from inside its notebook: ``from composespawner import client``.
+
+    client.machine()          # this server's host, zone, GPUs and devices
+    client.quota()            # your effective quota: each limit, and where it comes from
+    client.use()              # what you hold now, and your GPU-hours in the last 7 days
+    client.quota_left()       # GPUs, servers and GPU-hours your quota leaves you now
+    client.grow(1)            # one more GPU, in place: within quota, all or nothing
+    client.shrink()           # give the last GPU back (or name one: shrink("gpu-id"))
+    client.apply()            # this kernel's environment to the machine as it is now
+
+It calls the GPU portal with the token the notebook already has
+(``$JUPYTERHUB_API_TOKEN``) at the address the spawner gave it
+(``$COMPOSE_PORTAL_URL``), for the server it runs in
+(``$JUPYTERHUB_SERVER_NAME``). Growing or shrinking rewrites this server's
+manifest and environment file, ``~/.composespawner/<server>.json`` and
+``.env`` (``default`` for the default server): a terminal picks the change up
+with ``source ~/.composespawner/default.env``, and a kernel, which counts its
+GPUs only as it starts, after a restart and :func:`apply` before importing its
+framework. Standard library only, so it imports in any kernel.
+
+Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shrink [ID]]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TIMEOUT = 120.0  # seconds; a grow waits for the fabric to attach
+MANIFESTS = Path("~/.composespawner")
+
+
+class PortalError(Exception):
+    """The portal said no, or could not be reached; the message says what to do."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One server's composed machine, as the portal sees it now."""
+
+    server: str
+    machine: str
+    state: str
+    host: str | None
+    zone: str | None
+    since: str
+    gpus: tuple[Gpu, ...]
+    devices: tuple[dict[str, str], ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Machine:
+        return cls(
+            server=data["server"],
+            machine=data["machine"],
+            state=data["state"],
+            host=data["host"],
+            zone=data["zone"],
+            since=data["since"],
+            gpus=tuple(Gpu(g["id"], g["model"]) for g in data["gpus"]),
+            devices=tuple(data["devices"]),
+        )
+
+
+@dataclass(frozen=True)
+class Resized:
+    """A machine after a grow or shrink, its kernels' environment, and what to do next."""
+
+    machine: Machine
+    environment: dict[str, str]
+    next_step: str
+
+    def __str__(self) -> str:
+        return self.next_step
+
+
+def machine() -> Machine:
+    """This server's machine."""
+    return _resized(_call("GET", _gpus_path())).machine
+
+
+def quota() -> dict[str, Any]:
+    """Your effective quota: each limit's value (None: no limit) and where it comes from."""
+    quota: dict[str, Any] = _call("GET", "api/me")["quota"]
+    return quota
+
+
+def use() -> dict[str, Any]:
+    """GPUs and servers you hold now, and your GPU-hours in the last 7 days."""
+    held: dict[str, Any] = _call("GET", "api/me")["use"]
+    return held
+
+
+def quota_left() -> dict[str, float | None]:
+    """What your quota leaves you now: GPUs, servers, GPU-hours this week (None: no limit)."""
+    me = _call("GET", "api/me")
+    limits, held = me["quota"], me["use"]
+
+    def left(limit: str, used: float) -> float | None:
+        value = limits[limit]["value"]
+        return None if value is None else max(value - used, 0)
+
+    return {
+        "gpus": left("gpus_held", held["gpus_held"]),
+        "servers": left("servers", held["servers"]),
+        "gpu_hours_week": left("gpu_hours_week", held["gpu_hours_week"]),
+    }
+
+
+def grow(count: int = 1) -> Resized:
+    """Add ``count`` GPUs of this server's model to its machine, in place."""
+    return _changed(_call("POST", _gpus_path(), {"count": count}))
+
+
+def shrink(gpu: str | None = None) -> Resized:
+    """Give one GPU back: ``gpu`` (its id), or the last one."""
+    if gpu is None:
+        gpus = machine().gpus
+        if not gpus:
+            raise PortalError("This server holds no GPU to give back.")
+        gpu = gpus[-1].id
+    return _changed(_call("DELETE", f"{_gpus_path()}/{urllib.parse.quote(gpu, safe='')}"))
+
+
+def apply() -> Resized:
+    """Set this process's environment (``CUDA_VISIBLE_DEVICES`` and the ``COMPOSE_*``
+    variables) to the machine as it is now. Call it before importing PyTorch, JAX or
+    TensorFlow: they count GPUs once, as they start."""
+    resized = _changed(_call("GET", _gpus_path()))
+    os.environ.update(resized.environment)
+    return resized
+
+
+def _changed(data: dict[str, Any]) -> Resized:
+    resized = _resized(data)
+    _write_manifest(resized)
+    return resized
+
+
+def _resized(data: dict[str, Any]) -> Resized:
+    return Resized(Machine.from_json(data), dict(data["environment"]), data["next_step"])
+
+
+def _write_manifest(resized: Resized) -> None:
+    """This server's manifest and environment file, replaced whole (never half-written)."""
+    folder = MANIFESTS.expanduser()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = os.environ.get("JUPYTERHUB_SERVER_NAME") or "default"
+    manifest = {
+        "machine": resized.machine.machine,
+        "host": resized.machine.host,
+        "zone": resized.machine.zone,
+        "gpus": [{"id": g.id, "model": g.model} for g in resized.machine.gpus],
+        "devices": list(resized.machine.devices),
+        "environment": resized.environment,
+    }
+    env = "".join(f"export {k}={_shell_quoted(v)}\n" for k, v in resized.environment.items())
+    for path, text in (
+        (folder / f"{name}.json", json.dumps(manifest, indent=2) + "\n"),
+        (folder / f"{name}.env", env),
+    ):
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        partial.replace(path)
+
+
+def _shell_quoted(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def _gpus_path() -> str:
+    server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+    if not server:
+        return "api/me/server/gpus"
+    return f"api/me/servers/{urllib.parse.quote(server, safe='')}/gpus"
+
+
+def _call(method: str, path: str, body: object = None) -> dict[str, Any]:
+    base = os.environ.get("COMPOSE_PORTAL_URL")
+    token = os.environ.get("JUPYTERHUB_API_TOKEN")
+    if not base or not token:
+        raise PortalError(
+            "This is not a notebook the GPU hub started (no $COMPOSE_PORTAL_URL or"
+            " $JUPYTERHUB_API_TOKEN): run it inside one."
+        )
+    request = urllib.request.Request(
+        urllib.parse.urljoin(base.rstrip("/") + "/", path),
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+    except urllib.error.HTTPError as e:
+        raise PortalError(_message(e), status=e.code) from None
+    except (urllib.error.URLError, TimeoutError) as e:
+        raise PortalError(f"The GPU portal did not answer ({e}); try again.") from None
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.load(error)["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"The GPU portal answered {error.code} {error.reason}."
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    command, rest = (args[0], args[1:]) if args else ("machine", [])
+    try:
+        if command == "machine":
+            print(json.dumps(_call("GET", _gpus_path()), indent=2))
+        elif command == "quota":
+            print(json.dumps(quota(), indent=2))
+        elif command == "use":
+            print(json.dumps({**use(), "left": quota_left()}, indent=2))
+        elif command == "grow":
+            print(grow(int(rest[0]) if rest else 1))
+        elif command == "shrink":
+            print(shrink(rest[0] if rest else None))
+        else:
+            print("usage: python -m composespawner.client [machine|quota|use|grow N|shrink [ID]]")
+            return 2
+    except PortalError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
