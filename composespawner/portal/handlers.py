@@ -355,11 +355,43 @@ class FormPage(PageHandler):
 
 
 class MyMachinePage(PageHandler):
+    """My servers, quota and cohorts; a running server's GPUs added or given back in place."""
+
     @authenticated
     async def get(self) -> None:
-        user = self.user
-        mine = await self.portal.my_machine(user["name"], list(user.get("groups", [])))
-        self.render_page("my_machine.html", mine=mine)
+        await self._show()
+
+    @authenticated
+    async def post(self) -> None:
+        form = {name: values[0].decode() for name, values in self.request.body_arguments.items()}
+        name, groups = self.user["name"], frozenset(await self.groups())
+        server = form.get("server", "")
+        try:
+            if form.get("action") == "grow":
+                text = form.get("count", "1").strip()
+                count = views.grow_count(
+                    {"count": int(text) if text.isascii() and text.isdigit() else text}
+                )
+                change = await self.portal.resize(lambda r: r.grow(name, groups, server, count))
+            elif form.get("action") == "shrink":
+                gpu = form.get("gpu", "")
+                change = await self.portal.resize(lambda r: r.shrink(name, server, [gpu]))
+            else:
+                raise HTTPError(400, "Choose to add a GPU or to give one back.")
+        except views.InvalidGrow as e:
+            self.set_status(400)
+            await self._show(error=str(e))
+        except HTTPError as e:
+            if e.status_code >= 500 and e.status_code != 503:
+                raise
+            self.set_status(e.status_code)
+            await self._show(error=e.log_message)
+        else:
+            await self._show(changed=change["next_step"])
+
+    async def _show(self, **context: Any) -> None:
+        mine = await self.portal.my_machine(self.user["name"], await self.groups())
+        self.render_page("my_machine.html", mine=mine, **context)
 
 
 class MeApi(ApiHandler):
@@ -370,7 +402,7 @@ class MeApi(ApiHandler):
 class MyGpusApi(ApiHandler):
     """A running server's GPUs, changed in place: ``api/me/server/gpus`` for the default
     server, ``api/me/servers/NAME/gpus`` for a named one. POST ``{"count": N}`` adds N
-    GPUs of the server's model; DELETE ``.../gpus/ID`` gives one back; GET reads them."""
+    GPUs of the server's model; GET reads them."""
 
     async def get(self, server: str) -> None:
         """The server's machine and its kernels' environment, as they are now."""
@@ -387,6 +419,10 @@ class MyGpusApi(ApiHandler):
         self.write_json(
             await self.portal.resize(lambda resizer: resizer.grow(name, groups, server, count))
         )
+
+
+class MyGpuApi(ApiHandler):
+    """One GPU of a running server: DELETE ``api/me/server/gpus/ID`` gives it back."""
 
     async def delete(self, server: str, gpu: str) -> None:
         name, server, gpu = self.user["name"], unquote(server), unquote(gpu)
@@ -805,8 +841,8 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("api/me", MeApi),
     (r"api/me/server()/gpus", MyGpusApi),
     (r"api/me/servers/([^/]+)/gpus", MyGpusApi),
-    (r"api/me/server()/gpus/([^/]+)", MyGpusApi),
-    (r"api/me/servers/([^/]+)/gpus/([^/]+)", MyGpusApi),
+    (r"api/me/server()/gpus/([^/]+)", MyGpuApi),
+    (r"api/me/servers/([^/]+)/gpus/([^/]+)", MyGpuApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),

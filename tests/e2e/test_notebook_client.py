@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import requests
 
+from tests.e2e.test_portal import PORTAL, Visitor
 from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
 from tests.support.kernel import Executed, run_in_kernel
 
 pytestmark = [pytest.mark.e2e]
 
-PORTAL = "/services/compose/"
 ONE_T4 = {"gpu_model": "t4", "gpu_count": 1}
 
 
@@ -175,3 +175,28 @@ def test_nobody_gives_back_anothers_gpu(hub: Hub, running: str) -> None:
         assert hub.attached(hub.server_host("student2")) == theirs
     finally:
         hub.stop("student2")
+
+
+@pytest.mark.timeout(180)
+def test_my_machine_page_adds_a_gpu_and_gives_it_back(hub: Hub, running: str) -> None:
+    student = Visitor(hub, "student1")
+    xsrf = student.session.cookies.get("_xsrf", path=PORTAL)
+
+    def act(**form: str) -> requests.Response:
+        return student.session.post(
+            f"{hub.url}{PORTAL}", data={"_xsrf": xsrf, "server": "", **form}, timeout=60
+        )
+
+    page = act(action="grow", count="1")
+    assert page.status_code == 200, page.text
+    assert "Your server has 2 GPUs now" in page.text
+    gpus = hub.attached(running)
+    assert len(gpus) == 2
+    too_many = act(action="grow", count="9")
+    assert too_many.status_code == 403
+    assert "your limit is 4 GPUs at once" in too_many.text
+    assert hub.attached(running) == gpus
+    back = act(action="shrink", gpu=gpus[-1])
+    assert back.status_code == 200, back.text
+    assert "Your server has 1 GPU now" in back.text
+    assert hub.attached(running) == gpus[:1]

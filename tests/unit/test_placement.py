@@ -9,6 +9,7 @@ from composespawner.placement import (
     Pool,
     availability,
     place,
+    place_more,
     pool_for,
     visible_models,
 )
@@ -225,3 +226,17 @@ def test_the_quota_left_caps_what_may_be_asked() -> None:
     assert (used_up.free, used_up.most_to_ask) == (8, 0)
     assert used_up.why_none.startswith("Your GPU quota is used up: stop one of your servers")
     assert t4_availability(pool, quota_left=None).most_to_ask == 4
+
+
+def test_a_grow_takes_gpus_of_the_machines_own_zone_only() -> None:
+    pool = Pool(
+        hosts=(),  # a grow needs no free host: its machine has one
+        devices=(gpu("a", T4, "r1"), gpu("b", T4, "r2"), gpu("c", T4, "r2"), gpu("d", A100, "r1")),
+        zones=("r1", "r2"),
+    )
+    picked = place_more(pool, "r2", ask(T4, 2))
+    assert not isinstance(picked, NoFit)
+    assert [d.block_id for d in picked] == ["b", "c"]
+    short = place_more(pool, "r1", ask(T4, 2))
+    assert isinstance(short, NoFit)
+    assert f"Only 1 more {T4} is free in your machine's rack (r1)" in short.reason
