@@ -3,7 +3,14 @@
 import importlib
 import sys
 
-BENCHMARKS = ["spawn_to_lab", "placement_speed", "trace_replay", "spawn_storm", "release_latency"]
+BENCHMARKS = [
+    "spawn_to_lab",
+    "placement_speed",
+    "trace_replay",
+    "spawn_storm",
+    "release_latency",
+    "portal_latency",
+]
 
 
 def main(argv: list[str]) -> int:

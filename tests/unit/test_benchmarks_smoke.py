@@ -3,14 +3,24 @@
 import json
 import random
 import tomllib
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
 
-from benchmarks import hubload, placement_speed, release_latency, spawn_storm, trace_replay
+from benchmarks import (
+    hubload,
+    placement_speed,
+    portal_latency,
+    release_latency,
+    spawn_storm,
+    trace_replay,
+)
 from benchmarks.trace_replay import Cluster, DoubleAllocation, Node, Task
 from composespawner.catalog import Catalog
+from composespawner.ledger import Ledger
 from composespawner.placement import Plan
+from composespawner.usage import Period
 from fabricsim.inventory import parse_inventory
 from tests.paths import HUB_CONFIG, SHARED
 
@@ -169,3 +179,24 @@ def test_release_latency_times_two_stops() -> None:
         # A stop gives the devices back before it returns (the fabric is healthy here).
         assert 0 < stop.devices_free_s <= stop.gone_s + release_latency.POLL_EVERY
     assert side.leaked_devices == []
+
+
+def test_portal_latency_fills_a_ledger_the_portal_can_read(tmp_path: Path) -> None:
+    scale = portal_latency.Scale(
+        users=100, cohorts=5, devices=40, running=10, usage_records=1_000, user_rules=5
+    )
+    today = date(2026, 11, 24)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    assert portal_latency.fill_ledger(url, today, scale)["usage_records"] == 1_000
+    ledger = Ledger(url)
+    try:
+        assert len(ledger.usage()) == 1_000
+        assert sum(h.machine_id is not None for h in ledger.holdings()) == 10
+        assert len(ledger.policy.cohorts()) == 5
+        assert len(ledger.policy.quota_rules()) == 5 + 5 + 1
+        recorded = sum((r.ended_at - r.started_at).total_seconds() for r in ledger.usage()) / 3600
+        period = Period.parse(str(today - timedelta(days=200)), str(today), today=today)
+        daily = sum(seconds for _, _, seconds in ledger.usage_sums(period).days) / 3600
+        assert daily == pytest.approx(recorded)
+    finally:
+        ledger.close()
