@@ -35,7 +35,7 @@ import requests
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from benchmarks.hubload import RESULTS, api_session, percentile
+from benchmarks.hubload import RESULTS, percentile
 from composespawner.cohorts import Cohort, Session
 from composespawner.ledger import Actor, DeviceRecord, Ledger
 from composespawner.ledger.models import MachineRow, UsageDayRow, UsageRecordRow
@@ -55,6 +55,15 @@ MODELS = ("NVIDIA T4", "NVIDIA A100 80GB PCIe", "NVIDIA L40S", "NVIDIA H100 PCIe
 CATALOG_IDS = {"NVIDIA T4": "t4", "NVIDIA A100 80GB PCIe": "a100", "NVIDIA L40S": "l40s"}
 ADMIN = Actor("admin", "127.0.0.1")
 PORTAL = "/services/compose/"
+BENCH_TOKEN = "portal-latency-bench-token-0123456789abcdef"
+# A service that makes the hub's users and groups, and tokens for them.
+BENCH_CONFIG = f"""
+c.JupyterHub.services.append({{"name": "portal-bench", "api_token": "{BENCH_TOKEN}"}})
+c.JupyterHub.load_roles.append(
+    {{"name": "portal-bench", "services": ["portal-bench"],
+      "scopes": ["admin:users", "admin:groups", "tokens"]}}
+)
+"""
 PAGES = {  # name → (path under the portal, who asks)
     "inventory": ("inventory", "admin"),
     "inventory_api": ("api/inventory", "admin"),
@@ -231,8 +240,14 @@ def postgres_database() -> Iterator[str | None]:
 # -- the hub's users and groups --------------------------------------------------------
 
 
+def bench_session() -> requests.Session:
+    session = requests.Session()
+    session.headers["Authorization"] = f"token {BENCH_TOKEN}"
+    return session
+
+
 def fill_hub(hub: Hub, scale: Scale = FULL) -> None:
-    session = api_session(4)
+    session = bench_session()
     names = [user_name(n) for n in range(scale.users)]
     for first in range(0, scale.users, 2_000):
         response = session.post(
@@ -252,7 +267,7 @@ def fill_hub(hub: Hub, scale: Scale = FULL) -> None:
 
 
 def token_of(hub: Hub, user: str) -> str:
-    response = api_session(1).post(
+    response = bench_session().post(
         f"{hub.url}/hub/api/users/{user}/tokens", json={"note": "portal_latency"}, timeout=60
     )
     assert response.status_code == 201, response.text
@@ -306,7 +321,7 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
     counts = fill_ledger(url, today)
     print(f"{name}: ledger filled in {time.monotonic() - began:.0f} s")
     with tempfile.TemporaryDirectory(prefix="portal-bench-") as tmp:
-        extra = f'\nc.ComposeSpawner.ledger_url = "{url}"\n'
+        extra = f'{BENCH_CONFIG}\nc.ComposeSpawner.ledger_url = "{url}"\n'
         with running_hub(Path(tmp), extra) as hub:
             wait_for(lambda: _portal_answers(hub), 60, "the portal to answer")
             fill_hub(hub)

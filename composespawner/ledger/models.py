@@ -177,9 +177,22 @@ class UsageDayRow(Base):
     """
 
     __tablename__ = "usage_days"
+    # The usage page sums a period's days per user from the index alone.
+    __table_args__ = (Index("ix_usage_days_covering", "day", "user_name", "model", "gpu_seconds"),)
 
     day: Mapped[date] = mapped_column(Date, primary_key=True)
     user_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+class UsageModelDayRow(Base):
+    """GPU-seconds per day and model, all users together: the usage chart's stacks, kept
+    with usage_days so that a period's chart reads days times models rows."""
+
+    __tablename__ = "usage_model_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
     model: Mapped[str] = mapped_column(String(255), primary_key=True)
     gpu_seconds: Mapped[float] = mapped_column(Float)
 

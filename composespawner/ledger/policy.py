@@ -117,9 +117,11 @@ class Policy:
 
     # -- cohorts ----------------------------------------------------------------------
 
-    def cohorts(self) -> list[Cohort]:
+    def cohorts(self, names: Collection[str] | None = None) -> list[Cohort]:
+        """Every cohort, or those of ``names`` (a user's groups)."""
+        query = _COHORTS if names is None else _COHORTS.where(COHORTS.c.name.in_(list(names)))
         with self._engine.begin() as connection:
-            return [_cohort(row._mapping) for row in connection.execute(_COHORTS)]
+            return [_cohort(row._mapping) for row in connection.execute(query)]
 
     def set_cohort(self, cohort: Cohort, actor: Actor) -> None:
         """Store ``cohort`` in place of what was stored under its name."""

@@ -36,7 +36,7 @@ import dataclasses
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Literal, cast
@@ -147,6 +147,7 @@ class Ledger:
         )
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
+        self._device_records: dict[tuple[Any, ...], DeviceRecord] = {}
 
     @property
     def engine(self) -> Engine:
@@ -198,10 +199,13 @@ class Ledger:
         with self._write() as connection:
             connection.execute(_upsert_devices(self._engine.dialect.name), list(rows.values()))
 
-    def devices(self) -> list[DeviceRecord]:
+    def devices(self, block_ids: Collection[str] | None = None) -> list[DeviceRecord]:
+        """Every device the ledger knows, or those of ``block_ids``."""
+        query = select(DEVICES).order_by(DEVICES.c.block_id)
+        if block_ids is not None:
+            query = query.where(DEVICES.c.block_id.in_(list(block_ids)))
         with self._engine.begin() as connection:
-            rows = connection.execute(select(DEVICES).order_by(DEVICES.c.block_id))
-            return [_device_record(row) for row in rows]
+            return [self._device_record(row) for row in connection.execute(query)]
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -442,7 +446,18 @@ class Ledger:
     def holdings(self) -> list[Holding]:
         """Every device the ledger knows and, where one holds it, the machine: one read."""
         with self._engine.begin() as connection:
-            return [_holding(row) for row in connection.execute(_HOLDINGS)]
+            return [
+                _holding(row, self._device_record(row)) for row in connection.execute(_HOLDINGS)
+            ]
+
+    def _device_record(self, row: Row[Any]) -> DeviceRecord:
+        """The record of a devices row (its columns first), made once per distinct row:
+        an inventory read is thousands of rows that rarely change."""
+        key = tuple(row[:_DEVICE_FIELDS])
+        record = self._device_records.get(key)
+        if record is None:
+            record = self._device_records[key] = _device_record(row)
+        return record
 
     def gpu_use(self, user: str) -> list[ServerUse]:
         """GPUs held by each of ``user``'s live servers (0 for a server holding none)."""
@@ -640,6 +655,8 @@ _HELD_UNDER_COHORT = (
 _LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
 
 
+# What makes a DeviceRecord: the first columns of the devices table.
+_DEVICE_FIELDS = 6
 _HOLDINGS = (
     select(
         DEVICES,
@@ -654,18 +671,11 @@ _HOLDINGS = (
 )
 
 
-def _holding(row: Row[Any]) -> Holding:
-    return Holding(
-        device=_device_record(row),
-        last_seen=row.last_seen,
-        machine_id=row.machine_id,
-        held_since=row.held_since,
-        user=row.user_name,
-        server=row.server_name,
-        state=row.state,
-        host=row.host_id,
-        cohort=row.cohort,
-    )
+def _holding(row: Row[Any], device: DeviceRecord) -> Holding:
+    # By position (the columns of _HOLDINGS): thousands of rows a read, and a Row's
+    # attributes cost as much as building the record.
+    machine_id, held_since, _, last_seen, user, server, state, host, cohort = tuple(row)[6:]
+    return Holding(device, last_seen, machine_id, held_since, user, server, state, host, cohort)
 
 
 def _find_machine(connection: Connection, machine_id: str) -> Row[Any] | None:

@@ -15,10 +15,11 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from composespawner.ledger.models import DeviceRow, MachineRow, UsageDayRow
+from composespawner.ledger.models import DeviceRow, MachineRow, UsageDayRow, UsageModelDayRow
 from composespawner.usage import DayUse, Period, day_shares
 
 USAGE_DAYS = cast(Table, UsageDayRow.__table__)
+USAGE_MODEL_DAYS = cast(Table, UsageModelDayRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
 
@@ -43,17 +44,23 @@ def add_day_use(
                 seconds[day, device.model] += share
     if not seconds:
         return
+    by_day = sorted(seconds.items())
+    rows = [{"day": day, "model": model, "gpu_seconds": value} for (day, model), value in by_day]
+    _add(connection, USAGE_DAYS, [{**row, "user_name": user} for row in rows])
+    _add(connection, USAGE_MODEL_DAYS, rows)  # one user's: the same days and models
+
+
+def _add(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Add each row's gpu_seconds to its key's (a new key starts from nothing)."""
     insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-    statement = insert(USAGE_DAYS)
+    statement = insert(table)
+    keys = [column.name for column in table.primary_key.columns]
     connection.execute(
         statement.on_conflict_do_update(
-            index_elements=["day", "user_name", "model"],
-            set_={"gpu_seconds": USAGE_DAYS.c.gpu_seconds + statement.excluded.gpu_seconds},
+            index_elements=keys,
+            set_={"gpu_seconds": table.c.gpu_seconds + statement.excluded.gpu_seconds},
         ),
-        [
-            {"day": day, "user_name": user, "model": model, "gpu_seconds": value}
-            for (day, model), value in sorted(seconds.items())
-        ],
+        rows,
     )
 
 
@@ -61,9 +68,9 @@ def usage_sums(connection: Connection, period: Period, now: datetime, zone: tzin
     within = USAGE_DAYS.c.day.between(period.first, period.last)
     seconds = func.sum(USAGE_DAYS.c.gpu_seconds)
     days = connection.execute(
-        select(USAGE_DAYS.c.day, USAGE_DAYS.c.model, seconds)
-        .where(within)
-        .group_by(USAGE_DAYS.c.day, USAGE_DAYS.c.model)
+        select(
+            USAGE_MODEL_DAYS.c.day, USAGE_MODEL_DAYS.c.model, USAGE_MODEL_DAYS.c.gpu_seconds
+        ).where(USAGE_MODEL_DAYS.c.day.between(period.first, period.last))
     )
     users = connection.execute(
         select(USAGE_DAYS.c.user_name, seconds).where(within).group_by(USAGE_DAYS.c.user_name)

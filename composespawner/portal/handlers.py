@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from http import HTTPStatus
@@ -27,7 +27,7 @@ from ..catalog import Catalog
 from ..cohorts import Cohort, next_session_start
 from ..colocation import Registration
 from ..failures import ComposeFailed, ComposeRefused
-from ..ledger import TERMINAL, Actor, Ledger, Machine, UnknownDevices
+from ..ledger import TERMINAL, Actor, DeviceRecord, Ledger, Machine, UnknownDevices
 from ..ledger.runner import LedgerRunner
 from ..machine import machine_env
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
@@ -72,11 +72,10 @@ class Portal:
     async def my_machine(self, user: str, groups: list[str]) -> dict[str, Any]:
         quota = await self.quota_of(user, groups)
         machines = await self.runner.run(self.ledger.live_machines, user)
-        devices = {d.block_id: d for d in await self.runner.run(self.ledger.devices)}
+        devices = await self.devices_of(machines)
         hours = await self.runner.run(self.ledger.gpu_hours, user)
         mine = views.my_machine(user, groups, quota, machines, devices, hours)
-        cohorts = await self.cohorts()
-        mine["cohorts"] = [c for c in cohorts if c["name"] in groups]
+        mine["cohorts"] = await self.cohorts(groups)
         since = datetime.now(UTC) - NOTICES_FOR
         notices = await self.runner.run(self.ledger.policy.notices, user, since)
         mine["notices"] = [views.notice_text(entry) for entry in notices]
@@ -93,7 +92,7 @@ class Portal:
             raise HTTPError(e.status, str(e)) from None
         except ComposeFailed as e:
             raise HTTPError(503, str(e)) from None
-        devices = {d.block_id: d for d in await self.runner.run(self.ledger.devices)}
+        devices = await self.devices_of([machine])
         composed = await self.resizer.composed(machine)
         return views.resized(machine, devices, machine_env(composed))
 
@@ -134,13 +133,19 @@ class Portal:
         except InvalidPeriod as e:
             raise HTTPError(400, str(e)) from e
 
-    async def cohorts(self) -> list[dict[str, Any]]:
-        """Every cohort, with its next session start in the site's time zone."""
+    async def cohorts(self, names: Collection[str] | None = None) -> list[dict[str, Any]]:
+        """Every cohort (or those of ``names``), with its next session start in the site's
+        time zone."""
         now = datetime.now(self.timezone)
         return [
             views.cohort_json(c, next_session_start(c, now))
-            for c in await self.runner.run(self.ledger.policy.cohorts)
+            for c in await self.runner.run(self.ledger.policy.cohorts, names)
         ]
+
+    async def devices_of(self, machines: Iterable[Machine]) -> dict[str, DeviceRecord]:
+        """The devices the machines hold, by block id."""
+        held = {block for machine in machines for block in machine.block_ids}
+        return {d.block_id: d for d in await self.runner.run(self.ledger.devices, held)}
 
 
 class PortalHandler(HubOAuthenticated, RequestHandler):
@@ -275,6 +280,7 @@ class PageHandler(PortalHandler):
             "login_url": "/hub/login",
             "logout_url": "/hub/logout",
             "portal_url": self.portal.prefix,
+            "per_page": views.PAGE_ROWS,
             "is_admin": self.is_admin,
             "is_staff": self.is_staff,
             "announcement": None,
@@ -542,7 +548,8 @@ class InventoryPage(FormPage):
 
     async def render_form(self, **context: Any) -> None:
         view = views.inventory(await self.ledger(self.portal.ledger.holdings))
-        self.render_page("inventory.html", inventory=view, **context)
+        view["devices"], paging = views.page_of(view["devices"], self.get_argument("page", None))
+        self.render_page("inventory.html", inventory=view, paging=paging, **context)
 
 
 class ColocatedMixin(PortalHandler):
@@ -752,6 +759,7 @@ class QuotasPage(FormPage):
         level, subject = form.get("level", ""), form.get("subject", "")
         policy = self.portal.ledger.policy
         if form.get("action") == "delete":
+            level, _, subject = form.get("rule", "").partition(":")
             views.check_subject(level, subject)
             await self.ledger(policy.delete_quota_rule, level, subject, self.actor)
             return
@@ -762,9 +770,11 @@ class QuotasPage(FormPage):
 
     async def render_form(self, **context: Any) -> None:
         rules = await self.ledger(self.portal.ledger.policy.quota_rules)
+        shown, paging = views.page_of(rules, self.get_argument("page", None))
         self.render_page(
             "quotas.html",
-            rules=[views.rule_json(rule) for rule in rules],
+            rules=[views.rule_json(rule) for rule in shown],
+            paging=paging,
             models=self.portal.model_ids,
             limits=views.LIMITS,
             **context,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -11,6 +12,9 @@ import aiohttp
 HUB_TIMEOUT = 10.0  # seconds for one call to the hub's API
 GROUPS_PAGE = 200  # the hub's largest page
 PAGINATED = "application/jupyterhub-pagination+json"  # items with a "next" link
+# Rosters change by the term, and the usage page reads every group on each load:
+# 500 cohorts are several hub calls, a third of a second.
+MEMBERS_MAX_AGE = 60.0
 
 
 class HubUnavailable(Exception):
@@ -18,11 +22,19 @@ class HubUnavailable(Exception):
 
 
 class HubClient:
-    def __init__(self, api_url: str, token: str, timeout: float = HUB_TIMEOUT) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        timeout: float = HUB_TIMEOUT,
+        members_max_age: float = MEMBERS_MAX_AGE,
+    ) -> None:
         self.api_url = api_url.rstrip("/")
+        self.members_max_age = members_max_age
         self._headers = {"Authorization": f"token {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._members: tuple[float, dict[str, list[str]]] | None = None
 
     @classmethod
     def from_environment(cls) -> HubClient:
@@ -38,7 +50,15 @@ class HubClient:
         return None if model is None else list(model.get("groups", []))
 
     async def group_members(self) -> dict[str, list[str]]:
-        """Every group and its users, read page by page."""
+        """Every group and its users, as read at most ``members_max_age`` seconds ago."""
+        if self._members and time.monotonic() - self._members[0] < self.members_max_age:
+            return self._members[1]
+        read_at = time.monotonic()
+        members = await self._read_group_members()
+        self._members = (read_at, members)
+        return members
+
+    async def _read_group_members(self) -> dict[str, list[str]]:
         members: dict[str, list[str]] = {}
         offset = 0
         while True:

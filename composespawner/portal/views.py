@@ -7,10 +7,10 @@ with a message a person can act on.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import fields, replace
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ..cohorts import Cohort, InvalidCohort, Session
 from ..colocation import InvalidRegistration, Registration
@@ -19,6 +19,7 @@ from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from ..resize import MOST_AT_ONCE
 from ..usage import DayUse, UsageReport
 
+T = TypeVar("T")
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
 MOST_MODELS = 100
 MOST_SUBJECT = 255
@@ -498,3 +499,27 @@ def resized(
             " framework, or use a new kernel."
         ),
     }
+
+
+PAGE_ROWS = 200  # rows of a long table per page (JupyterHub's admin page shows 50 users)
+
+
+@dataclass(frozen=True)
+class Paging:
+    """Which page of a long table is shown: ``number`` of ``pages``, from 1."""
+
+    number: int
+    pages: int
+    total: int
+
+
+def page_of(
+    rows: Sequence[T], asked: str | None, per_page: int = PAGE_ROWS
+) -> tuple[Sequence[T], Paging]:
+    """The rows of page ``asked`` (the query's text; the first page for anything unusable,
+    the last for a number past it), and where it is."""
+    pages = max(1, -(-len(rows) // per_page))
+    number = int(asked) if asked and asked.isascii() and asked.isdigit() else 1
+    number = min(max(number, 1), pages)
+    start = (number - 1) * per_page
+    return rows[start : start + per_page], Paging(number, pages, len(rows))

@@ -27,6 +27,7 @@ PG_ADDRESS = "127.0.0.1:5432"
 PG_USERS = ("postgres", "root")
 TABLES = (
     "usage_days",
+    "usage_model_days",
     "usage_records",
     "machine_events",
     "devices",

@@ -117,3 +117,22 @@ def test_a_staff_form_leaves_out_what_is_empty() -> None:
         "sessions": ["Mon 09:00-11:00"],
         "stacks": ["a", "b"],
     }
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown", "number"),
+    [
+        (None, [0, 1], 1),
+        ("2", [2, 3], 2),
+        ("3", [4], 3),
+        ("9", [4], 3),
+        ("0", [0, 1], 1),
+        ("x", [0, 1], 1),
+    ],
+)
+def test_a_long_table_is_shown_a_page_at_a_time(
+    asked: str | None, shown: list[int], number: int
+) -> None:
+    rows, paging = views.page_of(list(range(5)), asked, per_page=2)
+    assert list(rows) == shown
+    assert (paging.number, paging.pages, paging.total) == (number, 3, 5)
