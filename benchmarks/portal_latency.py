@@ -3,7 +3,9 @@
 The data: 10,000 hub users in 500 cohorts (hub groups of 20, each with weekly
 sessions, a reservation and a quota rule), 500 user quota overrides, 2,000
 devices of which 500 running machines hold a quarter, and 1,000,000 usage
-records over 120 days with their daily sums (what the usage page reads). The
+records (GPU periods of ended machines of 1, 2, 4 or 8 GPUs of one model, by
+random users on random days) over 120 days with the daily sums the ledger
+keeps of them (what the usage page reads). The
 portal runs as the demo runs it, under the real hub and proxy, with the real
 HubOAuth token check on every request.
 
@@ -38,13 +40,19 @@ from sqlalchemy.pool import NullPool
 from benchmarks.hubload import RESULTS, percentile
 from composespawner.cohorts import Cohort, Session
 from composespawner.ledger import Actor, DeviceRecord, Ledger
-from composespawner.ledger.models import MachineRow, UsageDayRow, UsageRecordRow
+from composespawner.ledger.models import (
+    MachineRow,
+    UsageDayRow,
+    UsageModelDayRow,
+    UsageRecordRow,
+)
 from composespawner.quota import QuotaRule
 from composespawner.settings import upgrade_ledger
 from tests.hubharness import Hub, running_hub, wait_for
 
 USAGE_DAYS = 120
-RECORDS_PER_MACHINE = 10
+GPU_MIX = (1, 2, 4, 8)  # GPUs of an ended machine, as often as the weights say
+GPU_MIX_WEIGHTS = (50, 25, 15, 10)
 REQUESTS = 100
 WARM_UP = 5
 GOAL_MS = 100.0
@@ -154,20 +162,21 @@ def fill_ledger(url: str, today: date, scale: Scale = FULL) -> dict[str, int]:
 
 
 def _fill_usage(engine: sa.Engine, rng: random.Random, today: date, scale: Scale) -> None:
-    """Ended machines with 10 GPU periods each, and the daily sums the ledger keeps of them."""
+    """Ended machines of 1 to 8 GPUs of one model until ``usage_records`` GPU periods,
+    and the daily sums the ledger keeps of them (as machines end, it adds to both)."""
     machines = cast(sa.Table, MachineRow.__table__)
     usage = cast(sa.Table, UsageRecordRow.__table__)
-    days = cast(sa.Table, UsageDayRow.__table__)
     sums: dict[tuple[date, str, str], float] = defaultdict(float)
-    ended = scale.usage_records // RECORDS_PER_MACHINE
-    for first in range(0, ended, 10_000):
+    made = m = 0
+    while made < scale.usage_records:
         machine_rows, usage_rows = [], []
-        for m in range(first, min(first + 10_000, ended)):
+        while made < scale.usage_records and len(usage_rows) < 50_000:
             user = user_name(rng.randrange(scale.users))
             day = today - timedelta(days=rng.randrange(USAGE_DAYS))
             start = datetime.combine(day, day_time(8), UTC) + timedelta(minutes=rng.randrange(600))
             end = start + timedelta(minutes=rng.randrange(10, 240))
             machine_id = f"ended-{m:08d}"
+            m += 1
             machine_rows.append(
                 {
                     "id": machine_id,
@@ -184,8 +193,9 @@ def _fill_usage(engine: sa.Engine, rng: random.Random, today: date, scale: Scale
                     "cohort": None,
                 }
             )
-            for g in range(RECORDS_PER_MACHINE):
-                model = MODELS[(m + g) % len(MODELS)]
+            model = rng.choice(MODELS)  # a machine's GPUs are of one model
+            gpus = min(rng.choices(GPU_MIX, GPU_MIX_WEIGHTS)[0], scale.usage_records - made)
+            for g in range(gpus):
                 usage_rows.append(
                     {
                         "machine_id": machine_id,
@@ -199,16 +209,27 @@ def _fill_usage(engine: sa.Engine, rng: random.Random, today: date, scale: Scale
                     }
                 )
                 sums[day, user, model] += (end - start).total_seconds()
+            made += gpus
         with engine.begin() as connection:
             connection.execute(machines.insert(), machine_rows)
             connection.execute(usage.insert(), usage_rows)
-    rows = [
+    by_model: dict[tuple[date, str], float] = defaultdict(float)
+    for (day, _, model), seconds in sums.items():
+        by_model[day, model] += seconds
+    user_days = [
         {"day": day, "user_name": user, "model": model, "gpu_seconds": seconds}
         for (day, user, model), seconds in sums.items()
     ]
+    model_days = [
+        {"day": day, "model": model, "gpu_seconds": seconds}
+        for (day, model), seconds in by_model.items()
+    ]
     with engine.begin() as connection:
-        for start in range(0, len(rows), 50_000):
-            connection.execute(days.insert(), rows[start : start + 50_000])
+        for first in range(0, len(user_days), 50_000):
+            connection.execute(
+                cast(sa.Table, UsageDayRow.__table__).insert(), user_days[first : first + 50_000]
+            )
+        connection.execute(cast(sa.Table, UsageModelDayRow.__table__).insert(), model_days)
 
 
 @contextmanager

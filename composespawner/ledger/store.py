@@ -443,12 +443,12 @@ class Ledger:
             held = _held_blocks(connection, [row.id for row in rows])
             return [_machine_record(row, held.get(row.id, ())) for row in rows]
 
-    def holdings(self) -> list[Holding]:
-        """Every device the ledger knows and, where one holds it, the machine: one read."""
+    def holdings(self, *, held_only: bool = False) -> list[Holding]:
+        """Every device the ledger knows (or only those held) and, where one holds it,
+        the machine: one read."""
+        query = _HOLDINGS.where(DEVICES.c.machine_id.is_not(None)) if held_only else _HOLDINGS
         with self._engine.begin() as connection:
-            return [
-                _holding(row, self._device_record(row)) for row in connection.execute(_HOLDINGS)
-            ]
+            return [_holding(row, self._device_record(row)) for row in connection.execute(query)]
 
     def _device_record(self, row: Row[Any]) -> DeviceRecord:
         """The record of a devices row (its columns first), made once per distinct row:

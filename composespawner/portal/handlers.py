@@ -123,8 +123,8 @@ class Portal:
                 raise HTTPError(503, "The hub did not answer; try again.") from e
             members = {name: groups.get(name, []) for name in cohorts}
         report = usage_report(period, sums.days, sums.users, sums.live, members)
-        holdings = await self.runner.run(self.ledger.holdings)
-        return views.usage_json(report, views.running(holdings))
+        held = await self.runner.run(self.ledger.holdings, held_only=True)
+        return views.usage_json(report, views.running(held))
 
     def period(self, since: str | None, until: str | None) -> Period:
         """The date range asked for, in the site's days; 400 with what to fix if unusable."""
