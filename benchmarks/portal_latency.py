@@ -10,7 +10,9 @@ portal runs as the demo runs it, under the real hub and proxy, with the real
 HubOAuth token check on every request.
 
 Timed: each page and its API call, ``REQUESTS`` times after a warm-up, as an
-admin (inventory, quotas, usage) and as a user in a cohort (my machine). Side
+admin (inventory, quotas, usage) and as a user in a cohort (my machine), while
+a server stops (and starts again) every 2 s, as on a busy hub: what each stop
+ends lands in the usage tables, so no page reads a ledger at rest. Side
 by side in the same run, under the same hub and proxy: JupyterHub's own home
 page and REST user model, the floor any page of a hub pays. The goal is every
 page at most 100 ms p95. Writes ``benchmarks/results/portal_latency.json``
@@ -23,6 +25,7 @@ import json
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -56,6 +59,7 @@ GPU_MIX_WEIGHTS = (50, 25, 15, 10)
 REQUESTS = 100
 WARM_UP = 5
 GOAL_MS = 100.0
+CHURN_EVERY = 2.0  # seconds between server stops while timing: 1,800 an hour
 SEED = 2026
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 PG_DATABASE = "composespawner_portal_bench"
@@ -158,6 +162,7 @@ def fill_ledger(url: str, today: date, scale: Scale = FULL) -> dict[str, int]:
         _fill_usage(ledger.engine, rng, today, scale)
     finally:
         ledger.close()
+    _analyze(url)
     return asdict(scale)
 
 
@@ -230,6 +235,17 @@ def _fill_usage(engine: sa.Engine, rng: random.Random, today: date, scale: Scale
                 cast(sa.Table, UsageDayRow.__table__).insert(), user_days[first : first + 50_000]
             )
         connection.execute(cast(sa.Table, UsageModelDayRow.__table__).insert(), model_days)
+
+
+def _analyze(url: str) -> None:
+    """Planner statistics for what was bulk-loaded, as autovacuum keeps them on a live
+    PostgreSQL (without them it sorts a period's rows on disk to group them)."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sa.text("VACUUM ANALYZE" if "postgresql" in url else "ANALYZE"))
+    finally:
+        engine.dispose()
 
 
 @contextmanager
@@ -310,6 +326,38 @@ def timed(get: Callable[[], requests.Response]) -> dict[str, float]:
     return {"p50_ms": round(percentile(times, 50), 2), "p95_ms": round(percentile(times, 95), 2)}
 
 
+class Churn(threading.Thread):
+    """A busy hub while the pages are timed: every ``every`` seconds one running server
+    stops (its use lands in the usage tables) and its user starts it again."""
+
+    def __init__(self, url: str, running: int, every: float = CHURN_EVERY) -> None:
+        super().__init__(name="churn", daemon=True)
+        self.url, self.running, self.every = url, running, every
+        self.stop = threading.Event()
+        self.ended = 0
+
+    def run(self) -> None:
+        ledger = Ledger(self.url)
+        try:
+            while not self.stop.wait(self.every):
+                user = user_name(self.ended % self.running)
+                machine = ledger.live_machine(user, "")
+                assert machine is not None, user
+                ledger.transition(machine.id, "stopping", "churn")
+                ledger.release(machine.id)
+                again = ledger.request_machine(user, "", machine.request)
+                ledger.claim(
+                    again,
+                    host_id=machine.host_id,
+                    zone=machine.zone or "",
+                    block_ids=machine.block_ids,
+                )
+                ledger.advance(again, ("composed", ""), ("launching", ""), ("running", ""))
+                self.ended += 1
+        finally:
+            ledger.close()
+
+
 def measure(hub: Hub) -> dict[str, Any]:
     tokens = {"admin": token_of(hub, "admin"), "user": token_of(hub, user_name(1))}
     sessions = {}
@@ -346,8 +394,17 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
         with running_hub(Path(tmp), extra) as hub:
             wait_for(lambda: _portal_answers(hub), 60, "the portal to answer")
             fill_hub(hub)
-            figures = measure(hub)
-    return {**figures, "data": counts}
+            churn = Churn(url, FULL.running)
+            churn.start()
+            began = time.monotonic()
+            try:
+                figures = measure(hub)
+            finally:
+                churn.stop.set()
+                churn.join(timeout=30)
+            per_hour = churn.ended * 3600 / (time.monotonic() - began)
+    print(f"  while {per_hour:.0f} servers an hour stopped and started again")
+    return {**figures, "data": counts, "servers_ended_per_hour": round(per_hour)}
 
 
 def _portal_answers(hub: Hub) -> bool:

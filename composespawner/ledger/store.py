@@ -106,6 +106,7 @@ from composespawner.ledger.records import (
 )
 from composespawner.ledger.usage import (
     UsageSums,
+    UserSums,
     add_day_use,
     day_uses,
     live_uses,
@@ -148,6 +149,7 @@ class Ledger:
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
         self._device_records: dict[tuple[Any, ...], DeviceRecord] = {}
+        self._user_sums = UserSums()
 
     @property
     def engine(self) -> Engine:
@@ -503,7 +505,7 @@ class Ledger:
         """GPU-seconds in ``period``: ended use per day and model and per user, and
         running machines' use so far (see :func:`composespawner.usage.usage_report`)."""
         with self._engine.begin() as connection:
-            return usage_sums(connection, period, self._now(), self._usage_zone)
+            return usage_sums(connection, period, self._now(), self._usage_zone, self._user_sums)
 
     def day_uses(self, period: Period) -> list[DayUse]:
         """Every day, user and model in ``period`` with its use: ended, then running so far."""

@@ -6,6 +6,7 @@ database, however many periods of use it covers.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,22 +65,55 @@ def _add(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> No
     )
 
 
-def usage_sums(connection: Connection, period: Period, now: datetime, zone: tzinfo) -> UsageSums:
-    within = USAGE_DAYS.c.day.between(period.first, period.last)
-    seconds = func.sum(USAGE_DAYS.c.gpu_seconds)
-    days = connection.execute(
-        select(
-            USAGE_MODEL_DAYS.c.day, USAGE_MODEL_DAYS.c.model, USAGE_MODEL_DAYS.c.gpu_seconds
-        ).where(USAGE_MODEL_DAYS.c.day.between(period.first, period.last))
-    )
-    users = connection.execute(
-        select(USAGE_DAYS.c.user_name, seconds).where(within).group_by(USAGE_DAYS.c.user_name)
-    )
-    return UsageSums(
-        days=[(day, model, float(total)) for day, model, total in days],
-        users=[(user, float(total)) for user, total in users],
-        live=live_uses(connection, period, now, zone),
-    )
+class UserSums:
+    """Per-user sums of periods already read, each kept with the daily model sums it was
+    read with: as long as those are unchanged, so are the users' (both tables grow in
+    the same transaction, and only grow), so a period's 10,000 users are summed again
+    only after someone's use ended in it."""
+
+    MOST_PERIODS = 16
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[date, date], tuple[list[Any], list[tuple[str, float]]]] = {}
+        self._lock = threading.Lock()  # the ledger's callers' threads share it
+
+    def get(self, period: Period, days: list[Any]) -> list[tuple[str, float]] | None:
+        with self._lock:
+            known = self._known.get((period.first, period.last))
+        return known[1] if known is not None and known[0] == days else None
+
+    def put(self, period: Period, days: list[Any], users: list[tuple[str, float]]) -> None:
+        with self._lock:
+            if len(self._known) >= self.MOST_PERIODS:
+                self._known.pop(next(iter(self._known)))
+            self._known[period.first, period.last] = (days, users)
+
+
+def usage_sums(
+    connection: Connection, period: Period, now: datetime, zone: tzinfo, known: UserSums
+) -> UsageSums:
+    """The period's sums; the per-user ones from ``known`` while the daily ones match."""
+    days = [
+        (day, model, float(total))
+        for day, model, total in connection.execute(
+            select(USAGE_MODEL_DAYS.c.day, USAGE_MODEL_DAYS.c.model, USAGE_MODEL_DAYS.c.gpu_seconds)
+            .where(USAGE_MODEL_DAYS.c.day.between(period.first, period.last))
+            .order_by(USAGE_MODEL_DAYS.c.day, USAGE_MODEL_DAYS.c.model)
+        )
+    ]
+    users = known.get(period, days)
+    if users is None:
+        # Read after the daily sums: a use that ended in between is in these users' sums
+        # but not in the days kept with them, so the next read sums the users again.
+        seconds = func.sum(USAGE_DAYS.c.gpu_seconds)
+        rows = connection.execute(
+            select(USAGE_DAYS.c.user_name, seconds)
+            .where(USAGE_DAYS.c.day.between(period.first, period.last))
+            .group_by(USAGE_DAYS.c.user_name)
+        )
+        users = [(user, float(total)) for user, total in rows]
+        known.put(period, days, users)
+    return UsageSums(days=days, users=users, live=live_uses(connection, period, now, zone))
 
 
 def day_uses(connection: Connection, period: Period) -> list[DayUse]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -60,6 +61,26 @@ def test_running_machines_count_until_now_and_ended_ones_add_up(
     assert report.by_user == {"alice": 3.0, "bob": 0.5}
     assert report.by_cohort == {"cs-101": 3.5}
     assert report.by_day[date(2025, 3, 1)] == {MODEL: 3.5}
+
+
+def test_the_users_sums_are_read_again_once_a_use_ends(
+    ledger: Ledger,
+    open_ledger: Callable[[], Ledger],
+    clock: Clock,
+    machine_in: MachineMaker,
+    gpus: list[str],
+) -> None:
+    run_until(ledger, clock, machine_in("running", "alice", blocks=gpus[:1]), hours=1)
+    assert ledger.usage_sums(MARCH).users == [("alice", 3600.0)]
+    assert ledger.usage_sums(MARCH).users == [("alice", 3600.0)]  # kept
+    # Another process (the hub) ends a machine: this ledger's kept sums are stale now.
+    other = open_ledger()
+    bob = other.request_machine("bob", "", {})
+    other.claim(bob, host_id="host-2", zone="rack-1", block_ids=gpus[1:2])
+    clock.advance(hours=2)
+    other.transition(bob, "stopping", "stop")
+    other.release(bob)
+    assert sorted(ledger.usage_sums(MARCH).users) == [("alice", 3600.0), ("bob", 7200.0)]
 
 
 def test_days_begin_in_the_sites_time_zone(
