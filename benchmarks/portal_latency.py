@@ -335,14 +335,22 @@ class Churn(threading.Thread):
         self.url, self.running, self.every = url, running, every
         self.stop = threading.Event()
         self.ended = 0
+        self.error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self._churn()
+        except BaseException as e:  # told by the timing thread, which then fails
+            self.error = e
+
+    def _churn(self) -> None:
         ledger = Ledger(self.url)
         try:
             while not self.stop.wait(self.every):
                 user = user_name(self.ended % self.running)
                 machine = ledger.live_machine(user, "")
                 assert machine is not None, user
+                assert machine.state == "running", machine
                 ledger.transition(machine.id, "stopping", "churn")
                 ledger.release(machine.id)
                 again = ledger.request_machine(user, "", machine.request)
@@ -391,7 +399,8 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
     print(f"{name}: ledger filled in {time.monotonic() - began:.0f} s")
     with tempfile.TemporaryDirectory(prefix="portal-bench-") as tmp:
         extra = f'{BENCH_CONFIG}\nc.ComposeSpawner.ledger_url = "{url}"\n'
-        with running_hub(Path(tmp), extra) as hub:
+        # The reconciler would end the ledger's made-up machines (no hub server runs them).
+        with running_hub(Path(tmp), extra, COMPOSE_RECONCILE_GRACE=str(24 * 3600)) as hub:
             wait_for(lambda: _portal_answers(hub), 60, "the portal to answer")
             fill_hub(hub)
             churn = Churn(url, FULL.running)
@@ -402,6 +411,8 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
             finally:
                 churn.stop.set()
                 churn.join(timeout=30)
+            if churn.error is not None:
+                raise RuntimeError("the churn thread failed") from churn.error
             per_hour = churn.ended * 3600 / (time.monotonic() - began)
     print(f"  while {per_hour:.0f} servers an hour stopped and started again")
     return {**figures, "data": counts, "servers_ended_per_hour": round(per_hour)}

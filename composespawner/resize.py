@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .fabric.base import FabricError, FabricRefused
+from .fabric.base import FabricError, NotExpandable
 from .failures import ComposeFailed, ComposeRefused, refusal
 from .ledger import DevicesTaken, LedgerError, Machine, NotRunning, QuotaExceeded, server_label
 from .ledger.quota import Use, check_ask, check_use
@@ -36,6 +36,10 @@ MOST_AT_ONCE = 16  # GPUs one grow may add; the quota usually says less
 NO_HOT_ATTACH = (
     "This GPU fabric cannot add devices to a running machine. Stop your server and start"
     " it again with more GPUs."
+)
+NO_HOT_DETACH = (
+    "This GPU fabric cannot take devices from a running machine. Stop your server and start"
+    " it again with fewer GPUs."
 )
 FABRIC_FAILED = (
     "The GPU fabric failed while attaching, so nothing was added and your machine is as"
@@ -95,7 +99,7 @@ class Resizer:
                 raise ComposeRefused(picked.reason, status=409, reason="no-fit")
             blocks = [d.block_id for d in picked]
             try:
-                await self.composer.runner.run(
+                await composer.runner.run(
                     composer.ledger.grow,
                     machine.id,
                     block_ids=blocks,
@@ -130,22 +134,23 @@ class Resizer:
                 reason="not-held",
             )
         host = machine.host_id or ""
+        detached: list[str] = []
         try:
             for block in gpu_ids:
                 await self.composer.fabric.detach(host, block)
-        except FabricRefused as e:
-            raise ComposeFailed(
-                NO_HOT_ATTACH.replace("add devices to", "remove devices from")
-            ) from e
+                detached.append(block)
+        except NotExpandable as e:
+            raise ComposeFailed(NO_HOT_DETACH) from e
         except FabricError as e:
-            # What was detached stays held until a stop gives everything back.
             raise ComposeFailed(
-                "The GPU fabric did not confirm the detach, so your GPUs stay yours for"
+                "The GPU fabric did not confirm the detach, so those GPUs stay yours for"
                 " now. Try again in a few minutes."
             ) from e
-        await self.composer.runner.run(
-            self.composer.ledger.give_back, machine.id, list(gpu_ids), "gave back"
-        )
+        finally:
+            # Free in the ledger what the fabric confirmed detached, and nothing else.
+            await self.composer.runner.run(
+                self.composer.ledger.give_back, machine.id, detached, "gave back"
+            )
         self.composer.pool.forget()
         self.composer.log.info("Shrank machine %s of %s by %s", machine.id, user, gpu_ids)
         return await self.running_machine(user, server)
@@ -167,7 +172,7 @@ class Resizer:
                 )
         except BaseException as e:
             await asyncio.shield(self._undo(machine, host, attached, blocks))
-            if isinstance(e, FabricRefused) and not attached:
+            if isinstance(e, NotExpandable):
                 raise ComposeFailed(NO_HOT_ATTACH) from e
             if isinstance(e, FabricError):
                 raise ComposeFailed(FABRIC_FAILED) from e

@@ -83,6 +83,10 @@ class DeviceInUse(FabricRefused):
     """The resource block is already part of a composition."""
 
 
+class NotExpandable(FabricRefused):
+    """The fabric composes whole systems: a host takes no devices one by one (no hot-attach)."""
+
+
 class DeviceNotFound(FabricRefused):
     """The resource block or system does not exist (any more)."""
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import requests
 
-from tests.hubharness import Hub, running_hub
+from tests.hubharness import Hub, notebook_pid, process_env, running_hub
 
 pytestmark = pytest.mark.e2e
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
@@ -48,3 +49,32 @@ def test_a_machine_is_one_composed_system_made_on_start_and_deleted_on_stop(hub:
 
     assert composed_systems(hub) == []
     assert {hub.block_state(b) for b in blocks} == {"Unused"}
+
+
+@pytest.mark.timeout(180)
+def test_a_whole_system_is_not_grown_in_place_and_is_left_as_it_was(hub: Hub) -> None:
+    hub.spawn("student1", TWO_T4).raise_for_status()
+    server = hub.wait_ready("student1")
+    try:
+        systems = composed_systems(hub)
+        token = process_env(notebook_pid(hub, "student1"))["JUPYTERHUB_API_TOKEN"]
+        response = requests.post(
+            f"{hub.url}/services/compose/api/me/server/gpus",
+            json={"count": 1},
+            headers={"Authorization": f"token {token}"},
+            timeout=60,
+        )
+        assert response.status_code == 503, response.text
+        assert "cannot add devices to a running machine" in response.json()["message"]
+        assert composed_systems(hub) == systems
+        mine = requests.get(
+            f"{hub.url}/services/compose/api/me/server/gpus",
+            headers={"Authorization": f"token {token}"},
+            timeout=60,
+        ).json()
+        assert len(mine["gpus"]) == 2  # the claim was given back: the ledger holds two
+        assert [g["id"] for g in mine["gpus"]] == [
+            d["block_id"] for d in server["state"]["compose"]["gpus"]
+        ]
+    finally:
+        hub.stop("student1")

@@ -20,6 +20,7 @@ from composespawner.fabric.base import (
     FabricRefused,
     FabricTaskFailed,
     FabricUnreachable,
+    NotExpandable,
     Progress,
     StaleETag,
     compose_by_attaching,
@@ -514,7 +515,7 @@ class RedfishFabric:
     async def _refuse_unless_expandable(self, host: str, what: str, deadline: Deadline) -> None:
         if not await self._is_expandable(host)(deadline):
             service = await self._service_map(deadline)
-            raise FabricRefused(
+            raise NotExpandable(
                 f"{what}: {host} is no expandable system, and this fabric composes whole "
                 f"systems ({_MODE_WORDS[service.composition]}): use compose/decompose"
             )
