@@ -51,7 +51,7 @@ from composespawner.ledger.models import (
 )
 from composespawner.quota import QuotaRule
 from composespawner.settings import upgrade_ledger
-from tests.hubharness import Hub, running_hub, wait_for
+from tests.hubharness import PORTAL, Hub, running_hub, wait_for_portal
 
 USAGE_DAYS = 120
 GPU_MIX = (1, 2, 4, 8)  # GPUs of an ended machine, as often as the weights say
@@ -66,7 +66,6 @@ PG_DATABASE = "composespawner_portal_bench"
 MODELS = ("NVIDIA T4", "NVIDIA A100 80GB PCIe", "NVIDIA L40S", "NVIDIA H100 PCIe")
 CATALOG_IDS = {"NVIDIA T4": "t4", "NVIDIA A100 80GB PCIe": "a100", "NVIDIA L40S": "l40s"}
 ADMIN = Actor("admin", "127.0.0.1")
-PORTAL = "/services/compose/"
 BENCH_TOKEN = "portal-latency-bench-token-0123456789abcdef"
 # A service that makes the hub's users and groups, and tokens for them.
 BENCH_CONFIG = f"""
@@ -401,7 +400,7 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
         extra = f'{BENCH_CONFIG}\nc.ComposeSpawner.ledger_url = "{url}"\n'
         # The reconciler would end the ledger's made-up machines (no hub server runs them).
         with running_hub(Path(tmp), extra, COMPOSE_RECONCILE_GRACE=str(24 * 3600)) as hub:
-            wait_for(lambda: _portal_answers(hub), 60, "the portal to answer")
+            wait_for_portal(hub)
             fill_hub(hub)
             churn = Churn(url, FULL.running)
             churn.start()
@@ -416,11 +415,6 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
             per_hour = churn.ended * 3600 / (time.monotonic() - began)
     print(f"  while {per_hour:.0f} servers an hour stopped and started again")
     return {**figures, "data": counts, "servers_ended_per_hour": round(per_hour)}
-
-
-def _portal_answers(hub: Hub) -> bool:
-    response = requests.get(f"{hub.url}{PORTAL}api/me", timeout=5, allow_redirects=False)
-    return response.status_code in (302, 403)
 
 
 def main() -> None:

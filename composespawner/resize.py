@@ -187,13 +187,9 @@ class Resizer:
             for block in attached:
                 await self.composer.fabric.detach(host, block)
         except FabricError:
-            # Still held in the ledger: the next stop of this server detaches them.
+            # Those stay held in the ledger: the next stop of this server detaches them.
             log.exception("Could not detach %s from %s; they stay held", attached, host)
-            unattached = [b for b in blocks if b not in attached]
-            await self.composer.runner.run(
-                self.composer.ledger.give_back, machine.id, unattached, "not attached", used=False
-            )
-            return
+            blocks = [b for b in blocks if b not in attached]
         await self.composer.runner.run(
             self.composer.ledger.give_back, machine.id, list(blocks), "not attached", used=False
         )

@@ -38,6 +38,7 @@ T = TypeVar("T")
 PASSWORD = "test-password-1"
 ADMIN_TOKEN = "composespawner-test-admin-token-0123456789"
 FABRIC_AUTH = ("admin", "test-fabric-password")
+PORTAL = "/services/compose/"  # where the hub's proxy serves the GPU portal
 
 
 def free_port() -> int:
@@ -248,6 +249,17 @@ class Hub:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_for_portal(hub: Hub, timeout: float = 60) -> None:
+    """Until the GPU portal (a service the hub starts) answers: an anonymous call is sent
+    to log in (302) or refused (403)."""
+
+    def answers() -> bool:
+        response = requests.get(f"{hub.url}{PORTAL}api/me", timeout=5, allow_redirects=False)
+        return response.status_code in (302, 403)
+
+    wait_for(answers, timeout, "the portal to answer")
 
 
 def notebook_pid(hub: Hub, user: str, name: str = "") -> int:
@@ -482,6 +494,7 @@ c.JupyterHub.load_roles.append(
 """
 
 __all__ = [
+    "PORTAL",
     "ROOT",
     "Hub",
     "alive",
@@ -491,4 +504,5 @@ __all__ = [
     "process_env",
     "running_hub",
     "wait_for",
+    "wait_for_portal",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, tzinfo
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, Table, case, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.ledger.models import DeviceRow, MachineRow, UsageDayRow, UsageModelDayRow
@@ -65,34 +65,85 @@ def _add(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> No
     )
 
 
+DaySums = list[tuple[date, str, float]]  # (day, model, seconds), in that order
+
+
+@dataclass
+class _Known:
+    days: DaySums  # the daily model sums read (just) before these
+    totals: dict[str, float]  # seconds per user over the period
+    last_day: dict[str, float]  # seconds per user on the period's last day
+
+
 class UserSums:
-    """Per-user sums of periods already read, each kept with the daily model sums it was
-    read with: as long as those are unchanged, so are the users' (both tables grow in
-    the same transaction, and only grow), so a period's 10,000 users are summed again
-    only after someone's use ended in it."""
+    """Per-user sums of periods already read, each kept with the daily model sums read
+    just before them. Both tables grow in one transaction (and only grow), so while the
+    daily sums are unchanged so are the users'; when only the period's last day changed
+    (as every server stopping today changes it), that day alone is read again. A
+    period's 10,000 users are summed again only when an older day changed."""
 
     MOST_PERIODS = 16
 
     def __init__(self) -> None:
-        self._known: dict[tuple[date, date], tuple[list[Any], list[tuple[str, float]]]] = {}
+        self._known: dict[tuple[date, date], _Known] = {}
         self._lock = threading.Lock()  # the ledger's callers' threads share it
 
-    def get(self, period: Period, days: list[Any]) -> list[tuple[str, float]] | None:
+    def read(self, connection: Connection, period: Period, days: DaySums) -> dict[str, float]:
+        key = (period.first, period.last)
         with self._lock:
-            known = self._known.get((period.first, period.last))
-        return known[1] if known is not None and known[0] == days else None
-
-    def put(self, period: Period, days: list[Any], users: list[tuple[str, float]]) -> None:
+            known = self._known.get(key)
+        if known is not None and known.days == days:
+            return known.totals
+        if known is not None and _before(known.days, period.last) == _before(days, period.last):
+            last_day = _day_user_sums(connection, period.last)
+            totals = dict(known.totals)
+            for user, seconds in known.last_day.items():
+                totals[user] -= seconds
+            for user, seconds in last_day.items():
+                totals[user] = totals.get(user, 0.0) + seconds
+        else:
+            totals, last_day = _user_sums(connection, period)
         with self._lock:
-            if len(self._known) >= self.MOST_PERIODS:
+            if key not in self._known and len(self._known) >= self.MOST_PERIODS:
                 self._known.pop(next(iter(self._known)))
-            self._known[period.first, period.last] = (days, users)
+            self._known[key] = _Known(days, totals, last_day)
+        return totals
+
+
+def _before(days: DaySums, last: date) -> DaySums:
+    return [entry for entry in days if entry[0] < last]
+
+
+def _user_sums(connection: Connection, period: Period) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per user over the period, and on its last day: one statement, one snapshot."""
+    seconds = USAGE_DAYS.c.gpu_seconds
+    on_last = func.sum(case((USAGE_DAYS.c.day == period.last, seconds), else_=0.0))
+    rows = connection.execute(
+        select(USAGE_DAYS.c.user_name, func.sum(seconds), on_last)
+        .where(USAGE_DAYS.c.day.between(period.first, period.last))
+        .group_by(USAGE_DAYS.c.user_name)
+    )
+    totals, last_day = {}, {}
+    for user, total, last in rows:
+        totals[user] = float(total)
+        if last:
+            last_day[user] = float(last)
+    return totals, last_day
+
+
+def _day_user_sums(connection: Connection, day: date) -> dict[str, float]:
+    rows = connection.execute(
+        select(USAGE_DAYS.c.user_name, func.sum(USAGE_DAYS.c.gpu_seconds))
+        .where(USAGE_DAYS.c.day == day)
+        .group_by(USAGE_DAYS.c.user_name)
+    )
+    return {user: float(total) for user, total in rows}
 
 
 def usage_sums(
     connection: Connection, period: Period, now: datetime, zone: tzinfo, known: UserSums
 ) -> UsageSums:
-    """The period's sums; the per-user ones from ``known`` while the daily ones match."""
+    """The period's sums; the per-user ones through ``known`` (see UserSums)."""
     days = [
         (day, model, float(total))
         for day, model, total in connection.execute(
@@ -101,18 +152,11 @@ def usage_sums(
             .order_by(USAGE_MODEL_DAYS.c.day, USAGE_MODEL_DAYS.c.model)
         )
     ]
-    users = known.get(period, days)
-    if users is None:
-        # Read after the daily sums: a use that ended in between is in these users' sums
-        # but not in the days kept with them, so the next read sums the users again.
-        seconds = func.sum(USAGE_DAYS.c.gpu_seconds)
-        rows = connection.execute(
-            select(USAGE_DAYS.c.user_name, seconds)
-            .where(USAGE_DAYS.c.day.between(period.first, period.last))
-            .group_by(USAGE_DAYS.c.user_name)
-        )
-        users = [(user, float(total)) for user, total in rows]
-        known.put(period, days, users)
+    # Read after the daily sums: a use that ends in between is in the users' sums but not
+    # in the days kept with them, so the next read looks again; nothing is counted twice.
+    users = [
+        (user, total) for user, total in known.read(connection, period, days).items() if total > 0
+    ]
     return UsageSums(days=days, users=users, live=live_uses(connection, period, now, zone))
 
 

@@ -685,9 +685,9 @@ class CohortsMixin(PortalHandler):
     async def set_cohort(self, name: str, body: object) -> Cohort:
         self.require_staff(name)
         if not self.is_admin:
-            stored = await self.ledger(self.portal.ledger.policy.cohorts)
+            stored = await self.ledger(self.portal.ledger.policy.cohorts, [name])
             try:
-                body = views.staff_change(body, next((c for c in stored if c.name == name), None))
+                body = views.staff_change(body, stored[0] if stored else None)
             except views.NotStaffsToChange as e:
                 raise HTTPError(403, str(e)) from None
         try:
@@ -711,10 +711,10 @@ class CohortApi(ApiHandler, CohortsMixin):
     async def get(self, name: str) -> None:
         name = unquote(name)
         self.require_staff(name)
-        found = next((c for c in await self.portal.cohorts() if c["name"] == name), None)
-        if found is None:
+        found = await self.portal.cohorts([name])
+        if not found:
             raise HTTPError(404, f"No cohort {name!r}.")
-        self.write_json(found)
+        self.write_json(found[0])
 
     async def put(self, name: str) -> None:
         cohort = await self.set_cohort(unquote(name), self.json_body())
@@ -756,13 +756,13 @@ class QuotasPage(FormPage):
     path = "quotas"
 
     async def act(self, form: dict[str, str]) -> None:
-        level, subject = form.get("level", ""), form.get("subject", "")
         policy = self.portal.ledger.policy
-        if form.get("action") == "delete":
+        if form.get("action") == "delete":  # the row's button: "level:subject"
             level, _, subject = form.get("rule", "").partition(":")
             views.check_subject(level, subject)
             await self.ledger(policy.delete_quota_rule, level, subject, self.actor)
             return
+        level, subject = form.get("level", ""), form.get("subject", "")
         rule = views.rule_from_form(level, subject, form, self.portal.model_ids)
         if rule.level == "cohort":
             await self.check_group_exists(rule.subject)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub
+from tests.hubharness import PORTAL, Hub, notebook_pid, process_env, running_hub
 
 pytestmark = pytest.mark.e2e
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
@@ -59,7 +59,7 @@ def test_a_whole_system_is_not_grown_in_place_and_is_left_as_it_was(hub: Hub) ->
         systems = composed_systems(hub)
         token = process_env(notebook_pid(hub, "student1"))["JUPYTERHUB_API_TOKEN"]
         response = requests.post(
-            f"{hub.url}/services/compose/api/me/server/gpus",
+            f"{hub.url}{PORTAL}api/me/server/gpus",
             json={"count": 1},
             headers={"Authorization": f"token {token}"},
             timeout=60,
@@ -68,7 +68,7 @@ def test_a_whole_system_is_not_grown_in_place_and_is_left_as_it_was(hub: Hub) ->
         assert "cannot add devices to a running machine" in response.json()["message"]
         assert composed_systems(hub) == systems
         mine = requests.get(
-            f"{hub.url}/services/compose/api/me/server/gpus",
+            f"{hub.url}{PORTAL}api/me/server/gpus",
             headers={"Authorization": f"token {token}"},
             timeout=60,
         ).json()

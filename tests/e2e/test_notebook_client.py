@@ -14,8 +14,15 @@ from typing import Any
 import pytest
 import requests
 
-from tests.e2e.test_portal import PORTAL, Visitor
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from tests.e2e.test_portal import Visitor
+from tests.hubharness import (
+    PORTAL,
+    Hub,
+    notebook_pid,
+    process_env,
+    running_hub,
+    wait_for_portal,
+)
 from tests.support.kernel import Executed, run_in_kernel
 
 pytestmark = [pytest.mark.e2e]
@@ -26,13 +33,8 @@ ONE_T4 = {"gpu_model": "t4", "gpu_count": 1}
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     with running_hub(tmp_path_factory.mktemp("client")) as hub:
-        wait_for(lambda: _portal_answers(hub), 60, "the portal to answer")
+        wait_for_portal(hub)
         yield hub
-
-
-def _portal_answers(hub: Hub) -> bool:
-    response = requests.get(f"{hub.url}{PORTAL}api/me", timeout=5, allow_redirects=False)
-    return response.status_code in (302, 403)
 
 
 @pytest.fixture

@@ -14,24 +14,16 @@ import pytest
 import requests
 
 from tests.e2e.test_faults import TWO_T4
-from tests.hubharness import Hub, running_hub, wait_for
+from tests.hubharness import PORTAL, Hub, running_hub, wait_for, wait_for_portal
 
 pytestmark = [pytest.mark.e2e]
-
-PORTAL = "/services/compose/"
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     with running_hub(tmp_path_factory.mktemp("portal")) as hub:
-        wait_for(lambda: _answers(hub), 60, "the portal to answer")
+        wait_for_portal(hub)
         yield hub
-
-
-def _answers(hub: Hub) -> bool:
-    # Not logged in: the portal sends the browser to the hub's OAuth.
-    response = requests.get(f"{hub.url}{PORTAL}api/me", timeout=5, allow_redirects=False)
-    return response.status_code in (302, 403)
 
 
 class Visitor:

@@ -16,8 +16,7 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.e2e.test_portal import PORTAL
-from tests.hubharness import Hub, running_hub, wait_for
+from tests.hubharness import PORTAL, Hub, running_hub, wait_for
 from tests.paths import ROOT
 
 API = ROOT / "docs" / "portal-api.yaml"

@@ -83,6 +83,35 @@ def test_the_users_sums_are_read_again_once_a_use_ends(
     assert sorted(ledger.usage_sums(MARCH).users) == [("alice", 3600.0), ("bob", 7200.0)]
 
 
+def test_uses_ending_on_the_periods_last_day_and_before_it_are_each_counted_once(
+    ledger: Ledger,
+    open_ledger: Callable[[], Ledger],
+    clock: Clock,
+    machine_in: MachineMaker,
+    gpus: list[str],
+) -> None:
+    week = Period(date(2025, 2, 24), date(2025, 3, 2))  # it ends tomorrow
+    hub = open_ledger()  # another process ends the machines
+    run_until(hub, clock, machine_in("running", "alice", blocks=gpus[:1]), hours=1)  # 10:00
+    carol = machine_in("running", "carol", blocks=gpus[2:3])
+    assert ledger.usage_sums(week).users == [("alice", 3600.0)]
+
+    clock.advance(hours=15)  # 2025-03-02 01:00, the period's last day
+    run_until(hub, clock, machine_in("running", "alice", blocks=gpus[:1]), hours=2)
+    # Only the last day changed: it alone is read again, and added once.
+    assert ledger.usage_sums(week).users == [("alice", 3 * 3600.0)]
+    run_until(hub, clock, machine_in("running", "bob", blocks=gpus[1:2]), hours=1)
+    run_until(hub, clock, machine_in("running", "alice", blocks=gpus[:1]), hours=1)
+    assert sorted(ledger.usage_sums(week).users) == [("alice", 4 * 3600.0), ("bob", 3600.0)]
+
+    run_until(hub, clock, carol, hours=0)  # since 10:00 yesterday: 14 h then, 5 h today
+    assert sorted(ledger.usage_sums(week).users) == [
+        ("alice", 4 * 3600.0),
+        ("bob", 3600.0),
+        ("carol", 19 * 3600.0),
+    ]
+
+
 def test_days_begin_in_the_sites_time_zone(
     migrated_url: str, clock: Clock, gpus: list[str]
 ) -> None:
