@@ -123,6 +123,10 @@ class Policy:
         with self._engine.begin() as connection:
             return [_cohort(row._mapping) for row in connection.execute(query)]
 
+    def cohort_names(self) -> list[str]:
+        with self._engine.begin() as connection:
+            return list(connection.scalars(select(COHORTS.c.name).order_by(COHORTS.c.name)))
+
     def set_cohort(self, cohort: Cohort, actor: Actor) -> None:
         """Store ``cohort`` in place of what was stored under its name."""
         values = _cohort_values(cohort)

@@ -114,7 +114,7 @@ class Portal:
     async def usage(self, period: Period) -> dict[str, Any]:
         """GPU-hours in ``period`` by day and model, user, cohort; and what runs now."""
         sums = await self.runner.run(self.ledger.usage_sums, period)
-        cohorts = {c.name for c in await self.runner.run(self.ledger.policy.cohorts)}
+        cohorts = await self.runner.run(self.ledger.policy.cohort_names)
         members = {}
         if cohorts:
             try:
