@@ -22,10 +22,10 @@ page at most 100 ms p95. Writes ``benchmarks/results/portal_latency.json``
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -325,44 +325,47 @@ def timed(get: Callable[[], requests.Response]) -> dict[str, float]:
     return {"p50_ms": round(percentile(times, 50), 2), "p95_ms": round(percentile(times, 95), 2)}
 
 
-class Churn(threading.Thread):
-    """A busy hub while the pages are timed: every ``every`` seconds one running server
-    stops (its use lands in the usage tables) and its user starts it again."""
+def churn(url: str, running: int, every: float, stop: Any, ended: Any) -> None:
+    """A busy hub while the pages are timed, in a process of its own (not in the timing
+    client's): every ``every`` seconds one running server stops (its use lands in the
+    usage tables) and its user starts it again; ``ended`` counts them."""
+    ledger = Ledger(url)
+    try:
+        while not stop.wait(every):
+            user = user_name(ended.value % running)
+            machine = ledger.live_machine(user, "")
+            assert machine is not None, user
+            assert machine.state == "running", machine
+            ledger.transition(machine.id, "stopping", "churn")
+            ledger.release(machine.id)
+            again = ledger.request_machine(user, "", machine.request)
+            ledger.claim(
+                again, host_id=machine.host_id, zone=machine.zone or "", block_ids=machine.block_ids
+            )
+            ledger.advance(again, ("composed", ""), ("launching", ""), ("running", ""))
+            ended.value += 1
+    finally:
+        ledger.close()
 
-    def __init__(self, url: str, running: int, every: float = CHURN_EVERY) -> None:
-        super().__init__(name="churn", daemon=True)
-        self.url, self.running, self.every = url, running, every
-        self.stop = threading.Event()
-        self.ended = 0
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            self._churn()
-        except BaseException as e:  # told by the timing thread, which then fails
-            self.error = e
-
-    def _churn(self) -> None:
-        ledger = Ledger(self.url)
-        try:
-            while not self.stop.wait(self.every):
-                user = user_name(self.ended % self.running)
-                machine = ledger.live_machine(user, "")
-                assert machine is not None, user
-                assert machine.state == "running", machine
-                ledger.transition(machine.id, "stopping", "churn")
-                ledger.release(machine.id)
-                again = ledger.request_machine(user, "", machine.request)
-                ledger.claim(
-                    again,
-                    host_id=machine.host_id,
-                    zone=machine.zone or "",
-                    block_ids=machine.block_ids,
-                )
-                ledger.advance(again, ("composed", ""), ("launching", ""), ("running", ""))
-                self.ended += 1
-        finally:
-            ledger.close()
+@contextmanager
+def churning(url: str, running: int, every: float = CHURN_EVERY) -> Iterator[Callable[[], int]]:
+    """``churn`` running beside the block; yields how many servers it has ended so far,
+    and fails the block if it stopped before being told to."""
+    context = multiprocessing.get_context("spawn")
+    stop, ended = context.Event(), context.Value("i", 0)
+    process = context.Process(target=churn, args=(url, running, every, stop, ended))
+    process.start()
+    try:
+        yield lambda: int(ended.value)
+        if not process.is_alive():
+            raise RuntimeError(f"the churn process died (exit status {process.exitcode})")
+    finally:
+        stop.set()
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def measure(hub: Hub) -> dict[str, Any]:
@@ -402,17 +405,10 @@ def run_backend(name: str, url: str, today: date) -> dict[str, Any]:
         with running_hub(Path(tmp), extra, COMPOSE_RECONCILE_GRACE=str(24 * 3600)) as hub:
             wait_for_portal(hub)
             fill_hub(hub)
-            churn = Churn(url, FULL.running)
-            churn.start()
             began = time.monotonic()
-            try:
+            with churning(url, FULL.running) as ended:
                 figures = measure(hub)
-            finally:
-                churn.stop.set()
-                churn.join(timeout=30)
-            if churn.error is not None:
-                raise RuntimeError("the churn thread failed") from churn.error
-            per_hour = churn.ended * 3600 / (time.monotonic() - began)
+                per_hour = ended() * 3600 / (time.monotonic() - began)
     print(f"  while {per_hour:.0f} servers an hour stopped and started again")
     return {**figures, "data": counts, "servers_ended_per_hour": round(per_hour)}
 

@@ -119,7 +119,7 @@ def usage_report(
     and model, and per user) and running machines' use so far; ``members``: cohort → users.
     """
     by_day: dict[date, dict[str, float]] = {day: {} for day in period.days()}
-    by_user: dict[str, float] = defaultdict(float)
+    by_user: dict[str, float] = {user: seconds / 3600 for user, seconds in users}
     by_model: dict[str, float] = defaultdict(float)
 
     def add_day(day: date, model: str, hours: float) -> None:
@@ -130,12 +130,10 @@ def usage_report(
 
     for day, model, seconds in days:
         add_day(day, model, seconds / 3600)
-    for user, seconds in users:
-        by_user[user] += seconds / 3600
     for use in live:
         if period.first <= use.day <= period.last:
             add_day(use.day, use.model, use.seconds / 3600)
-            by_user[use.user] += use.seconds / 3600
+            by_user[use.user] = by_user.get(use.user, 0.0) + use.seconds / 3600
     by_cohort = {
         cohort: sum(by_user.get(user, 0.0) for user in set(users))
         for cohort, users in members.items()

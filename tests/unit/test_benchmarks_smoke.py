@@ -22,6 +22,7 @@ from composespawner.ledger import Ledger
 from composespawner.placement import Plan
 from composespawner.usage import Period
 from fabricsim.inventory import parse_inventory
+from tests.hubharness import wait_for
 from tests.paths import HUB_CONFIG, SHARED
 
 
@@ -198,5 +199,23 @@ def test_portal_latency_fills_a_ledger_the_portal_can_read(tmp_path: Path) -> No
         period = Period.parse(str(today - timedelta(days=200)), str(today), today=today)
         daily = sum(seconds for _, _, seconds in ledger.usage_sums(period).days) / 3600
         assert daily == pytest.approx(recorded)
+    finally:
+        ledger.close()
+
+
+@pytest.mark.timeout(60)
+def test_portal_latency_churn_stops_and_starts_servers_beside_the_timing(tmp_path: Path) -> None:
+    scale = portal_latency.Scale(
+        users=20, cohorts=2, devices=10, running=5, usage_records=50, user_rules=2
+    )
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    portal_latency.fill_ledger(url, date(2026, 11, 24), scale)
+    with portal_latency.churning(url, scale.running, every=0.05) as ended:
+        wait_for(lambda: ended() >= 3, 30, "three servers to stop")
+    ledger = Ledger(url)
+    try:
+        assert len(ledger.live_machines()) == scale.running  # each started again
+        assert sum(h.machine_id is not None for h in ledger.holdings()) == scale.running
+        assert len(ledger.usage()) == 50 + ended()
     finally:
         ledger.close()
