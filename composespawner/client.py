@@ -158,9 +158,19 @@ def _resized(data: dict[str, Any]) -> Resized:
 
 
 def _write_manifest(resized: Resized) -> None:
-    """This server's manifest and environment file, replaced whole (never half-written)."""
+    """This server's manifest and environment file, replaced whole (never half-written).
+
+    The machine has changed already: a home that cannot take the files is said, not raised.
+    """
+    try:
+        _write_files(resized)
+    except OSError as e:
+        print(f"composespawner.client: could not write {MANIFESTS}: {e}", file=sys.stderr)
+
+
+def _write_files(resized: Resized) -> None:
     folder = MANIFESTS.expanduser()
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     name = os.environ.get("JUPYTERHUB_SERVER_NAME") or "default"
     manifest = {
         "machine": resized.machine.machine,
