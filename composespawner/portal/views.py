@@ -479,7 +479,8 @@ def grow_count(body: object) -> int:
         raise InvalidGrow('Send {"count": N}: how many GPUs to add to your server.')
     count = body.get("count", 1)
     if type(count) is not int or not 1 <= count <= MOST_AT_ONCE:
-        raise InvalidGrow(f"count must be a whole number from 1 to {MOST_AT_ONCE}, not {count!r}.")
+        shown = repr(count)[:40]
+        raise InvalidGrow(f"count must be a whole number from 1 to {MOST_AT_ONCE}, not {shown}.")
     return count
 
 
@@ -494,9 +495,9 @@ def resized(
         "environment": {k: environment[k] for k in KERNEL_ENVIRONMENT},
         "next_step": (
             f"Your server has {gpus} GPU{'s' if gpus != 1 else ''} now. A kernel sees the change"
-            " once it starts again (CUDA counts GPUs as it starts): restart it, then run"
-            " `from composespawner import client; client.apply()` before importing your"
-            " framework, or use a new kernel."
+            " only once it starts again (CUDA counts GPUs as it starts): restart it, or start"
+            " a new one, then run `from composespawner import client; client.apply()` before"
+            " importing your framework."
         ),
     }
 
