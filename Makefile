@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test notebook-account clean
+.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,13 +62,35 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-pytest: install-test
+# The stacks' environments, built once per lock and kept in /var/cache (~/.cache
+# when not root): every server in the tests runs on one, and a first build takes
+# minutes that no single test should wait for.
+stacks: $(VENV)/.installed
+	$(BIN)/composespawner build-stacks -f hub_config/jupyterhub_config.py
+
+pytest: install-test stacks
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 bench: install-test
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# Pin each stack anew from its .in files (images/STACK/requirements-{gpu,cpu}.lock):
+# the GPU lock first, then the CPU lock held to the GPU lock's versions, so the two
+# differ only in accelerator wheels. CPU_WHEELS is where PyTorch's CPU builds are
+# (https://download.pytorch.org/whl/cpu/torch/ off this network).
+STACKS := pytorch tensorflow
+CPU_WHEELS ?= /opt/wheels
+LOCK = ../../$(BIN)/uv pip compile --quiet --no-header --generate-hashes \
+	--python-version 3.11 --python-platform x86_64-manylinux_2_28
+locks: $(VENV)/.installed-test
+	$(PIP) install -c constraints.txt uv
+	for stack in $(STACKS); do \
+	  (cd images/$$stack && $(LOCK) gpu.in -o requirements-gpu.lock && \
+	   $(LOCK) --find-links $(CPU_WHEELS) -c requirements-gpu.lock cpu.in \
+	     -o requirements-cpu.lock) || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) node_modules .demo .demo-homes test-artifacts

