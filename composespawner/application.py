@@ -8,13 +8,22 @@ does, so the ledger, the fabric and the catalog are configured in one place.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from traitlets import Unicode, default
 from traitlets.config import Application
 
+from .catalog import Catalog, Stack
+from .launchers.environments import (
+    BUILD_TIMEOUT,
+    StackBuildError,
+    StackEnvironments,
+    default_root,
+)
 from .settings import ComposeSettings, settings_from_config, upgrade_ledger
 
 
@@ -63,3 +72,49 @@ class UpgradeDB(ComposeApplication):
             self.log.info("The ledger's schema is current (revision %s)", after)
         else:
             self.log.info("Upgraded the ledger's schema from %s to %s", before or "(empty)", after)
+
+
+class BuildStacks(ComposeApplication):
+    """Build the catalog's stack environments for the local launcher ahead of use."""
+
+    name = "composespawner build-stacks"
+    description = """Build the environments notebooks run in on the embedded default (each
+    stack's CPU lock), so that no first start waits for one: `composespawner build-stacks
+    -f jupyterhub_config.py [STACK ...]`. Built ones are left as they are."""
+
+    def start(self) -> None:
+        catalog = Catalog.from_file(self.settings.catalog_file)
+        wanted = self.extra_args or [s.id for s in catalog.stacks]
+        unknown = [i for i in wanted if catalog.stack(i) is None]
+        if unknown:
+            offered = ", ".join(s.id for s in catalog.stacks) or "none"
+            raise SystemExit(f"{self.name}: no stack {unknown[0]!r} in the catalog ({offered})")
+        for stack_id in wanted:
+            stack = catalog.stack(stack_id)
+            assert stack is not None
+            try:
+                environment = asyncio.run(self._builder(stack).ensure(stack, self._say))
+            except StackBuildError as e:
+                raise SystemExit(f"{self.name}: {e}") from e
+            self.log.info("%s: %s", stack.id, environment.path)
+
+    def _builder(self, stack: Stack) -> StackEnvironments:
+        assert stack.common is not None
+        launcher = self._launcher_config()
+        return StackEnvironments(
+            Path(launcher.get("stack_environments_dir", default_root())),
+            stack.common,
+            build_timeout=float(launcher.get("stack_build_timeout", BUILD_TIMEOUT)),
+            log=self.log,
+        )
+
+    def _launcher_config(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for section in ("LocalLauncher", "ComposeSpawner"):
+            if section in self.config:
+                values.update(self.config[section])
+        return values
+
+    def _say(self, message: str, percent: int) -> None:
+        del percent
+        self.log.info("%s", message)

@@ -40,12 +40,30 @@ class ColocatedChassis:
 
 
 @dataclass(frozen=True, slots=True)
+class StackBuild:
+    """One of a stack's two builds: from its GPU lock or its CPU lock."""
+
+    lock: Path  # the hashed lock file
+    lock_sha256: str  # what the lock must hash to: the stack's identity
+    digest: str = ""  # the built image's digest ("sha256:..."); empty until one is pushed
+
+
+@dataclass(frozen=True, slots=True)
 class Stack:
-    """A software stack (image and lock) a notebook can run; offered once any exist."""
+    """A software stack: a pinned environment a notebook runs in (``images/<id>``).
+
+    ``env`` is what the stack needs set for reproducible runs (seeds of hashing,
+    deterministic kernels, fixed thread counts): the spawner injects it.
+    """
 
     id: str
     label: str
     description: str = ""
+    image: str = ""  # the image repository; its builds are pinned by digest
+    gpu: StackBuild | None = None
+    cpu: StackBuild | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    common: Path | None = None  # what every stack gets (repro.py, stack_manifest.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +84,21 @@ class Catalog:
     def owner_of_chassis(self, chassis: str) -> str | None:
         return next((c.owner_group for c in self.colocated if c.chassis == chassis), None)
 
+    def stack(self, stack_id: str) -> Stack | None:
+        return next((s for s in self.stacks if s.id == stack_id), None)
+
     @classmethod
     def from_file(cls, path: str | Path) -> Catalog:
         path = Path(path)
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
-            return cls.from_dict(raw)
+            return cls.from_dict(raw, relative_to=path.resolve().parent)
         except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
             raise CatalogError(f"{path}: {e}") from e
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Catalog:
+    def from_dict(cls, raw: dict[str, Any], relative_to: Path = Path()) -> Catalog:
+        """``relative_to``: the folder stack locks are named relative to (the file's)."""
         catalog = cls(
             gpu_models=tuple(
                 GpuModel(
@@ -102,13 +124,39 @@ class Catalog:
                 ColocatedChassis(chassis=str(c["chassis"]), owner_group=str(c["owner_group"]))
                 for c in raw.get("colocated", [])
             ),
-            stacks=tuple(
-                Stack(id=str(s["id"]), label=str(s["label"]), description=s.get("description", ""))
-                for s in raw.get("stacks", [])
-            ),
+            stacks=tuple(_stack(s, raw, relative_to) for s in raw.get("stacks", [])),
         )
         _check(catalog)
         return catalog
+
+
+def _stack(raw: dict[str, Any], catalog: dict[str, Any], relative_to: Path) -> Stack:
+    if "stack_common" not in catalog:
+        raise ValueError("stacks need stack_common: the folder of what every stack gets")
+
+    def build(variant: str) -> StackBuild | None:
+        entry = raw.get(variant)
+        if entry is None:
+            return None
+        sha256 = str(entry["lock_sha256"])
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"stack {raw['id']!r}: {variant}.lock_sha256 is not a SHA-256")
+        return StackBuild(
+            lock=(relative_to / str(entry["lock"])).resolve(),
+            lock_sha256=sha256,
+            digest=str(entry.get("digest", "")),
+        )
+
+    return Stack(
+        id=str(raw["id"]),
+        label=str(raw["label"]),
+        description=str(raw.get("description", "")),
+        image=str(raw.get("image", "")),
+        gpu=build("gpu"),
+        cpu=build("cpu"),
+        env=tuple((str(k), str(v)) for k, v in raw.get("env", {}).items()),
+        common=(relative_to / str(catalog["stack_common"])).resolve(),
+    )
 
 
 def _check(catalog: Catalog) -> None:

@@ -1,4 +1,5 @@
-"""The ``composespawner`` command: the demo, its simulator, the hub's services, upgrade-db."""
+"""The ``composespawner`` command: the demo, its simulator, the hub's services, upgrade-db,
+build-stacks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser(
         "upgrade-db", help="upgrade the ledger's schema (-f the hub's config)", add_help=False
+    )
+    commands.add_parser(
+        "build-stacks",
+        help="build the stacks' environments ahead of first use (-f the hub's config)",
+        add_help=False,
     )
     commands.add_parser(
         "portal", help="the GPU portal, a hub-managed service (-f the hub's config)", add_help=False
@@ -50,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         from .application import UpgradeDB
 
         UpgradeDB.launch_instance(rest)
+        return 0
+    if args.command == "build-stacks":
+        from .application import BuildStacks
+
+        BuildStacks.launch_instance(rest)
         return 0
     from . import supervise
 

@@ -169,8 +169,9 @@ def _scratch(value: Any, catalog: Catalog) -> int:
 
 
 def _stack(value: Any, catalog: Catalog) -> str | None:
-    if value is None or (value == "" and not catalog.stacks):
-        return None
+    """The stack asked for; none asked for is the catalog's first (every server has one)."""
+    if value is None or value == "":
+        return catalog.stacks[0].id if catalog.stacks else None
     if not isinstance(value, str) or value not in {s.id for s in catalog.stacks}:
         choices = ", ".join(s.id for s in catalog.stacks) or "none are offered yet"
         raise RequestError(f"Unknown software stack '{_shown(value)}' ({choices}).", "stack")

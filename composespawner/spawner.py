@@ -23,11 +23,12 @@ from sqlalchemy import event
 from tornado.log import app_log
 from traitlets import Float, Unicode, default
 
-from .catalog import Catalog
+from .catalog import Catalog, Stack
 from .composer import Composer
 from .fabric.base import FabricError
 from .failures import ComposeFailed, ComposeRefused
 from .form import render_form, render_unavailable
+from .launchers.base import Launcher
 from .launchers.local import LocalLauncher
 from .ledger import SchemaNotCurrent
 from .machine import ComposedMachine, machine_env
@@ -79,7 +80,7 @@ def _keep_oversized_options_out(
     return previous if isinstance(previous, dict) else None
 
 
-class ComposeMixin(ComposeSettings, Spawner):
+class ComposeMixin(ComposeSettings, Launcher, Spawner):
     """Compose a machine over the fabric around whatever launches the notebook.
 
     Its knobs (ledger, fabric, catalog, quota) are :class:`ComposeSettings`'s.
@@ -131,6 +132,8 @@ class ComposeMixin(ComposeSettings, Spawner):
         # refusal removes it, so it counts toward no named-server limit.
         orm_spawner = self.orm_spawner
         self._record_is_new = orm_spawner is not None and orm_spawner.last_activity is None
+        # start_timeout as configured, before a start that builds its stack adds to it.
+        self._configured_start_timeout: float = self.start_timeout
 
     # -- the shared composer -------------------------------------------------
 
@@ -226,6 +229,9 @@ class ComposeMixin(ComposeSettings, Spawner):
         try:
             try:
                 request = await self._parse_request()
+                self.stack = self.catalog.stack(request.stack) if request.stack else None
+                if self.stack is not None:
+                    self.check_stack(self.stack)  # before anything is claimed
                 self.machine = await self._compose(request)
             except ComposeRefusal:
                 self._forget_refused()
@@ -301,6 +307,24 @@ class ComposeMixin(ComposeSettings, Spawner):
             raise ComposeRefusal(str(e), reason="no-capacity", status_code=e.status) from e
         except ComposeFailed as e:
             raise ComposeRefusal(str(e), reason="fabric", status_code=503) from e
+
+    def allow_time_for(self, options: dict[str, Any]) -> None:
+        """Give a start that builds its stack's environment first the time to do it.
+
+        Called before start() (JupyterHub reads ``start_timeout`` as it calls it),
+        with the options not yet checked: start() checks them.
+        """
+        options = options or self.accepted_options
+        wanted = options.get("stack") if isinstance(options, dict) else None
+        stacks = self.catalog.stacks
+        stack = self.catalog.stack(wanted) if isinstance(wanted, str) and wanted else None
+        if stack is None and not wanted and stacks:
+            stack = stacks[0]
+        self.start_timeout = self._configured_start_timeout + self.extra_start_time(stack)
+
+    def launch_progress(self, message: str, percent: int) -> None:
+        del percent  # the message has it; the bar counts steps
+        self._progress(message)
 
     async def _launch(self) -> Any:
         """Start the notebook on the composed machine (the ledger says ``launching``)."""
@@ -395,6 +419,8 @@ class ComposeMixin(ComposeSettings, Spawner):
             env.update(machine_env(self.machine))
         if self.portal_url:
             env["COMPOSE_PORTAL_URL"] = self.portal_url
+        if self.stack is not None:
+            env.update(stack_env(self.stack))
         return env
 
     # -- progress ------------------------------------------------------------
@@ -426,8 +452,17 @@ class ComposeSpawner(ComposeMixin, LocalLauncher):
 
 
 def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> None:
-    """ComposeMixin validates and applies ``user_options`` in start(), against fresh data."""
-    del spawner, user_options
+    """ComposeMixin validates and applies ``user_options`` in start(), against fresh data.
+
+    Here it only allows the start the time its stack needs.
+    """
+    if isinstance(spawner, ComposeMixin):
+        spawner.allow_time_for(user_options)
+
+
+def stack_env(stack: Stack) -> dict[str, str]:
+    """What a notebook on ``stack`` is given: the stack's own settings, and which it is."""
+    return {**dict(stack.env), "COMPOSE_STACK": stack.id}
 
 
 def _percent(step: int) -> int:

@@ -8,6 +8,10 @@ is released. A launcher tells the mixin at once when it sees its notebook exit,
 through :meth:`notebook_exited`. The Kubernetes launcher is KubeSpawner in the
 same place.
 
+With a stack chosen, the notebook runs in that stack's environment, built from
+its CPU lock on first use (:mod:`.environments`): a command named
+``jupyterhub-singleuser`` is the stack's own.
+
 With ``shared_account`` (the embedded demo) users need no system accounts: each
 gets a home under ``home_dir_template``, and notebooks run as
 ``notebook_account`` when the hub runs as root, else as the hub's own account.
@@ -22,10 +26,10 @@ import os
 import pwd
 from pathlib import Path
 from subprocess import Popen
-from typing import Any
+from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Bool, Unicode, default
+from traitlets import Bool, Float, Unicode, default
 
 from ..accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
@@ -34,10 +38,21 @@ from ..accounts import (
     switch_account_command,
     useradd_command,
 )
+from ..catalog import Stack
 from ..refusal import ComposeRefusal
+from .base import Launcher
+from .environments import (
+    BUILD_TIMEOUT,
+    StackBuildError,
+    StackEnvironment,
+    StackEnvironments,
+    default_root,
+)
+
+NOTEBOOK_SERVER = "jupyterhub-singleuser"
 
 
-class LocalLauncher(LocalProcessSpawner):
+class LocalLauncher(Launcher, LocalProcessSpawner):
     """Run the notebook as a local process; say at once when it exits."""
 
     shared_account = Bool(
@@ -62,14 +77,88 @@ class LocalLauncher(LocalProcessSpawner):
         account notebooks run as (mode 0700). Every folder above it must be open to it.""",
     )
 
-    async def notebook_exited(self, status: int | None) -> None:
-        """Called when this launcher sees its notebook exit; the mixin releases the machine."""
+    stack_environments_dir = Unicode(
+        config=True,
+        help="""Where stack environments are built and kept, one folder per stack lock
+        (a few GB each). The account notebooks run as must be able to read it.""",
+    )
+    stack_build_timeout = Float(
+        BUILD_TIMEOUT,
+        config=True,
+        help="""Seconds building a stack's environment may take, on top of start_timeout
+        for the start that builds it (the first on that stack's lock).""",
+    )
+
+    @default("stack_environments_dir")
+    def _default_stack_environments_dir(self) -> str:
+        return str(default_root())
+
+    # One builder per folder in a hub: two first starts on a stack share one build.
+    _builders: ClassVar[dict[tuple[str, Path, float], StackEnvironments]] = {}
+
+    _environment: StackEnvironment | None = None
+
+    # -- the stack's environment -----------------------------------------------
+
+    def _builder(self, stack: Stack) -> StackEnvironments:
+        assert stack.common is not None
+        key = (self.stack_environments_dir, stack.common, self.stack_build_timeout)
+        builder = self._builders.get(key)
+        if builder is None:
+            builder = StackEnvironments(
+                Path(self.stack_environments_dir),
+                stack.common,
+                build_timeout=self.stack_build_timeout,
+                log=self.log,
+            )
+            self._builders[key] = builder
+        return builder
+
+    def check_stack(self, stack: Stack) -> None:
+        try:
+            self._builder(stack).environment(stack)
+        except StackBuildError as e:
+            raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
+
+    def extra_start_time(self, stack: Stack | None) -> float:
+        if stack is None:
+            return 0.0
+        try:
+            ready = self._builder(stack).ready(stack)
+        except StackBuildError:
+            return 0.0  # start() refuses it at once
+        return 0.0 if ready is not None else self.stack_build_timeout
+
+    async def _prepare_stack(self) -> StackEnvironment | None:
+        if self.stack is None:
+            return None
+        try:
+            return await self._builder(self.stack).ensure(self.stack, self.launch_progress)
+        except StackBuildError as e:
+            raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
+
+    def _in_stack(self, command: list[str]) -> list[str]:
+        """The notebook server a stack brings replaces the configured one."""
+        if self._environment is None or Path(command[0]).name != NOTEBOOK_SERVER:
+            return command
+        return [str(self._environment.bin / NOTEBOOK_SERVER), *command[1:]]
+
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()
+        if self._environment is not None:
+            env["VIRTUAL_ENV"] = str(self._environment.path)
+            env["PATH"] = f"{self._environment.bin}{os.pathsep}{env.get('PATH', os.defpath)}"
+            env["COMPOSE_STACK_MANIFEST"] = str(self._environment.manifest)
+            if self.stack is not None and self.stack.cpu is not None:
+                env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.cpu.lock_sha256
+        return env
 
     # -- starting --------------------------------------------------------------
 
     async def start(self) -> Any:
+        self._environment = await self._prepare_stack()
         command: list[str] = list(self.cmd)  # type: ignore[has-type]  # an untyped trait
-        self.cmd = [*switch_account_command(self._runs_as()), *command]
+        self.cmd = [*switch_account_command(self._runs_as()), *self._in_stack(command)]
         try:
             # LocalProcessSpawner.start reads self.cmd and calls Popen before its
             # first await: nothing else ever sees the longer command.

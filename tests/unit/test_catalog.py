@@ -17,7 +17,51 @@ def test_demo_catalog_offers_every_inventory_model() -> None:
             assert f'model = "{fabric_model}"' in inventory, fabric_model
     assert {n.speed_gbps for n in catalog.networks} >= {25, 100}
     assert catalog.owner_of_chassis("expansion-1") == "vision-lab"
-    assert catalog.stacks == ()
+    assert [s.id for s in catalog.stacks] == ["pytorch", "tensorflow"]  # tests/images checks them
+
+
+BARE = """
+max_gpus_per_machine = 2
+[[gpu_models]]
+id = "t4"
+label = "T4"
+fabric_models = ["NVIDIA T4"]
+[[networks]]
+id = "shared"
+label = "Host network"
+speed_gbps = 0
+"""
+STACK = """
+[[stacks]]
+id = "pytorch"
+label = "PyTorch"
+cpu = { lock = "locks/cpu.lock", lock_sha256 = "%s" }
+"""
+
+
+def test_stack_locks_are_named_relative_to_the_catalog(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text('stack_common = "common"\n' + BARE + STACK % ("ab" * 32))
+    (stack,) = Catalog.from_file(path).stacks
+    assert stack.cpu is not None
+    assert stack.gpu is None
+    assert (stack.cpu.lock, stack.common) == (tmp_path / "locks/cpu.lock", tmp_path / "common")
+    assert stack.cpu.digest == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (BARE + STACK % ("ab" * 32), "stacks need stack_common"),
+        ('stack_common = "c"\n' + BARE + STACK % "not-a-hash", "cpu.lock_sha256 is not a SHA-256"),
+        ('stack_common = "c"\n' + BARE + STACK % ("AB" * 32), "is not a SHA-256"),
+    ],
+)
+def test_malformed_stacks_are_refused(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match=words):
+        Catalog.from_file(path)
 
 
 def test_duplicate_ids_are_refused(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """MachineRequest parsing: every bad input gets a message a person can act on."""
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,28 @@ def test_form_post_becomes_typed_request() -> None:
         "network": ["100g"],
         "scratch_gb": ["1920"],
     }
-    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920)
+    # No stack chosen: the catalog's first, so every server runs on one.
+    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920, "pytorch")
+    form["stack"] = ["tensorflow"]
+    assert parse_form(form, CATALOG, PUBLIC).stack == "tensorflow"
 
 
 def test_api_options_round_trip() -> None:
-    request = MachineRequest("t4", 1, "shared", 0)
+    request = MachineRequest("t4", 1, "shared", 0, "tensorflow")
     assert parse_options(request.to_options(), CATALOG, PUBLIC) == request
 
 
 def test_defaults_for_optional_fields() -> None:
     request = parse_options({"gpu_model": "t4", "gpu_count": 1}, CATALOG, PUBLIC)
-    assert (request.network, request.scratch_gb, request.stack) == ("shared", 0, None)
+    assert (request.network, request.scratch_gb, request.stack) == ("shared", 0, "pytorch")
+
+
+def test_without_stacks_in_the_catalog_a_request_has_none() -> None:
+    bare = replace(CATALOG, stacks=())
+    assert parse_options({"gpu_model": "t4", "gpu_count": 1}, bare, PUBLIC).stack is None
+    with pytest.raises(RequestError, match="none are offered") as caught:
+        parse_options({"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"}, bare, PUBLIC)
+    assert caught.value.field == "stack"
 
 
 @pytest.mark.parametrize(
@@ -58,7 +70,9 @@ def test_defaults_for_optional_fields() -> None:
         ({"gpu_model": "t4", "gpu_count": 1, "network": "400g"}, "network", "400g"),
         ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": 5}, "scratch_gb", "0, 1920, 3840"),
         ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": -1920}, "scratch_gb", "one of"),
-        ({"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"}, "stack", "none are offered"),
+        ({"gpu_model": "t4", "gpu_count": 1, "stack": "conda"}, "stack", "pytorch, tensorflow"),
+        ({"gpu_model": "t4", "gpu_count": 1, "stack": ["pytorch"]}, "stack", "Unknown software"),
+        ({"gpu_model": "t4", "gpu_count": 1, "stack": "<b>x</b>"}, "stack", "'\\?b\\?x"),
         ({"gpu_model": "t4", "gpu_count": 1, "colour": "red"}, "colour", "Unknown option"),
     ],
 )

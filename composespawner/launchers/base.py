@@ -1,0 +1,46 @@
+"""What the composing spawner and a launcher say to each other.
+
+A launcher runs the notebook: JupyterHub's own ``start``/``stop``/``poll`` of
+some spawner class (the local process one, KubeSpawner). :class:`ComposeMixin
+<composespawner.spawner.ComposeMixin>` composes the machine around it. Both
+derive from :class:`Launcher`, so each side's hooks have a default and the
+other side's implementation wins: the mixin implements the first two (it is
+first in a concrete spawner's bases), a launcher the rest.
+"""
+
+from __future__ import annotations
+
+from ..catalog import Stack
+
+
+class Launcher:
+    """The hooks between composing a machine and running a notebook on it.
+
+    A base of both sides, before their JupyterHub spawner class: ``class
+    ComposeMixin(ComposeSettings, Launcher, Spawner)``, ``class
+    LocalLauncher(Launcher, LocalProcessSpawner)``.
+    """
+
+    # Set by the mixin before start: the stack the notebook runs on (None: as configured).
+    stack: Stack | None = None
+
+    # -- the launcher calls these; the mixin implements them -------------------
+
+    async def notebook_exited(self, status: int | None) -> None:
+        """The launcher saw its notebook exit (the mixin gives the machine back)."""
+
+    def launch_progress(self, message: str, percent: int) -> None:
+        """What the launch is doing, for the user (the mixin shows it)."""
+
+    # -- the mixin calls these; a launcher implements them ---------------------
+
+    def check_stack(self, stack: Stack) -> None:
+        """Refuse, before anything is claimed, a stack this launcher cannot run.
+
+        Raises :class:`~composespawner.refusal.ComposeRefusal` with what to do.
+        """
+
+    def extra_start_time(self, stack: Stack | None) -> float:
+        """Seconds a start on ``stack`` may take beyond ``start_timeout`` (a build)."""
+        del stack
+        return 0.0

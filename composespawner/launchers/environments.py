@@ -1,0 +1,292 @@
+"""Stack environments for the local launcher: a stack's CPU lock, built once, shared.
+
+In the embedded default a notebook runs in a Python environment made from its
+stack's CPU lock: every package from the lock, each checked against its hash,
+nothing resolved. The first start on a stack builds it (a minute or two, with
+progress on the spawn page); every later start, by anyone, finds it ready.
+Environments are keyed by the lock's hash, the stack's common files and the
+Python that runs them, so a changed lock is a new environment, never an
+upgrade in place.
+
+pip installs, so the machine's own package-index settings (pip.conf, ``PIP_*``)
+apply: a campus mirror works as it does for everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import client
+from ..catalog import Stack
+
+BUILD_TIMEOUT = 1800.0  # seconds; a cold build here takes a minute or two
+MANIFEST = "stack-manifest.json"  # written last: an environment without it is unfinished
+Progress = Callable[[str, int], None]  # message, percent
+_PIP_FILE_LINES = ("Collecting ", "Processing ", "Obtaining ")
+# composespawner's notebook side, standard library only: in every stack, so that
+# ``from composespawner import client`` works in any kernel (the hub's package is not there).
+CLIENT = Path(client.__file__)
+
+
+def default_root() -> Path:
+    """Where environments go unless configured: readable by notebook accounts when root."""
+    if os.geteuid() == 0:
+        return Path("/var/cache/composespawner/stacks")
+    return Path.home() / ".cache" / "composespawner" / "stacks"
+
+
+class StackBuildError(Exception):
+    """A stack's environment could not be built; the message says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackEnvironment:
+    stack: Stack
+    path: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.path / "bin"
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+
+def lock_hash(lock: Path) -> str:
+    return hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+def environment_key(lock_sha256: str, common: Path, python_version: str) -> str:
+    """What an environment is built from, as a short hash: the same key, the same files."""
+    digest = hashlib.sha256(lock_sha256.encode())
+    for path in [*sorted(p for p in common.iterdir() if p.suffix == ".py"), CLIENT]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(python_version.encode())
+    return digest.hexdigest()[:16]
+
+
+def requirement_count(lock_text: str) -> int:
+    """How many packages a hashed lock names (one unindented line each)."""
+    return sum(
+        1
+        for line in lock_text.splitlines()
+        if line and not line[0].isspace() and not line.startswith(("#", "-"))
+    )
+
+
+def pip_percent(files_seen: int, total: int) -> int:
+    """Build progress while pip fetches: venv 0-5%, files 5-80%, install 80-95%."""
+    return 5 + min(75, 75 * files_seen // max(total, 1))
+
+
+class StackEnvironments:
+    """Builds stack environments under ``root`` and says where they are."""
+
+    def __init__(
+        self,
+        root: Path,
+        common: Path,
+        *,
+        build_timeout: float = BUILD_TIMEOUT,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.root = root
+        self.common = common
+        # Environments run on the hub's own Python version, for which the locks are made.
+        self.python = sys.executable
+        self.build_timeout = build_timeout
+        self.log = log or logging.getLogger(__name__)
+        self._python_version = ".".join(map(str, sys.version_info[:3]))
+        # One build per environment in this process; a second start waits on it.
+        self._builds: dict[Path, asyncio.Future[StackEnvironment]] = {}
+        self._listeners: dict[Path, list[Progress]] = {}
+
+    def environment(self, stack: Stack) -> StackEnvironment:
+        """Where ``stack``'s environment is (built or not); refuses a lock that changed."""
+        build = stack.cpu
+        if build is None:
+            raise StackBuildError(
+                f"The {stack.label} stack has no CPU lock, so it cannot run here."
+                " An administrator adds one to the catalog (`make locks` writes it)."
+            )
+        try:
+            actual = lock_hash(build.lock)
+        except OSError as e:
+            raise StackBuildError(
+                f"The {stack.label} stack's lock cannot be read ({e.strerror}: {build.lock})."
+            ) from e
+        if actual != build.lock_sha256:
+            raise StackBuildError(
+                f"The {stack.label} stack's lock {build.lock} has changed since the catalog"
+                f" pinned it (sha256 {actual[:12]}…, catalog {build.lock_sha256[:12]}…)."
+                " An administrator puts the new hash in the catalog or restores the lock."
+            )
+        key = environment_key(build.lock_sha256, self.common, self._python_version)
+        return StackEnvironment(stack, self.root / f"{stack.id}-{key}")
+
+    def ready(self, stack: Stack) -> StackEnvironment | None:
+        environment = self.environment(stack)
+        return environment if environment.manifest.is_file() else None
+
+    async def ensure(self, stack: Stack, progress: Progress) -> StackEnvironment:
+        """The stack's environment, built first if it is not there yet."""
+        environment = self.environment(stack)
+        if environment.manifest.is_file():
+            return environment
+        listeners = self._listeners.setdefault(environment.path, [])
+        listeners.append(progress)
+        try:
+            build = self._builds.get(environment.path)
+            if build is None:
+                build = asyncio.ensure_future(self._build(stack, environment))
+                self._builds[environment.path] = build
+                build.add_done_callback(lambda _: self._builds.pop(environment.path, None))
+            return await asyncio.shield(build)
+        finally:
+            listeners.remove(progress)
+
+    def _tell(self, environment: StackEnvironment, percent: int, message: str) -> None:
+        for listener in list(self._listeners.get(environment.path, ())):
+            listener(message, percent)
+
+    async def _build(self, stack: Stack, environment: StackEnvironment) -> StackEnvironment:
+        assert stack.cpu is not None
+        self.root.mkdir(parents=True, exist_ok=True)
+        held = os.open(self.root / f".{environment.path.name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            # Another hub process may be building it: wait for it, then use its work.
+            await asyncio.to_thread(fcntl.flock, held, fcntl.LOCK_EX)
+            if environment.manifest.is_file():
+                return environment
+            started = asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(
+                    self._make(stack, environment, stack.cpu.lock), self.build_timeout
+                )
+            except BaseException as e:
+                # Half an environment is no environment: the next start begins anew.
+                await asyncio.to_thread(shutil.rmtree, environment.path, True)
+                if isinstance(e, TimeoutError):
+                    raise StackBuildError(
+                        f"Building the {stack.label} stack took longer than"
+                        f" {self.build_timeout:.0f} s. Try again; if it keeps failing,"
+                        " an administrator checks the package index."
+                    ) from e
+                raise
+        finally:
+            os.close(held)  # and with it the lock
+        seconds = asyncio.get_running_loop().time() - started
+        self.log.info("Built the %s stack in %s (%.0f s)", stack.id, environment.path, seconds)
+        return environment
+
+    async def _make(self, stack: Stack, environment: StackEnvironment, lock: Path) -> None:
+        path = environment.path
+        await asyncio.to_thread(shutil.rmtree, path, True)  # an earlier build's remains
+        say = f"building the {stack.label} stack (first use; cached after)"
+        self._tell(environment, 1, f"{say}: 1%")
+        await self._run([self.python, "-m", "venv", str(path)], environment, "create")
+        python = str(path / "bin" / "python")
+        total = requirement_count(await asyncio.to_thread(lock.read_text, encoding="utf-8"))
+        seen = 0
+        last = 0
+
+        def on_line(line: str) -> None:
+            nonlocal seen, last
+            if line.startswith(_PIP_FILE_LINES):
+                seen += 1
+                percent = pip_percent(seen, total)
+            elif line.startswith("Installing collected packages"):
+                percent = 80
+            else:
+                return
+            if percent >= last + 5:
+                last = percent
+                self._tell(environment, percent, f"{say}: {percent}%")
+
+        pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        await self._run(
+            [
+                *pip,
+                *("--progress-bar", "off", "--no-deps", "--require-hashes"),
+                *("--only-binary", ":all:", "-r", str(lock)),
+            ],
+            environment,
+            "install",
+            on_line,
+        )
+        self._tell(environment, 95, f"{say}: 95%")
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        await asyncio.to_thread(self._add_notebook_side, path / "lib" / version / "site-packages")
+        # The manifest goes in last, under its own name only once whole.
+        partial = path / f".{MANIFEST}.partial"
+        await self._run(
+            [
+                *(python, str(self.common / "stack_manifest.py")),
+                *("--stack", stack.id, "--variant", "cpu", "--lock", str(lock)),
+                *("--out", str(partial)),
+            ],
+            environment,
+            "describe",
+        )
+        os.replace(partial, environment.manifest)
+        self._tell(environment, 100, f"{say}: 100%")
+
+    def _add_notebook_side(self, site_packages: Path) -> None:
+        """The repro helper and composespawner's client, as the images get them."""
+        shutil.copy(self.common / "repro.py", site_packages)
+        package = site_packages / "composespawner"
+        package.mkdir()
+        (package / "__init__.py").touch()
+        shutil.copy(CLIENT, package)
+
+    async def _run(
+        self,
+        command: list[str],
+        environment: StackEnvironment,
+        step: str,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        tail: list[str] = []
+        try:
+            assert process.stdout is not None
+            async for raw in process.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                tail = [*tail[-19:], line]
+                if on_line is not None:
+                    on_line(line)
+            status = await process.wait()
+        except BaseException:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            raise
+        if status != 0:
+            self.log.error(
+                "Building %s failed at %s (exit %s): %s\n%s",
+                environment.path,
+                step,
+                status,
+                " ".join(command),
+                "\n".join(tail),
+            )
+            raise StackBuildError(
+                f"The {environment.stack.label} stack could not be built ({step} step failed)."
+                " Try again; if it keeps failing, an administrator finds the cause in the"
+                " hub's log."
+            )
