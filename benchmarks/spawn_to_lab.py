@@ -1,7 +1,8 @@
 """From form submit to JupyterLab loaded, composespawner versus the stock spawner.
 
-Both run in one go on the demo config: the same hub, proxy and JupyterLab; the
-baseline swaps in JupyterHub's SimpleLocalProcessSpawner (no form, no fabric).
+Both run in one go on the demo config: the same hub, proxy and JupyterLab (the
+default stack's environment, which ``make stacks`` builds); the baseline swaps
+in JupyterHub's SimpleLocalProcessSpawner (no form, no fabric, no stack).
 For composespawner the compose step (ledger 'requested' to 'composed') is
 reported too. Writes benchmarks/results/spawn_to_lab.json.
 """
@@ -18,8 +19,10 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
+from composespawner.catalog import Catalog
+from composespawner.launchers.environments import StackEnvironments, default_root
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from tests.hubharness import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub, wait_for
 from tests.support.browser import CHROMIUM, FLAGS, log_in
 
 RUNS = 15
@@ -30,9 +33,20 @@ BASELINE_CONFIG = """
 import os
 c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
 c.SimpleLocalProcessSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
+c.SimpleLocalProcessSpawner.cmd = [{server!r}]
 if os.getuid() == 0:
     c.SimpleLocalProcessSpawner.args = ["--allow-root"]
 """
+
+
+def default_stack_server() -> str:
+    """The default stack's jupyterhub-singleuser: the JupyterLab composespawner starts."""
+    stack = Catalog.from_file(HUB_CONFIG / "catalog.toml").stacks[0]
+    assert stack.common is not None
+    environment = StackEnvironments(default_root(), stack.common).ready(stack)
+    if environment is None:
+        raise SystemExit(f"The {stack.label} stack is not built: run `make stacks` first")
+    return str(environment.bin / "jupyterhub-singleuser")
 
 
 def submit_and_wait(page: Page, hub: Hub, with_form: bool) -> float:
@@ -100,12 +114,13 @@ def measure() -> tuple[Side, Side]:
     Each browser context's first load fetches JupyterLab's assets into an empty
     cache (1-3 s either way); that run is kept apart as ``first_s``, not timed.
     """
+    stock_config = BASELINE_CONFIG.format(server=default_stack_server())
     with ExitStack() as stack:
         ours_hub = stack.enter_context(
             running_hub(Path(stack.enter_context(tempfile.TemporaryDirectory())))
         )
         stock_hub = stack.enter_context(
-            running_hub(Path(stack.enter_context(tempfile.TemporaryDirectory())), BASELINE_CONFIG)
+            running_hub(Path(stack.enter_context(tempfile.TemporaryDirectory())), stock_config)
         )
         playwright = stack.enter_context(sync_playwright())
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)

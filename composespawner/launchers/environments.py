@@ -110,6 +110,8 @@ class StackEnvironments:
         # One build per environment in this process; a second start waits on it.
         self._builds: dict[Path, asyncio.Future[StackEnvironment]] = {}
         self._listeners: dict[Path, list[Progress]] = {}
+        # Per stack: what its lock was checked as (stack, mtime, size) and its environment.
+        self._checked: dict[str, tuple[Stack, int, int, StackEnvironment]] = {}
 
     def environment(self, stack: Stack) -> StackEnvironment:
         """Where ``stack``'s environment is (built or not); refuses a lock that changed."""
@@ -120,6 +122,12 @@ class StackEnvironments:
                 " An administrator adds one to the catalog (`make locks` writes it)."
             )
         try:
+            seen = build.lock.stat()
+            # Hashed again only when the file changed: every start asks, a storm too.
+            checked = (stack, seen.st_mtime_ns, seen.st_size)
+            known = self._checked.get(stack.id)
+            if known is not None and known[:3] == checked:
+                return known[3]
             actual = lock_hash(build.lock)
         except OSError as e:
             raise StackBuildError(
@@ -132,7 +140,9 @@ class StackEnvironments:
                 " An administrator puts the new hash in the catalog or restores the lock."
             )
         key = environment_key(build.lock_sha256, self.common, self._python_version)
-        return StackEnvironment(stack, self.root / f"{stack.id}-{key}")
+        environment = StackEnvironment(stack, self.root / f"{stack.id}-{key}")
+        self._checked[stack.id] = (*checked, environment)
+        return environment
 
     def ready(self, stack: Stack) -> StackEnvironment | None:
         environment = self.environment(stack)

@@ -55,8 +55,9 @@ def test_the_key_changes_with_the_lock_the_common_files_and_python(tmp_path: Pat
 def test_a_lock_that_changed_since_the_catalog_pinned_it_is_refused(tmp_path: Path) -> None:
     stack = make_stack(tmp_path)
     assert stack.cpu is not None
-    stack.cpu.lock.write_text(stack.cpu.lock.read_text() + "# edited\n")
     environments = StackEnvironments(tmp_path / "envs", COMMON)
+    assert environments.environment(stack) == environments.environment(stack)
+    stack.cpu.lock.write_text(stack.cpu.lock.read_text() + "# edited\n")
     with pytest.raises(StackBuildError, match=r"Tiny 1\.0 stack's lock .* has changed"):
         environments.environment(stack)
     assert not (tmp_path / "envs").exists()
