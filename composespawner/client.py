@@ -7,6 +7,8 @@
     client.grow(1)            # one more GPU, in place: within quota, all or nothing
     client.shrink()           # give the last GPU back (or name one: shrink("gpu-id"))
     client.apply()            # this kernel's environment to the machine as it is now
+    client.manifest()         # what this server runs on: stack, lock hash, machine, settings
+    client.runs()             # your latest runs' manifests, newest first
 
 It calls the GPU portal with the token the notebook already has
 (``$JUPYTERHUB_API_TOKEN``) at the address the spawner gave it
@@ -18,7 +20,7 @@ with ``source ~/.composespawner/default.env``, and a kernel, which counts its
 GPUs only as it starts, after a restart and :func:`apply` before importing its
 framework. Standard library only, so it imports in any kernel.
 
-Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shrink [ID]]``.
+Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shrink [ID]|manifest]``.
 """
 
 from __future__ import annotations
@@ -105,6 +107,26 @@ def use() -> dict[str, Any]:
     """GPUs and servers you hold now, and your GPU-hours in the last 7 days."""
     held: dict[str, Any] = _call("GET", "api/me")["use"]
     return held
+
+
+def manifest() -> dict[str, Any]:
+    """This server's run manifest: its stack (lock hash, image digest), its machine as
+    composed (host, each GPU's model and id), the settings it was given, when it started."""
+    path = os.environ.get("COMPOSE_RUN_MANIFEST")
+    if not path:
+        raise PortalError("This server has no run manifest ($COMPOSE_RUN_MANIFEST is not set).")
+    try:
+        with open(path, encoding="utf-8") as file:
+            found: dict[str, Any] = json.load(file)
+    except (OSError, ValueError) as e:
+        raise PortalError(f"The run manifest {path} cannot be read: {e}") from e
+    return found
+
+
+def runs() -> list[dict[str, Any]]:
+    """Your latest runs (at most 10), newest first, each with its whole manifest."""
+    found: list[dict[str, Any]] = _call("GET", "api/me")["runs"]
+    return found
 
 
 def quota_left() -> dict[str, float | None]:
@@ -246,8 +268,13 @@ def main(argv: list[str] | None = None) -> int:
             print(grow(int(rest[0]) if rest else 1))
         elif command == "shrink":
             print(shrink(rest[0] if rest else None))
+        elif command == "manifest":
+            print(json.dumps(manifest(), indent=2))
         else:
-            print("usage: python -m composespawner.client [machine|quota|use|grow N|shrink [ID]]")
+            print(
+                "usage: python -m composespawner.client"
+                " [machine|quota|use|grow N|shrink [ID]|manifest]"
+            )
             return 2
     except PortalError as e:
         print(e, file=sys.stderr)

@@ -25,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, tzinfo
+from typing import Any
 
 from .admission import Admission, ClaimTerms, admission
 from .catalog import Catalog
@@ -151,6 +152,10 @@ class Composer:
             await self.runner.run(self.ledger.transition, machine_id, to, message)
         except LedgerError as e:
             raise refusal(e) from e
+
+    async def record_manifest(self, machine_id: str, manifest: dict[str, Any]) -> None:
+        """Keep what the machine's server runs on (composespawner.manifest)."""
+        await self.runner.run(self.ledger.record_manifest, machine_id, manifest)
 
     # -- composing -------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from jupyterhub import orm
@@ -32,6 +33,7 @@ from .launchers.base import Launcher
 from .launchers.local import LocalLauncher
 from .ledger import SchemaNotCurrent
 from .machine import ComposedMachine, machine_env
+from .manifest import run_manifest
 from .refusal import ComposeRefusal
 from .request import (
     MAX_OPTIONS_BYTES,
@@ -132,6 +134,8 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         # refusal removes it, so it counts toward no named-server limit.
         orm_spawner = self.orm_spawner
         self._record_is_new = orm_spawner is not None and orm_spawner.last_activity is None
+        # What the running server runs on (composespawner.manifest), while it runs.
+        self.run_manifest: dict[str, Any] | None = None
         # start_timeout as configured, before a start that builds its stack adds to it.
         self._configured_start_timeout: float = self.start_timeout
 
@@ -329,6 +333,8 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     async def _launch(self) -> Any:
         """Start the notebook on the composed machine (the ledger says ``launching``)."""
         assert self.machine is not None
+        await self.prepare_launch()
+        await self._write_run_manifest(self.machine)
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
         try:
@@ -336,6 +342,24 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         except ComposeRefused as e:
             raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
         return url
+
+    async def _write_run_manifest(self, machine: ComposedMachine) -> None:
+        """What this server runs on: for the notebook, this server's state and the ledger."""
+        env = self.get_env()
+        stack_keys = set(dict(self.stack.env)) if self.stack is not None else set()
+        manifest = run_manifest(
+            user=self.user.name,
+            server=self.name,
+            options=self.accepted_options,
+            stack=self.stack,
+            variant=self.stack_variant,
+            machine=machine,
+            environment={k: v for k, v in env.items() if _injected(k, stack_keys)},
+            started_at=datetime.now(UTC),
+        )
+        await asyncio.to_thread(self.deliver_run_manifest, manifest)
+        await self.composer.record_manifest(machine.machine_id, manifest)
+        self.run_manifest = manifest
 
     # -- stop and poll: every way a server ends releases its machine -----------
 
@@ -396,6 +420,8 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         if self.accepted_options:
             # Kept across stops (clear_state leaves it): the next start's defaults.
             state["compose_options"] = self.accepted_options
+        if self.run_manifest is not None:
+            state["run_manifest"] = self.run_manifest
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -406,10 +432,13 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             self.machine = ComposedMachine.from_state(compose)
         if isinstance(state.get("compose_options"), dict):
             self.accepted_options = state["compose_options"]
+        if isinstance(state.get("run_manifest"), dict):
+            self.run_manifest = state["run_manifest"]
 
     def clear_state(self) -> None:
         super().clear_state()
         self.machine = None
+        self.run_manifest = None
 
     # -- what the notebook sees --------------------------------------------------
 
@@ -458,6 +487,15 @@ def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> No
     """
     if isinstance(spawner, ComposeMixin):
         spawner.allow_time_for(user_options)
+
+
+def _injected(name: str, stack_keys: set[str]) -> bool:
+    """Whether a variable is one composespawner gave the notebook (never a token)."""
+    return (
+        name.startswith("COMPOSE_")
+        or name in stack_keys
+        or name in ("CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV")
+    )
 
 
 def stack_env(stack: Stack) -> dict[str, str]:

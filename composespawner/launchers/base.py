@@ -10,6 +10,8 @@ first in a concrete spawner's bases), a launcher the rest.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..catalog import Stack
 
 
@@ -23,6 +25,8 @@ class Launcher:
 
     # Set by the mixin before start: the stack the notebook runs on (None: as configured).
     stack: Stack | None = None
+    # Which of a stack's builds this launcher runs: its GPU image, or its CPU lock.
+    stack_variant: str = "gpu"
 
     # -- the launcher calls these; the mixin implements them -------------------
 
@@ -44,3 +48,11 @@ class Launcher:
         """Seconds a start on ``stack`` may take beyond ``start_timeout`` (a build)."""
         del stack
         return 0.0
+
+    async def prepare_launch(self) -> None:
+        """Have :attr:`stack` ready to run, before ``get_env`` and ``start`` (a build)."""
+
+    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+        """Put the run manifest where the notebook reads it, read-only; where that is."""
+        del manifest
+        return None

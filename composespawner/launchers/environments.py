@@ -66,13 +66,13 @@ def lock_hash(lock: Path) -> str:
     return hashlib.sha256(lock.read_bytes()).hexdigest()
 
 
-def environment_key(lock_sha256: str, common: Path, python_version: str) -> str:
-    """What an environment is built from, as a short hash: the same key, the same files."""
-    digest = hashlib.sha256(lock_sha256.encode())
-    for path in [*sorted(p for p in common.iterdir() if p.suffix == ".py"), CLIENT]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(python_version.encode())
-    return digest.hexdigest()[:16]
+def environment_key(lock_sha256: str, python_version: str) -> str:
+    """What an environment's packages are made from, as a short hash.
+
+    Not the notebook side (repro.py, the client): it goes with the hub's version
+    and is brought up to date at a hub's first use of the environment.
+    """
+    return hashlib.sha256(f"{lock_sha256} {python_version}".encode()).hexdigest()[:16]
 
 
 def requirement_count(lock_text: str) -> int:
@@ -110,6 +110,8 @@ class StackEnvironments:
         # One build per environment in this process; a second start waits on it.
         self._builds: dict[Path, asyncio.Future[StackEnvironment]] = {}
         self._listeners: dict[Path, list[Progress]] = {}
+        # Environments whose notebook side this process has brought up to date.
+        self._current: set[Path] = set()
         # Per stack: what its lock was checked as (stack, mtime, size) and its environment.
         self._checked: dict[str, tuple[Stack, int, int, StackEnvironment]] = {}
 
@@ -139,7 +141,7 @@ class StackEnvironments:
                 f" pinned it (sha256 {actual[:12]}…, catalog {build.lock_sha256[:12]}…)."
                 " An administrator puts the new hash in the catalog or restores the lock."
             )
-        key = environment_key(build.lock_sha256, self.common, self._python_version)
+        key = environment_key(build.lock_sha256, self._python_version)
         environment = StackEnvironment(stack, self.root / f"{stack.id}-{key}")
         self._checked[stack.id] = (*checked, environment)
         return environment
@@ -152,6 +154,8 @@ class StackEnvironments:
         """The stack's environment, built first if it is not there yet."""
         environment = self.environment(stack)
         if environment.manifest.is_file():
+            if environment.path not in self._current:
+                await asyncio.to_thread(self._add_notebook_side, environment)
             return environment
         listeners = self._listeners.setdefault(environment.path, [])
         listeners.append(progress)
@@ -235,8 +239,7 @@ class StackEnvironments:
             on_line,
         )
         self._tell(environment, 95, f"{say}: 95%")
-        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        await asyncio.to_thread(self._add_notebook_side, path / "lib" / version / "site-packages")
+        await asyncio.to_thread(self._add_notebook_side, environment)
         # The manifest goes in last, under its own name only once whole.
         partial = path / f".{MANIFEST}.partial"
         await self._run(
@@ -251,13 +254,24 @@ class StackEnvironments:
         os.replace(partial, environment.manifest)
         self._tell(environment, 100, f"{say}: 100%")
 
-    def _add_notebook_side(self, site_packages: Path) -> None:
-        """The repro helper and composespawner's client, as the images get them."""
-        shutil.copy(self.common / "repro.py", site_packages)
-        package = site_packages / "composespawner"
-        package.mkdir()
-        (package / "__init__.py").touch()
-        shutil.copy(CLIENT, package)
+    def _add_notebook_side(self, environment: StackEnvironment) -> None:
+        """The repro helper and composespawner's client, as the images get them: this
+        hub's versions, each file replaced whole (notebooks may be importing them)."""
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        site_packages = environment.path / "lib" / version / "site-packages"
+        (site_packages / "composespawner").mkdir(exist_ok=True)
+        for source, target in (
+            (self.common / "repro.py", site_packages / "repro.py"),
+            (CLIENT, site_packages / "composespawner" / "client.py"),
+            (None, site_packages / "composespawner" / "__init__.py"),
+        ):
+            content = b"" if source is None else source.read_bytes()
+            if not target.is_file() or target.read_bytes() != content:
+                partial = target.with_name(f".{target.name}.partial")
+                partial.write_bytes(content)
+                partial.chmod(0o644)
+                os.replace(partial, target)
+        self._current.add(environment.path)
 
     async def _run(
         self,

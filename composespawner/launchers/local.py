@@ -22,6 +22,7 @@ LocalProcessSpawner.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 from pathlib import Path
@@ -96,7 +97,9 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     # One builder per folder in a hub: two first starts on a stack share one build.
     _builders: ClassVar[dict[tuple[str, Path, float], StackEnvironments]] = {}
 
+    stack_variant = "cpu"
     _environment: StackEnvironment | None = None
+    _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
 
     # -- the stack's environment -----------------------------------------------
 
@@ -129,13 +132,44 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             return 0.0  # start() refuses it at once
         return 0.0 if ready is not None else self.stack_build_timeout
 
-    async def _prepare_stack(self) -> StackEnvironment | None:
+    async def prepare_launch(self) -> None:
+        self._environment = self._run_manifest = None
         if self.stack is None:
-            return None
+            return
         try:
-            return await self._builder(self.stack).ensure(self.stack, self.launch_progress)
+            self._environment = await self._builder(self.stack).ensure(
+                self.stack, self.launch_progress
+            )
         except StackBuildError as e:
             raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
+
+    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+        """``~/.composespawner/<server>.run.json``, the hub's and read-only (0444).
+
+        Its folder is the notebook's (composespawner.client writes there too).
+        """
+        owner = self._runs_as() if self.shared_account else self._system_account()
+        home = Path(self._home()) if self.shared_account else Path(self._system_home())
+        if self.shared_account:
+            make_home(home, owner)
+        folder = home / ".composespawner"
+        folder.mkdir(exist_ok=True)
+        if owner is not None:
+            os.chown(folder, owner.pw_uid, owner.pw_gid)
+        path = folder / f"{self.name or 'default'}.run.json"
+        partial = folder / f".{path.name}.partial"
+        partial.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        partial.chmod(0o444)
+        os.replace(partial, path)
+        self._run_manifest = str(path)
+        return self._run_manifest
+
+    def _system_account(self) -> pwd.struct_passwd | None:
+        """The user's own system account, when the hub may hand files to it (as root)."""
+        return pwd.getpwnam(self.user.name) if os.geteuid() == 0 else None
+
+    def _system_home(self) -> str:
+        return pwd.getpwnam(self.user.name).pw_dir
 
     def _in_stack(self, command: list[str]) -> list[str]:
         """The notebook server a stack brings replaces the configured one."""
@@ -151,12 +185,13 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             env["COMPOSE_STACK_MANIFEST"] = str(self._environment.manifest)
             if self.stack is not None and self.stack.cpu is not None:
                 env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.cpu.lock_sha256
+        if self._run_manifest is not None:
+            env["COMPOSE_RUN_MANIFEST"] = self._run_manifest
         return env
 
     # -- starting --------------------------------------------------------------
 
     async def start(self) -> Any:
-        self._environment = await self._prepare_stack()
         command: list[str] = list(self.cmd)  # type: ignore[has-type]  # an untyped trait
         self.cmd = [*switch_account_command(self._runs_as()), *self._in_stack(command)]
         try:

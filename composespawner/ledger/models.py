@@ -155,6 +155,23 @@ class MachineEventRow(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
+class RunManifestRow(Base):
+    """What each server ran on (composespawner.manifest), written as its notebook starts.
+
+    Apart from machines so that listing machines never reads it.
+    """
+
+    __tablename__ = "run_manifests"
+
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255))
+    server_name: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (Index("ix_run_manifests_user", "user_name", "started_at"),)
+
+
 class UsageRecordRow(Base):
     __tablename__ = "usage_records"
 

@@ -80,6 +80,17 @@ class MachineEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RunManifest:
+    """What one server ran on (composespawner.manifest), kept after it ended."""
+
+    machine_id: str
+    user_name: str
+    server_name: str
+    started_at: datetime
+    manifest: dict[str, Any] = field(hash=False)
+
+
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """Who held which device from when to when."""
 

@@ -88,6 +88,7 @@ from composespawner.ledger.models import (
     MachineRow,
     QuotaAccountRow,
     ReconcileActionRow,
+    RunManifestRow,
     UsageRecordRow,
     refuse_event_rewrites,
 )
@@ -100,6 +101,7 @@ from composespawner.ledger.records import (
     KeepFree,
     Machine,
     MachineEvent,
+    RunManifest,
     ServerUse,
     UsageRecord,
     utcnow,
@@ -496,6 +498,39 @@ class Ledger:
         with self._engine.begin() as connection:
             return {block: cast(str, found) for block, found in connection.execute(query)}
 
+    # -- run manifests --------------------------------------------------------
+
+    def record_manifest(self, machine_id: str, manifest: dict[str, Any]) -> None:
+        """Keep what ``machine_id``'s server runs on; a machine starts one notebook, once."""
+        with self._write() as connection:
+            machine = _machine_row(connection, machine_id)
+            connection.execute(
+                insert(RUN_MANIFESTS).values(
+                    machine_id=machine_id,
+                    user_name=machine.user_name,
+                    server_name=machine.server_name,
+                    started_at=self._now(),
+                    manifest=manifest,
+                )
+            )
+
+    def run_manifest(self, machine_id: str) -> RunManifest | None:
+        query = select(RUN_MANIFESTS).where(RUN_MANIFESTS.c.machine_id == machine_id)
+        with self._engine.begin() as connection:
+            row = connection.execute(query).first()
+        return None if row is None else _run_manifest(row)
+
+    def run_manifests(self, user: str, limit: int = 20) -> list[RunManifest]:
+        """``user``'s latest runs, newest first."""
+        query = (
+            select(RUN_MANIFESTS)
+            .where(RUN_MANIFESTS.c.user_name == user)
+            .order_by(RUN_MANIFESTS.c.started_at.desc())
+            .limit(limit)
+        )
+        with self._engine.begin() as connection:
+            return [_run_manifest(row) for row in connection.execute(query)]
+
     def events(self, machine_id: str) -> list[MachineEvent]:
         query = select(EVENTS).where(EVENTS.c.machine_id == machine_id).order_by(EVENTS.c.id)
         with self._engine.begin() as connection:
@@ -563,6 +598,7 @@ EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
 QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)
 RECONCILE_ACTIONS = cast(Table, ReconcileActionRow.__table__)
+RUN_MANIFESTS = cast(Table, RunManifestRow.__table__)
 
 
 # Statements every spawn runs, built once. Bind parameters named after a column
@@ -1004,6 +1040,11 @@ def _machine_record(row: Row[Any], block_ids: tuple[str, ...]) -> Machine:
     # The tables' column names are the records' field names.
     columns = row._mapping
     return Machine(**{**columns, "request": copy.deepcopy(columns["request"])}, block_ids=block_ids)
+
+
+def _run_manifest(row: Row[Any]) -> RunManifest:
+    columns = row._mapping
+    return RunManifest(**{**columns, "manifest": copy.deepcopy(columns["manifest"])})
 
 
 def _event_record(row: Row[Any]) -> MachineEvent:

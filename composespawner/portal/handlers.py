@@ -44,6 +44,7 @@ STAFF_SCOPE = "custom:compose:staff"
 AUDIT_PAGE_ROWS = 500
 MOST_REASON = 500
 NOTICES_FOR = timedelta(days=7)  # how long "my machine" shows what admins did to my servers
+RECENT_RUNS = 10  # the runs "my machine" lists, newest first
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Portal:
         since = datetime.now(UTC) - NOTICES_FOR
         notices = await self.runner.run(self.ledger.policy.notices, user, since)
         mine["notices"] = [views.notice_text(entry) for entry in notices]
+        runs = await self.runner.run(self.ledger.run_manifests, user, RECENT_RUNS)
+        mine["runs"] = [views.run_json(run) for run in runs]
         return mine
 
     async def resize(self, change: Callable[[Resizer], Awaitable[Machine]]) -> dict[str, Any]:
@@ -522,6 +525,17 @@ class InventoryApi(ApiHandler):
         self.write_json(views.inventory(await self.ledger(self.portal.ledger.holdings)))
 
 
+class RunManifestApi(ApiHandler):
+    """``GET api/runs/MACHINE``: what that machine's server ran on. Its user's and the
+    admins' alone: anyone else gets the 404 a machine that never was gets."""
+
+    async def get(self, machine_id: str) -> None:
+        run = await self.ledger(self.portal.ledger.run_manifest, unquote(machine_id))
+        if run is None or (run.user_name != self.user["name"] and not self.is_admin):
+            raise HTTPError(404, "No run of yours has that machine id.")
+        self.write_json(views.run_json(run))
+
+
 class ReleaseMachineApi(ApiHandler):
     """``POST api/machines/ID/release`` with ``{"reason": "..."}``: stop its server."""
 
@@ -864,6 +878,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/devices/([^/]+)/owner", DeviceOwnerApi),
     (r"api/devices/([^/]+)/loan", DeviceLoanApi),
     (r"api/machines/([^/]+)/release", ReleaseMachineApi),
+    (r"api/runs/([^/]+)", RunManifestApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),
 ]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from ..cohorts import Cohort, InvalidCohort, Session
 from ..colocation import InvalidRegistration, Registration
-from ..ledger import AuditEntry, DeviceRecord, Holding, Machine
+from ..ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from ..resize import MOST_AT_ONCE
 from ..usage import DayUse, UsageReport
@@ -216,6 +216,24 @@ def my_machine(
             "gpu_hours_week": round(gpu_hours_week, 3),
         },
         "servers": servers,
+    }
+
+
+def run_json(run: RunManifest) -> dict[str, Any]:
+    """One server's run: when, on which stack and machine, and its whole manifest."""
+    manifest = run.manifest
+    stack = manifest.get("stack") or {}
+    machine = manifest.get("machine") or {}
+    return {
+        "machine_id": run.machine_id,
+        "user": run.user_name,
+        "server": run.server_name,
+        "started_at": run.started_at.isoformat(timespec="seconds"),
+        "stack": stack.get("label"),
+        "lock_sha256": stack.get("lock_sha256"),
+        "host": machine.get("host"),
+        "gpus": [g.get("model") for g in machine.get("gpus", [])],
+        "manifest": manifest,
     }
 
 

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from composespawner.catalog import Catalog
-from tests.hubharness import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub
+from tests.e2e.test_portal import Visitor
+from tests.hubharness import (
+    HUB_CONFIG,
+    Hub,
+    notebook_pid,
+    process_env,
+    running_hub,
+    wait_for_portal,
+)
 from tests.support.kernel import run_in_kernel
 
 pytestmark = pytest.mark.e2e
@@ -25,6 +33,7 @@ CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     with running_hub(tmp_path_factory.mktemp("stacks")) as hub:
+        wait_for_portal(hub)
         yield hub
 
 
@@ -100,3 +109,55 @@ def test_the_notebook_and_its_kernels_run_in_the_stack(
         }
     finally:
         hub.stop("student1")
+
+
+@pytest.mark.timeout(240)
+def test_every_server_gets_a_read_only_run_manifest_the_portal_shows_too(hub: Hub) -> None:
+    env = started_on(hub, "student2", {"gpu_count": 2})
+    try:
+        path = Path(env["COMPOSE_RUN_MANIFEST"])
+        assert path.name == "default.run.json"
+        assert path.parent == Path(env["HOME"]) / ".composespawner"
+        mode = path.stat()
+        assert (mode.st_mode & 0o777, mode.st_uid) == (0o444, 0)  # the hub's, read-only
+        manifest = json.loads(path.read_text())
+
+        machine = manifest["machine"]
+        assert machine["id"] == env["COMPOSE_MACHINE_ID"]
+        assert machine["host"] == env["COMPOSE_HOST"]
+        assert [g["id"] for g in machine["gpus"]] == env["COMPOSE_DEVICE_IDS"].split(",")
+        assert {g["model"] for g in machine["gpus"]} == {"NVIDIA T4"}
+        stack = manifest["stack"]
+        assert (stack["id"], stack["variant"]) == ("pytorch", "cpu")
+        assert stack["lock_sha256"] == env["COMPOSE_STACK_LOCK_SHA256"]
+        assert stack["image_digest"] is None  # no image is built here
+        given = manifest["environment"]
+        assert given["PYTHONHASHSEED"] == "0"
+        assert given["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert not any("TOKEN" in name for name in given)
+        assert manifest["options"]["gpu_count"] == 2
+
+        # The same manifest in the kernel, in the portal (through the notebook's own
+        # token) and in the server's saved state.
+        shown = in_kernel(
+            hub,
+            "student2",
+            "import json\nfrom composespawner import client\n"
+            "print(json.dumps({'file': client.manifest(), 'portal': client.runs()[0]}))",
+        )
+        assert shown["file"] == manifest
+        assert shown["portal"]["manifest"] == manifest
+        assert shown["portal"]["machine_id"] == machine["id"]
+        state = hub.user("student2")["servers"][""]["state"]
+        assert state["run_manifest"] == manifest
+
+        # Nobody else reads it: the 404 of a machine that never was.
+        other = Visitor(hub, "student1").call("GET", f"api/runs/{machine['id']}")
+        assert other.status_code == 404, other.text
+        admin = Visitor(hub, "admin").call("GET", f"api/runs/{machine['id']}")
+        assert admin.status_code == 200, admin.text
+        assert admin.json()["manifest"] == manifest
+    finally:
+        hub.stop("student2")
+    # Kept after the server ended, for "launch again identically".
+    assert Visitor(hub, "student2").call("GET", "api/me").json()["runs"][0]["manifest"] == manifest

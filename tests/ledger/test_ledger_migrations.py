@@ -22,6 +22,7 @@ TABLES = {
     "usage_records",
     "usage_days",
     "usage_model_days",
+    "run_manifests",
     "quota_rules",
     "audit_log",
     "cohorts",
@@ -56,7 +57,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0006"
+    assert empty.schema_revision() == head == "0007"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:

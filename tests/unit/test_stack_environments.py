@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -41,15 +42,11 @@ def test_pip_percent_stays_within_the_fetch_phase() -> None:
     assert pip_percent(3, 0) == 80  # an empty lock cannot divide by zero
 
 
-def test_the_key_changes_with_the_lock_the_common_files_and_python(tmp_path: Path) -> None:
-    common = tmp_path / "common"
-    common.mkdir()
-    (common / "repro.py").write_text("# one\n")
-    key = environment_key("a" * 64, common, "3.11.2")
-    assert key != environment_key("b" * 64, common, "3.11.2")
-    assert key != environment_key("a" * 64, common, "3.12.0")
-    (common / "repro.py").write_text("# two\n")
-    assert key != environment_key("a" * 64, common, "3.11.2")
+def test_the_key_changes_with_the_lock_and_python() -> None:
+    key = environment_key("a" * 64, "3.11.2")
+    assert key == environment_key("a" * 64, "3.11.2")
+    assert key != environment_key("b" * 64, "3.11.2")
+    assert key != environment_key("a" * 64, "3.12.0")
 
 
 def test_a_lock_that_changed_since_the_catalog_pinned_it_is_refused(tmp_path: Path) -> None:
@@ -126,3 +123,21 @@ async def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
         await environments.ensure(stack, lambda m, p: None)
     assert not path.exists()
     assert not (path / MANIFEST).exists()
+
+
+async def test_another_hub_version_brings_its_notebook_side_to_a_built_environment(
+    tmp_path: Path,
+) -> None:
+    stack = make_stack(tmp_path)
+    built = await StackEnvironments(tmp_path / "envs", COMMON).ensure(stack, lambda m, p: None)
+    newer = tmp_path / "newer-common"
+    shutil.copytree(COMMON, newer)
+    (newer / "repro.py").write_text('"""A newer repro helper."""\nNEWER = True\n')
+    heard: list[tuple[str, int]] = []
+    again = await StackEnvironments(tmp_path / "envs", newer).ensure(
+        stack, lambda m, p: heard.append((m, p))
+    )
+    assert again == built
+    assert heard == []  # nothing was built
+    site = next(built.path.glob("lib/python3.*/site-packages"))
+    assert (site / "repro.py").read_text() == (newer / "repro.py").read_text()
