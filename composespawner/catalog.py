@@ -87,6 +87,11 @@ class Catalog:
     def stack(self, stack_id: str) -> Stack | None:
         return next((s for s in self.stacks if s.id == stack_id), None)
 
+    @property
+    def default_stack(self) -> Stack | None:
+        """What a request that names no stack runs on: the first listed."""
+        return self.stacks[0] if self.stacks else None
+
     @classmethod
     def from_file(cls, path: str | Path) -> Catalog:
         path = Path(path)

@@ -171,7 +171,8 @@ def _scratch(value: Any, catalog: Catalog) -> int:
 def _stack(value: Any, catalog: Catalog) -> str | None:
     """The stack asked for; none asked for is the catalog's first (every server has one)."""
     if value is None or value == "":
-        return catalog.stacks[0].id if catalog.stacks else None
+        default = catalog.default_stack
+        return None if default is None else default.id
     if not isinstance(value, str) or value not in {s.id for s in catalog.stacks}:
         choices = ", ".join(s.id for s in catalog.stacks) or "none are offered yet"
         raise RequestError(f"Unknown software stack '{_shown(value)}' ({choices}).", "stack")

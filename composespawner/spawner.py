@@ -320,10 +320,10 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         """
         options = options or self.accepted_options
         wanted = options.get("stack") if isinstance(options, dict) else None
-        stacks = self.catalog.stacks
-        stack = self.catalog.stack(wanted) if isinstance(wanted, str) and wanted else None
-        if stack is None and not wanted and stacks:
-            stack = stacks[0]
+        if not wanted:
+            stack = self.catalog.default_stack
+        else:
+            stack = self.catalog.stack(wanted) if isinstance(wanted, str) else None
         self.start_timeout = self._configured_start_timeout + self.extra_start_time(stack)
 
     def launch_progress(self, message: str, percent: int) -> None:
