@@ -9,6 +9,7 @@
     client.apply()            # this kernel's environment to the machine as it is now
     client.manifest()         # what this server runs on: stack, lock hash, machine, settings
     client.runs()             # your latest runs' manifests, newest first
+    client.launch_again(name="again")  # a new server as this one started (stack, GPUs)
 
 It calls the GPU portal with the token the notebook already has
 (``$JUPYTERHUB_API_TOKEN``) at the address the spawner gave it
@@ -127,6 +128,20 @@ def runs() -> list[dict[str, Any]]:
     """Your latest runs (at most 10), newest first, each with its whole manifest."""
     found: list[dict[str, Any]] = _call("GET", "api/me")["runs"]
     return found
+
+
+def launch_again(name: str | None = None, machine: str | None = None) -> dict[str, Any]:
+    """Start a server as a run started: the same stack lock and GPU model and count.
+
+    ``machine``: the run's machine id (default: this server's); ``name``: the new
+    server's (default: the run's own, which must not be running, so from inside
+    a server give another).
+    """
+    run = machine or str(manifest()["machine"]["id"])
+    body = {} if name is None else {"name": name}
+    path = f"api/runs/{urllib.parse.quote(run, safe='')}/launch"
+    started: dict[str, Any] = _call("POST", path, body)
+    return started
 
 
 def quota_left() -> dict[str, float | None]:

@@ -227,15 +227,15 @@ c.JupyterHub.load_roles = [
     },
     {
         # Checks that a cohort's group exists, reads a user's groups for their quota,
-        # a cohort's members for its usage, and stops a server an admin releases
-        # from the inventory page.
+        # a cohort's members for its usage, stops a server an admin releases from the
+        # inventory page and starts one a user launches again from a run manifest.
         "name": "compose-portal",
         "scopes": [
             "list:groups",
             "read:groups",
             "read:users:groups",
             "read:users:name",
-            "delete:servers",
+            "servers",
         ],
         "services": ["compose"],
     },

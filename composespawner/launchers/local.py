@@ -22,6 +22,7 @@ LocalProcessSpawner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
@@ -152,15 +153,9 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         home = Path(self._home()) if self.shared_account else Path(self._system_home())
         if self.shared_account:
             make_home(home, owner)
-        folder = home / ".composespawner"
-        folder.mkdir(exist_ok=True)
-        if owner is not None:
-            os.chown(folder, owner.pw_uid, owner.pw_gid)
-        path = folder / f"{self.name or 'default'}.run.json"
-        partial = folder / f".{path.name}.partial"
-        partial.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        partial.chmod(0o444)
-        os.replace(partial, path)
+        path = home / ".composespawner" / f"{self.name or 'default'}.run.json"
+        text = json.dumps(manifest, indent=2) + "\n"
+        write_for_notebook(path, text.encode(), owner)
         self._run_manifest = str(path)
         return self._run_manifest
 
@@ -278,3 +273,38 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
                 self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
 
         loop.add_reader(pidfd, exited)
+
+
+def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None) -> None:
+    """Write ``path`` (mode 0444, the hub's) into a folder of the notebook's (``owner``'s).
+
+    The notebook owns the folder, so as root nothing is trusted by name: the
+    folder is opened without following a symlink, and the file made in it by
+    descriptor, exclusively, so no link the notebook planted is written through.
+    """
+    folder = path.parent
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o755)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        where = os.open(folder, flags)
+    except OSError as e:
+        raise ComposeRefusal(
+            f"{folder} is not a folder (it may be a link): remove it and start again.",
+            reason="home",
+            status_code=409,
+        ) from e
+    partial = f".{path.name}.partial"
+    try:
+        if owner is not None:
+            os.fchown(where, owner.pw_uid, owner.pw_gid)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial, dir_fd=where)  # an earlier attempt's, or a planted link
+        created = os.open(
+            partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=where
+        )
+        with os.fdopen(created, "wb") as file:
+            file.write(data)
+        os.replace(partial, path.name, src_dir_fd=where, dst_dir_fd=where)
+    finally:
+        os.close(where)

@@ -30,7 +30,9 @@ from ..failures import ComposeFailed, ComposeRefused
 from ..ledger import TERMINAL, Actor, DeviceRecord, Ledger, Machine, UnknownDevices
 from ..ledger.runner import LedgerRunner
 from ..machine import machine_env
+from ..manifest import NotRelaunchable, relaunch_options
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
+from ..request import RequestError, check_server_name
 from ..resize import Resizer
 from ..usage import InvalidPeriod, Period, usage_report
 from . import views
@@ -98,6 +100,33 @@ class Portal:
         devices = await self.devices_of([machine])
         composed = await self.resizer.composed(machine)
         return views.resized(machine, devices, machine_env(composed))
+
+    async def launch_again(self, user: str, machine_id: str, name: str | None) -> dict[str, Any]:
+        """Start a server like ``user``'s run on ``machine_id``: same stack lock, same GPUs.
+
+        ``name`` is the new server's (None: the run's own, which must not be running).
+        """
+        run = await self.runner.run(self.ledger.run_manifest, machine_id)
+        if run is None or run.user_name != user:
+            raise HTTPError(404, "No run of yours has that machine id.")
+        server = run.server_name if name is None else name
+        try:
+            check_server_name(server)
+            options = relaunch_options(run.manifest, self.catalog)
+        except RequestError as e:
+            raise HTTPError(400, str(e)) from None
+        except NotRelaunchable as e:
+            raise HTTPError(409, str(e)) from None
+        try:
+            status, message = await self.hub.start_server(user, server, options)
+        except HubUnavailable as e:
+            raise HTTPError(503, "The hub did not answer; try again.") from e
+        shown = f"server {server!r}" if server else "your default server"
+        if status == 400 and "already running" in message:
+            raise HTTPError(409, f"{shown.capitalize()} is running: stop it, or name another.")
+        if status not in (201, 202):
+            raise HTTPError(status if 400 <= status < 600 else 502, message)
+        return {"server": server, "options": options, "from_machine": machine_id}
 
     async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
         """Stop the server a live machine serves, cleanly, telling its user why."""
@@ -385,8 +414,14 @@ class MyMachinePage(PageHandler):
             elif form.get("action") == "shrink":
                 gpu = form.get("gpu", "")
                 change = await self.portal.resize(lambda r: r.shrink(name, server, [gpu]))
+            elif form.get("action") == "launch-again":
+                machine, new = form.get("machine", ""), form.get("name", "").strip()
+                started = await self.portal.launch_again(name, machine, new or None)
+                server = started["server"]
+                shown = f"Server {server!r}" if server else "Your default server"
+                change = {"next_step": f"{shown} is starting as that run did."}
             else:
-                raise HTTPError(400, "Choose to add a GPU or to give one back.")
+                raise HTTPError(400, "Choose to add a GPU, give one back or launch a run again.")
         except views.InvalidGrow as e:
             self.set_status(400)
             await self._show(error=str(e))
@@ -523,6 +558,21 @@ class InventoryApi(ApiHandler):
     async def get(self) -> None:
         self.require_admin()
         self.write_json(views.inventory(await self.ledger(self.portal.ledger.holdings)))
+
+
+class LaunchAgainApi(ApiHandler):
+    """``POST api/runs/MACHINE/launch`` with ``{"name": "server"}`` (optional: the run's
+    own server): a new server on the run's stack lock and GPU model and count."""
+
+    async def post(self, machine_id: str) -> None:
+        body = self.json_body()
+        if body is None:
+            body = {}
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or (name is not None and not isinstance(name, str)):
+            raise HTTPError(400, 'Send {"name": "a server name"}, or nothing for the run\'s own.')
+        result = await self.portal.launch_again(self.user["name"], unquote(machine_id), name)
+        self.write_json(result, status=202)
 
 
 class RunManifestApi(ApiHandler):
@@ -879,6 +929,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/devices/([^/]+)/loan", DeviceLoanApi),
     (r"api/machines/([^/]+)/release", ReleaseMachineApi),
     (r"api/runs/([^/]+)", RunManifestApi),
+    (r"api/runs/([^/]+)/launch", LaunchAgainApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),
 ]

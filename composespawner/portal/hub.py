@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -87,6 +88,30 @@ class HubClient:
                 raise HubUnavailable(f"DELETE {path}: {response.status} {await response.text()}")
         except (aiohttp.ClientError, TimeoutError) as e:
             raise HubUnavailable(f"DELETE {path}: {e!r}") from e
+
+    async def start_server(
+        self, user: str, server: str, user_options: dict[str, Any]
+    ) -> tuple[int, str]:
+        """Ask the hub to start a server with these options: its status and message.
+
+        201 or 202: started or starting. Anything else is the hub's (or the
+        spawner's) refusal, whose message says why (quota, capacity, running).
+        """
+        path = f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
+        try:
+            async with self._session_().post(
+                self.api_url + path, json={"user_options": user_options}
+            ) as response:
+                if response.status in (201, 202):
+                    return response.status, ""
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise HubUnavailable(f"POST {path}: {e!r}") from e
+        try:
+            message = str(json.loads(text).get("message") or text)
+        except (ValueError, AttributeError):
+            message = text
+        return response.status, message
 
     async def close(self) -> None:
         if self._session is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,55 @@ def test_every_server_gets_a_read_only_run_manifest_the_portal_shows_too(hub: Hu
         hub.stop("student2")
     # Kept after the server ended, for "launch again identically".
     assert Visitor(hub, "student2").call("GET", "api/me").json()["runs"][0]["manifest"] == manifest
+
+
+IDS = {
+    "COMPOSE_MACHINE_ID",
+    "COMPOSE_DEVICE_IDS",
+    "COMPOSE_GPUS",
+    "COMPOSE_HOST",
+    "COMPOSE_RUN_MANIFEST",
+}
+
+
+def without_ids(manifest: dict[str, Any]) -> dict[str, str]:
+    """The environment a manifest records, less what names this machine and server."""
+    return {k: v for k, v in manifest["environment"].items() if k not in IDS}
+
+
+@pytest.mark.timeout(300)
+def test_launch_again_identically_from_a_run_manifest(hub: Hub) -> None:
+    env = started_on(hub, "researcher1", {"gpu_count": 2, "stack": "tensorflow"})
+    first = json.loads(Path(env["COMPOSE_RUN_MANIFEST"]).read_text())
+    hub.stop("researcher1")
+    owner, other = Visitor(hub, "researcher1"), Visitor(hub, "student1")
+    run = f"api/runs/{first['machine']['id']}/launch"
+
+    assert other.call("POST", run, json={"name": "again"}).status_code == 404
+    bad = owner.call("POST", run, json={"name": "<b>x</b>"})
+    assert bad.status_code == 400
+    assert "is not allowed" in bad.json()["message"]
+    assert owner.call("POST", run, json={"name": 7}).status_code == 400
+
+    started = owner.call("POST", run, json={"name": "again"})
+    assert started.status_code == 202, started.text
+    assert started.json()["options"] == first["options"]
+    hub.wait_ready("researcher1", "again", timeout=120)
+    try:
+        running = owner.call("POST", run, json={"name": "again"})
+        assert running.status_code == 409
+        assert "is running" in running.json()["message"]
+
+        again_env = process_env(notebook_pid(hub, "researcher1", "again"))
+        again = json.loads(Path(again_env["COMPOSE_RUN_MANIFEST"]).read_text())
+        # The same but for times and ids.
+        assert again["stack"] == first["stack"]
+        assert again["options"] == first["options"]
+        assert [g["model"] for g in again["machine"]["gpus"]] == [
+            g["model"] for g in first["machine"]["gpus"]
+        ]
+        assert again["machine"]["id"] != first["machine"]["id"]
+        assert again["server"] == "again"
+        assert without_ids(again) == without_ids(first)
+    finally:
+        hub.stop("researcher1", "again")
