@@ -143,19 +143,20 @@ class Composer:
             within=within,
         )
 
-    async def record(self, machine_id: str, to: str, message: str) -> None:
-        """Record a non-terminal lifecycle step the spawner took (``running``).
+    async def record(
+        self, machine_id: str, to: str, message: str, manifest: dict[str, Any] | None = None
+    ) -> None:
+        """Record a non-terminal lifecycle step the spawner took (``running``), and with it
+        the run manifest of what the server runs on.
 
         Raises ComposeRefused if the machine was moved on underneath (an admin, the reconciler).
         """
         try:
-            await self.runner.run(self.ledger.transition, machine_id, to, message)
+            await self.runner.run(
+                self.ledger.transition, machine_id, to, message, manifest=manifest
+            )
         except LedgerError as e:
             raise refusal(e) from e
-
-    async def record_manifest(self, machine_id: str, manifest: dict[str, Any]) -> None:
-        """Keep what the machine's server runs on (composespawner.manifest)."""
-        await self.runner.run(self.ledger.record_manifest, machine_id, manifest)
 
     # -- composing -------------------------------------------------------
 

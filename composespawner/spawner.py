@@ -338,13 +338,16 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
         try:
-            await self.composer.record(self.machine.machine_id, "running", "notebook started")
+            await self.composer.record(
+                self.machine.machine_id, "running", "notebook started", self.run_manifest
+            )
         except ComposeRefused as e:
             raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
         return url
 
     async def _write_run_manifest(self, machine: ComposedMachine) -> None:
-        """What this server runs on: for the notebook, this server's state and the ledger."""
+        """What this server runs on: for the notebook and this server's state (and the
+        ledger, with the step into ``running``)."""
         env = self.get_env()
         stack_keys = set(dict(self.stack.env)) if self.stack is not None else set()
         manifest = run_manifest(
@@ -358,7 +361,6 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             started_at=datetime.now(UTC),
         )
         await asyncio.to_thread(self.deliver_run_manifest, manifest)
-        await self.composer.record_manifest(machine.machine_id, manifest)
         self.run_manifest = manifest
 
     # -- stop and poll: every way a server ends releases its machine -----------

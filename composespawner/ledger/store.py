@@ -350,24 +350,38 @@ class Ledger:
             return _machine_record(machine, tuple(_held_by(connection, machine_id)))
 
     def transition(
-        self, machine_id: str, to: str, message: str = "", *, failure: str | None = None
+        self,
+        machine_id: str,
+        to: str,
+        message: str = "",
+        *,
+        failure: str | None = None,
+        manifest: dict[str, Any] | None = None,
     ) -> Machine:
         """Move a machine one step along the lifecycle; ``failure`` records a user-facing reason.
 
         Entering ``released`` or ``failed`` frees the machine's devices exactly as
-        :meth:`release` does. Only :meth:`claim` enters ``claimed``.
+        :meth:`release` does. Only :meth:`claim` enters ``claimed``. ``manifest``:
+        what the machine's server runs on (composespawner.manifest), kept with the
+        step into ``running``, in its transaction.
         """
         if to == CLAIMED:
             raise ValueError("a machine enters 'claimed' only through claim(), which takes devices")
         if to not in TERMINAL:
-            return self.advance(machine_id, (to, message), failure=failure)
+            return self.advance(machine_id, (to, message), failure=failure, manifest=manifest)
+        if manifest is not None:
+            raise ValueError("a run manifest goes with a step into a live state")
         now = self._now()
         with self._write() as connection:
             machine = _machine_row(connection, machine_id)
             return _end(connection, machine, to, now, message, failure, self._usage_zone)
 
     def advance(
-        self, machine_id: str, *steps: tuple[str, str], failure: str | None = None
+        self,
+        machine_id: str,
+        *steps: tuple[str, str],
+        failure: str | None = None,
+        manifest: dict[str, Any] | None = None,
     ) -> Machine:
         """Take several non-terminal steps (state, message) in one transaction.
 
@@ -388,6 +402,16 @@ class Ledger:
             for to, message in steps:
                 _move(connection, machine, to, now, message, at=at, **_failure(failure))
                 at = to
+            if manifest is not None:
+                connection.execute(
+                    insert(RUN_MANIFESTS).values(
+                        machine_id=machine_id,
+                        user_name=machine.user_name,
+                        server_name=machine.server_name,
+                        started_at=now,
+                        manifest=manifest,
+                    )
+                )
             return _moved(machine, at, now, _held_by(connection, machine_id), **_failure(failure))
 
     def release(
@@ -499,20 +523,6 @@ class Ledger:
             return {block: cast(str, found) for block, found in connection.execute(query)}
 
     # -- run manifests --------------------------------------------------------
-
-    def record_manifest(self, machine_id: str, manifest: dict[str, Any]) -> None:
-        """Keep what ``machine_id``'s server runs on; a machine starts one notebook, once."""
-        with self._write() as connection:
-            machine = _machine_row(connection, machine_id)
-            connection.execute(
-                insert(RUN_MANIFESTS).values(
-                    machine_id=machine_id,
-                    user_name=machine.user_name,
-                    server_name=machine.server_name,
-                    started_at=self._now(),
-                    manifest=manifest,
-                )
-            )
 
     def run_manifest(self, machine_id: str) -> RunManifest | None:
         query = select(RUN_MANIFESTS).where(RUN_MANIFESTS.c.machine_id == machine_id)

@@ -185,3 +185,29 @@ def test_events_cannot_be_changed_even_by_raw_sql(
 def _all_events(ledger: Ledger) -> list[MachineEventRow]:
     with Session(ledger.engine) as session:
         return list(session.scalars(sa.select(MachineEventRow)))
+
+
+def test_the_run_manifest_is_kept_with_the_step_into_running(
+    ledger: Ledger, machine_in: MachineMaker
+) -> None:
+    machine_id = machine_in("launching")
+    manifest = {"version": 1, "stack": {"id": "pytorch"}, "environment": {"A": "1"}}
+    assert ledger.run_manifest(machine_id) is None
+    ledger.transition(machine_id, "running", "notebook started", manifest=manifest)
+    run = ledger.run_manifest(machine_id)
+    assert run is not None
+    assert (run.machine_id, run.manifest) == (machine_id, manifest)
+    assert ledger.run_manifests(run.user_name) == [run]
+    # It outlives the machine, and goes nowhere with a step that ends one.
+    ledger.transition(machine_id, "stopping", "server stopped")
+    with pytest.raises(ValueError, match="goes with a step into a live state"):
+        ledger.transition(machine_id, "released", "released", manifest=manifest)
+    ledger.transition(machine_id, "released", "released")
+    assert ledger.run_manifest(machine_id) == run
+
+
+def test_a_step_that_is_refused_keeps_no_manifest(ledger: Ledger, machine_in: MachineMaker) -> None:
+    machine_id = machine_in("requested")
+    with pytest.raises(IllegalTransition):
+        ledger.transition(machine_id, "running", "skipping ahead", manifest={"version": 1})
+    assert ledger.run_manifest(machine_id) is None

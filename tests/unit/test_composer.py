@@ -632,10 +632,14 @@ class ThreadNotingLedger(Ledger):
         return super().request_machine(user, server, request)
 
     def advance(
-        self, machine_id: str, *steps: tuple[str, str], failure: str | None = None
+        self,
+        machine_id: str,
+        *steps: tuple[str, str],
+        failure: str | None = None,
+        manifest: dict[str, Any] | None = None,
     ) -> Machine:
         self.threads.add(threading.get_ident())
-        return super().advance(machine_id, *steps, failure=failure)
+        return super().advance(machine_id, *steps, failure=failure, manifest=manifest)
 
 
 async def test_an_sqlite_ledger_is_called_on_the_event_loop(make_rig: Callable[..., Rig]) -> None:
