@@ -12,6 +12,7 @@ reconciler (a hub-managed service, here with a short grace period) must leave:
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +81,27 @@ def wait_machine(hub: Hub, user: str, check: Callable[[Machine], bool], what: st
         return machine if machine is not None and check(machine) else None
 
     return wait_for(found, 60, what, every=0.05)
+
+
+def hub_saved_launch(hub: Hub, user: str) -> bool:
+    """Whether the hub's own database holds the server's state after start().
+
+    JupyterHub stores it only once start() has returned; a crash before that
+    leaves the hub knowing of no server (and the reconciler releases the machine).
+    """
+    engine = sa.create_engine(f"sqlite:///{hub.state / 'jupyterhub.sqlite'}")
+    query = sa.text(
+        "SELECT spawners.state FROM spawners JOIN users ON users.id = spawners.user_id"
+        " WHERE users.name = :user AND spawners.name = ''"
+    )
+    try:
+        with engine.connect() as db:
+            state = db.execute(query, {"user": user}).scalar()
+    except sa.exc.OperationalError:
+        return False  # the hub is writing it
+    finally:
+        engine.dispose()
+    return state is not None and "run_manifest" in json.loads(state)
 
 
 def agreement(hub: Hub) -> list[str]:
@@ -186,6 +208,7 @@ def _composed(hub: Hub) -> None:
 def _launching(hub: Hub) -> None:
     # The notebook process runs (its state is saved) but does not answer yet.
     wait_machine(hub, "student1", lambda m: m.state == "running", "the launch")
+    wait_for(lambda: hub_saved_launch(hub, "student1"), 30, "the hub to store it", every=0.02)
     server = hub.server("student1")
     assert server is not None
     assert server["pending"] == "spawn"
