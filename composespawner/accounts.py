@@ -9,6 +9,7 @@ its reach until it is allowed to enter ``/root``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
@@ -52,10 +53,21 @@ def switch_account_command(account: pwd.struct_passwd | None) -> list[str]:
 
 
 def make_home(home: Path, owner: pwd.struct_passwd | None) -> None:
-    """Create ``home`` if missing; under ``owner``, private to it."""
-    home.mkdir(parents=True, exist_ok=True)
-    if owner is not None:
+    """Create ``home`` if missing; under ``owner``, private to it.
+
+    What is already so is not done again: a chown or chmod is a journalled
+    write even when it changes nothing, and on ext4 every such write joins the
+    next fsync of the hub's database.
+    """
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        home.mkdir(mode=0o700)
+    if owner is None:
+        return
+    found = home.stat()
+    if (found.st_uid, found.st_gid) != (owner.pw_uid, owner.pw_gid):
         os.chown(home, owner.pw_uid, owner.pw_gid)
+    if stat.S_IMODE(found.st_mode) != 0o700:
         home.chmod(0o700)
 
 

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .catalog import Catalog, GpuModel
-from .cohorts import END_OF_DAY, Reservation, active_reservations, holdback
+from .cohorts import (
+    END_OF_DAY,
+    Reservation,
+    StackChoice,
+    active_reservations,
+    holdback,
+    stack_choice,
+)
 from .colocation import Registration
 from .ledger import KeepFree, SpawnPolicy
 from .quota import NO_QUOTA, Quota
@@ -38,6 +45,8 @@ class Admission:
     held: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # co-located devices registered in the portal, as of this read
     registrations: Mapping[str, Registration] = field(default_factory=dict)
+    # the stacks and starter kit the user's cohorts give them
+    stacks: StackChoice = field(default_factory=StackChoice)
 
     def holdback(self, groups: Collection[str]) -> dict[str, int]:
         """Catalog model → free GPUs this user must leave to cohorts they are not in."""
@@ -97,7 +106,8 @@ def admission(policy: SpawnPolicy, catalog: Catalog, at: datetime) -> Admission:
         (r.cohort, r.model): _held(policy.held, r.cohort, catalog.gpu_model(r.model))
         for r in reservations
     }
-    return Admission(policy.quota, reservations, held, policy.registrations)
+    stacks = stack_choice(policy.cohorts, at.date())
+    return Admission(policy.quota, reservations, held, policy.registrations, stacks)
 
 
 def _held(held: Mapping[tuple[str, str], int], cohort: str, model: GpuModel | None) -> int:

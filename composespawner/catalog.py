@@ -67,6 +67,19 @@ class Stack:
 
 
 @dataclass(frozen=True, slots=True)
+class Kit:
+    """A starter kit (``images/kits/<id>``): a notebook and its data, on one stack."""
+
+    id: str
+    label: str
+    stack: str  # the Stack.id its notebook runs on
+    folder: Path  # what is merged into ~/starter-kits/<id>/
+    notebook: str  # the notebook in it to open
+    module: str  # the module in it with the kit's data and score(predict, secret)
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Catalog:
     gpu_models: tuple[GpuModel, ...]
     networks: tuple[NetworkChoice, ...]
@@ -74,6 +87,7 @@ class Catalog:
     max_gpus_per_machine: int
     colocated: tuple[ColocatedChassis, ...] = ()
     stacks: tuple[Stack, ...] = ()
+    kits: tuple[Kit, ...] = ()
 
     def gpu_model(self, model_id: str) -> GpuModel | None:
         return next((m for m in self.gpu_models if m.id == model_id), None)
@@ -86,6 +100,9 @@ class Catalog:
 
     def stack(self, stack_id: str) -> Stack | None:
         return next((s for s in self.stacks if s.id == stack_id), None)
+
+    def kit(self, kit_id: str) -> Kit | None:
+        return next((k for k in self.kits if k.id == kit_id), None)
 
     @property
     def default_stack(self) -> Stack | None:
@@ -130,6 +147,7 @@ class Catalog:
                 for c in raw.get("colocated", [])
             ),
             stacks=tuple(_stack(s, raw, relative_to) for s in raw.get("stacks", [])),
+            kits=tuple(_kit(k, relative_to) for k in raw.get("kits", [])),
         )
         _check(catalog)
         return catalog
@@ -164,17 +182,37 @@ def _stack(raw: dict[str, Any], catalog: dict[str, Any], relative_to: Path) -> S
     )
 
 
+def _kit(raw: dict[str, Any], relative_to: Path) -> Kit:
+    kit = Kit(
+        id=str(raw["id"]),
+        label=str(raw["label"]),
+        stack=str(raw["stack"]),
+        folder=(relative_to / str(raw["folder"])).resolve(),
+        notebook=str(raw["notebook"]),
+        module=str(raw["module"]),
+        description=str(raw.get("description", "")),
+    )
+    for name in (kit.notebook, f"{kit.module}.py"):
+        if not (kit.folder / name).is_file():
+            raise ValueError(f"kit {kit.id!r}: no {name!r} in {kit.folder}")
+    return kit
+
+
 def _check(catalog: Catalog) -> None:
     for kind, ids in (
         ("gpu_models", [m.id for m in catalog.gpu_models]),
         ("networks", [n.id for n in catalog.networks]),
         ("stacks", [s.id for s in catalog.stacks]),
+        ("kits", [k.id for k in catalog.kits]),
     ):
         duplicates = {i for i in ids if ids.count(i) > 1}
         if duplicates:
             raise ValueError(f"duplicate {kind} ids: {sorted(duplicates)}")
     if not catalog.gpu_models:
         raise ValueError("gpu_models is empty: there is nothing to offer")
+    for kit in catalog.kits:
+        if catalog.stack(kit.stack) is None:
+            raise ValueError(f"kit {kit.id!r} runs on stack {kit.stack!r}, which is not listed")
     if not catalog.networks:
         raise ValueError("networks is empty: offer at least the host network (speed_gbps = 0)")
     if catalog.max_gpus_per_machine < 1:

@@ -26,6 +26,7 @@ Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shri
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 TIMEOUT = 120.0  # seconds; a grow waits for the fabric to attach
+SCORING_TIMEOUT = 240.0  # seconds; the portal scores a submission before it answers
 MANIFESTS = Path("~/.composespawner")
 
 
@@ -231,6 +233,44 @@ def _shell_quoted(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
+def submit(
+    kit: str, team: str | None = None, cohort: str | None = None, folder: str | None = None
+) -> dict[str, Any]:
+    """Send the kit's last run (``runs/last-model.pt`` and ``runs/last.json``, from its
+    record cell) to be scored on blind data and put on your cohort's leaderboard.
+
+    ``team``: your team's name inside the cohort; ``cohort``: which of yours (default:
+    the one whose starter kit it is); ``folder``: the kit's (default: where the
+    notebook runs). Returns the score, your rank and the submission's id.
+    """
+    runs = Path(folder or ".") / "runs"
+    try:
+        model = (runs / "last-model.pt").read_bytes()
+        record = json.loads((runs / "last.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PortalError(
+            f"No run to submit in {runs} ({e}): run the whole notebook first."
+        ) from None
+    body = {
+        "model": base64.b64encode(model).decode(),
+        "record": record,
+        "server": os.environ.get("JUPYTERHUB_SERVER_NAME", ""),
+        **({"team": team} if team is not None else {}),
+        **({"cohort": cohort} if cohort is not None else {}),
+    }
+    path = f"api/kits/{urllib.parse.quote(kit, safe='')}/submissions"
+    scored: dict[str, Any] = _call("POST", path, body, timeout=SCORING_TIMEOUT)
+    return scored
+
+
+def leaderboard(kit: str, cohort: str | None = None, by: str = "user") -> list[dict[str, Any]]:
+    """The kit's leaderboard for ``cohort`` (None: the open one), by user or by team."""
+    query = urllib.parse.urlencode({"by": by, **({"cohort": cohort} if cohort else {})})
+    path = f"api/kits/{urllib.parse.quote(kit, safe='')}/leaderboard?{query}"
+    standings: list[dict[str, Any]] = _call("GET", path)["standings"]
+    return standings
+
+
 def _gpus_path() -> str:
     server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
     if not server:
@@ -238,7 +278,7 @@ def _gpus_path() -> str:
     return f"api/me/servers/{urllib.parse.quote(server, safe='')}/gpus"
 
 
-def _call(method: str, path: str, body: object = None) -> dict[str, Any]:
+def _call(method: str, path: str, body: object = None, timeout: float = TIMEOUT) -> dict[str, Any]:
     base = os.environ.get("COMPOSE_PORTAL_URL")
     token = os.environ.get("JUPYTERHUB_API_TOKEN")
     if not base or not token:
@@ -253,7 +293,7 @@ def _call(method: str, path: str, body: object = None) -> dict[str, Any]:
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             answer: dict[str, Any] = json.load(response)
             return answer
     except urllib.error.HTTPError as e:

@@ -147,6 +147,31 @@ def holdback(
     return {model: n for model, n in kept.items() if n}
 
 
+@dataclass(frozen=True)
+class StackChoice:
+    """The stacks and starter kit a user's cohorts give them today."""
+
+    stacks: frozenset[str] | None = None  # the stack ids they may use (None: any)
+    starter_kit: str | None = None  # what their form starts with
+    restricted_by: tuple[str, ...] = ()  # the cohorts that restrict the stacks
+
+
+def stack_choice(cohorts: Iterable[Cohort], day: date) -> StackChoice:
+    """What the user's cohorts that run on ``day`` allow: the most generous of them.
+
+    A cohort that names no stacks allows any, so a member of a course that uses
+    one stack and of a research group that uses any may use any. The starter kit
+    is that of the first such cohort (by name) that has one.
+    """
+    running = sorted((c for c in cohorts if c.runs_on(day)), key=lambda c: c.name)
+    kit = next((c.starter_kit for c in running if c.starter_kit), None)
+    restricting = [c for c in running if c.stacks is not None]
+    if not running or len(restricting) < len(running):
+        return StackChoice(None, kit)
+    allowed = frozenset().union(*(c.stacks or () for c in restricting))
+    return StackChoice(allowed, kit, tuple(c.name for c in restricting))
+
+
 def next_session_start(cohort: Cohort, after: datetime) -> datetime | None:
     """When the cohort's next session starts after ``after`` (site-local), within a week."""
     for days in range(8):

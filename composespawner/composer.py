@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
@@ -133,7 +134,7 @@ class Composer:
     async def offer(self, user: str, groups: frozenset[str], *, within: float | None) -> Offer:
         """What the spawn form shows ``user``, under their quota and the reservations in force."""
         allowed = await self.admission_for(user, groups)
-        return await self.pool.offer(
+        offer = await self.pool.offer(
             user,
             groups,
             quota=allowed.quota,
@@ -142,6 +143,7 @@ class Composer:
             registrations=allowed.registrations,
             within=within,
         )
+        return replace(offer, stacks=allowed.stacks)
 
     async def record(
         self, machine_id: str, to: str, message: str, manifest: dict[str, Any] | None = None
@@ -170,15 +172,17 @@ class Composer:
         request: MachineRequest,
         progress: Progress,
         then: tuple[str, str] | None = None,
+        admitted: Admission | None = None,
     ) -> ComposedMachine:
         """Claim, then attach; all-or-nothing. Raises ComposeRefused or ComposeFailed.
 
         The user's effective quota is read first: what one server may ask for is
         checked at once, what the user holds in the claim's transaction.
         ``then``: a next lifecycle step (state, message) the caller takes at once,
-        recorded in the same ledger transaction as ``composed``.
+        recorded in the same ledger transaction as ``composed``. ``admitted``: the
+        user's admission, when the caller has just read it.
         """
-        allowed = await self.admission_for(user, groups)
+        allowed = admitted or await self.admission_for(user, groups)
         try:
             check_ask(user, allowed.quota, request.gpu_model, request.gpu_count)
         except QuotaExceeded as e:

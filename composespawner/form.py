@@ -51,6 +51,11 @@ def render_form(
     ]
     chosen = _chosen_model(choices, previous.get("gpu_model"))
     most = chosen.availability.most_to_ask if chosen else 0
+    allowed = offer.stacks.stacks
+    stacks = [s for s in catalog.stacks if allowed is None or s.id in allowed]
+    kits = [k for k in catalog.kits if any(s.id == k.stack for s in stacks)]
+    # A user who chose no kit last time is not given their cohort's again.
+    kit = previous.get("kit") if "gpu_model" in previous else offer.stacks.starter_kit
     return _TEMPLATES.get_template("compose_form.html").render(
         catalog=catalog,
         choices=choices,
@@ -58,6 +63,10 @@ def render_form(
         counts=range(1, most + 1),
         chosen_count=_chosen_count(previous.get("gpu_count"), most),
         previous=previous,
+        stacks=stacks,
+        kits=kits,
+        chosen_kit=kit if isinstance(kit, str) else "",
+        restricted_by=", ".join(offer.stacks.restricted_by),
         quota=_quota_view(offer),
         inventory_age=_age_text(offer.inventory_age),
         from_link=from_link,

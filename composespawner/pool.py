@@ -16,6 +16,7 @@ from typing import Any
 
 from . import colocation
 from .catalog import Catalog, GpuModel
+from .cohorts import StackChoice
 from .colocation import Registration
 from .fabric.base import Fabric, FabricUnreachable
 from .hardware import Inventory
@@ -37,6 +38,7 @@ class Offer:
     inventory_age: float | None = None
     kept: Mapping[str, str] = field(default_factory=dict)  # model → what cohorts keep of it
     own: Mapping[str, str] = field(default_factory=dict)  # model → its co-located GPUs for the user
+    stacks: StackChoice = field(default_factory=StackChoice)  # what the user's cohorts give
 
     @property
     def gpu_limit(self) -> int | None:

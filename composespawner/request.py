@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .catalog import Catalog
+from .cohorts import StackChoice
 
-FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack")
+FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack", "kit")
 # Every field at its longest takes a few hundred bytes. JupyterHub stores what
 # it is sent in its own database before the spawner sees it, so anything bigger
 # is refused before it can be kept.
@@ -42,6 +43,12 @@ class OptionsTooLarge(RequestError):
     status = 413
 
 
+class StackNotAllowed(RequestError):
+    """A stack the user's cohorts do not use."""
+
+    status = 403
+
+
 @dataclass(frozen=True, slots=True)
 class MachineRequest:
     gpu_model: str  # catalog GpuModel.id
@@ -49,6 +56,7 @@ class MachineRequest:
     network: str  # catalog NetworkChoice.id
     scratch_gb: int
     stack: str | None = None
+    kit: str | None = None  # catalog Kit.id, on its stack
 
     def to_options(self) -> dict[str, Any]:
         """JSON-able ``user_options``; parsing them back gives an equal request."""
@@ -101,12 +109,14 @@ def parse_options(
         raise RequestError(
             f"Unknown option {shown}. Allowed options: {', '.join(FIELDS)}.", unknown[0]
         )
+    kit = _kit(options.get("kit"), catalog)
     return MachineRequest(
         gpu_model=_gpu_model(options.get("gpu_model"), catalog, visible_models),
         gpu_count=_gpu_count(options.get("gpu_count"), catalog),
         network=_network(options.get("network", catalog.networks[0].id), catalog),
         scratch_gb=_scratch(options.get("scratch_gb", 0), catalog),
-        stack=_stack(options.get("stack"), catalog),
+        stack=_stack_for(kit, options.get("stack"), catalog),
+        kit=kit,
     )
 
 
@@ -168,15 +178,65 @@ def _scratch(value: Any, catalog: Catalog) -> int:
     return size
 
 
+def settle_stack(request: MachineRequest, catalog: Catalog, choice: StackChoice) -> MachineRequest:
+    """The request on the stack it will run on: the one asked for, if the user's
+    cohorts use it, or else the first they use (every server has a stack)."""
+    usable = [s for s in catalog.stacks if choice.stacks is None or s.id in choice.stacks]
+    if request.stack is None:
+        if not catalog.stacks:
+            return request
+        if not usable:
+            raise StackNotAllowed(
+                f"Your cohort {', '.join(choice.restricted_by)} uses no stack this hub offers"
+                " now: ask its staff to choose one in the GPU portal.",
+                "stack",
+            )
+        return replace(request, stack=usable[0].id)
+    if all(s.id != request.stack for s in usable):
+        labels = ", ".join(s.label for s in usable) or "none this hub offers now"
+        raise StackNotAllowed(
+            f"Your cohort {', '.join(choice.restricted_by)} uses these stacks only: {labels}."
+            " Choose one of them" + (", or a starter kit on one." if catalog.kits else "."),
+            "stack",
+        )
+    return request
+
+
 def _stack(value: Any, catalog: Catalog) -> str | None:
-    """The stack asked for; none asked for is the catalog's first (every server has one)."""
+    """The stack asked for; None when none was (:func:`settle_stack` picks one)."""
     if value is None or value == "":
-        default = catalog.default_stack
-        return None if default is None else default.id
+        return None
     if not isinstance(value, str) or value not in {s.id for s in catalog.stacks}:
         choices = ", ".join(s.id for s in catalog.stacks) or "none are offered yet"
         raise RequestError(f"Unknown software stack '{_shown(value)}' ({choices}).", "stack")
     return value
+
+
+def _kit(value: Any, catalog: Catalog) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or catalog.kit(value) is None:
+        choices = ", ".join(k.id for k in catalog.kits) or "none are offered"
+        raise RequestError(f"Unknown starter kit '{_shown(value)}' ({choices}).", "kit")
+    return value
+
+
+def _stack_for(kit_id: str | None, value: Any, catalog: Catalog) -> str | None:
+    """The stack asked for, or the kit's when none was; a kit runs on its own only."""
+    kit = catalog.kit(kit_id) if kit_id else None
+    if kit is None:
+        return _stack(value, catalog)
+    if value is None or value == "":
+        return kit.stack
+    stack = _stack(value, catalog)
+    if stack != kit.stack:
+        needed = catalog.stack(kit.stack)
+        raise RequestError(
+            f"The {kit.label} kit runs on the {needed.label if needed else kit.stack} stack:"
+            " choose that stack, or no starter kit.",
+            "kit",
+        )
+    return stack
 
 
 def _integer(value: Any) -> int | None:

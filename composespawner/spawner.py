@@ -24,12 +24,14 @@ from sqlalchemy import event
 from tornado.log import app_log
 from traitlets import Float, Unicode, default
 
-from .catalog import Catalog, Stack
+from .admission import Admission
+from .catalog import Catalog, Kit, Stack
 from .composer import Composer
 from .fabric.base import FabricError
 from .failures import ComposeFailed, ComposeRefused
 from .form import render_form, render_unavailable
-from .launchers.base import Launcher
+from .kits import HOME_FOLDER
+from .launchers.base import KitNotDelivered, Launcher
 from .launchers.local import LocalLauncher
 from .ledger import SchemaNotCurrent
 from .machine import ComposedMachine, machine_env
@@ -44,6 +46,7 @@ from .request import (
     options_size,
     parse_form,
     parse_options,
+    settle_stack,
 )
 from .settings import ComposeSettings, shared_composer
 
@@ -120,6 +123,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.machine: ComposedMachine | None = None
+        self.kit: Kit | None = None  # the starter kit this start asked for
         self._events: list[dict[str, Any]] = []
         self._events_changed = asyncio.Event()
         self._starting = False
@@ -233,10 +237,13 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         try:
             try:
                 request = await self._parse_request()
+                admitted = await self.composer.admission_for(self.user.name, self.groups)
+                request = self._settled(request, admitted)
                 self.stack = self.catalog.stack(request.stack) if request.stack else None
+                self.kit = self.catalog.kit(request.kit) if request.kit else None
                 if self.stack is not None:
                     self.check_stack(self.stack)  # before anything is claimed
-                self.machine = await self._compose(request)
+                self.machine = await self._compose(request, admitted)
             except ComposeRefusal:
                 self._forget_refused()
                 raise
@@ -257,6 +264,12 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             check_server_name(self.name)
             check_size(options)  # before the fabric read: nothing big is worked on
             return parse_options(options, self.catalog, await self._visible_model_ids())
+        except RequestError as e:
+            raise _refusal(e) from e
+
+    def _settled(self, request: MachineRequest, admitted: Admission) -> MachineRequest:
+        try:
+            return settle_stack(request, self.catalog, admitted.stacks)
         except RequestError as e:
             raise _refusal(e) from e
 
@@ -297,7 +310,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             return
         self.log.info("Removed the record of %s: its first start was refused", self._log_name)
 
-    async def _compose(self, request: MachineRequest) -> ComposedMachine:
+    async def _compose(self, request: MachineRequest, admitted: Admission) -> ComposedMachine:
         try:
             return await self.composer.compose(
                 user=self.user.name,
@@ -306,6 +319,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 request=request,
                 progress=self._progress,
                 then=("launching", "starting notebook"),
+                admitted=admitted,
             )
         except ComposeRefused as e:
             raise ComposeRefusal(str(e), reason="no-capacity", status_code=e.status) from e
@@ -318,8 +332,11 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         Called before start() (JupyterHub reads ``start_timeout`` as it calls it),
         with the options not yet checked: start() checks them.
         """
-        options = options or self.accepted_options
-        wanted = options.get("stack") if isinstance(options, dict) else None
+        options = options if isinstance(options, dict) and options else self.accepted_options
+        wanted = options.get("stack")
+        kit = self.catalog.kit(options["kit"]) if isinstance(options.get("kit"), str) else None
+        if not wanted and kit is not None:
+            wanted = kit.stack
         if not wanted:
             stack = self.catalog.default_stack
         else:
@@ -334,6 +351,8 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         """Start the notebook on the composed machine (the ledger says ``launching``)."""
         assert self.machine is not None
         await self.prepare_launch()
+        if self.kit is not None:
+            await self._deliver_kit(self.kit)
         await self._write_run_manifest(self.machine)
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
@@ -345,11 +364,21 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
         return url
 
+    async def _deliver_kit(self, kit: Kit) -> None:
+        """Put the kit in the home; without it the server is still worth starting."""
+        self._progress(f"putting the {kit.label} kit in ~/{HOME_FOLDER}/{kit.id}")
+        try:
+            await self.deliver_kit(kit)
+        except KitNotDelivered as e:
+            self.log.warning("%s: kit %s not merged: %s", self._log_name, kit.id, e)
+            self._progress(
+                f"the {kit.label} kit could not be put in your home ({e}); your server starts"
+                " without it. Free some space or remove what is in its way, and start again."
+            )
+
     async def _write_run_manifest(self, machine: ComposedMachine) -> None:
         """What this server runs on: for the notebook and this server's state (and the
         ledger, with the step into ``running``)."""
-        env = self.get_env()
-        stack_keys = set(dict(self.stack.env)) if self.stack is not None else set()
         manifest = run_manifest(
             user=self.user.name,
             server=self.name,
@@ -357,10 +386,16 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             stack=self.stack,
             variant=self.stack_variant,
             machine=machine,
-            environment={k: v for k, v in env.items() if _injected(k, stack_keys)},
+            # What composespawner gives the notebook: not get_env(), which holds tokens
+            # (and costs a storm's hub as much again as the rest of this).
+            environment={**self.launcher_env(), **self._compose_env()},
             started_at=datetime.now(UTC),
         )
-        await asyncio.to_thread(self.deliver_run_manifest, manifest)
+        # A few small writes to local disk: on the event loop, as JupyterHub's
+        # LocalProcessSpawner makes a home, because a worker thread costs more
+        # (handing the write to the executor took the hub's loop four times as
+        # long as the write, in a 200-user storm).
+        self.deliver_run_manifest(manifest)
         self.run_manifest = manifest
 
     # -- stop and poll: every way a server ends releases its machine -----------
@@ -446,6 +481,16 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
 
     def get_env(self) -> dict[str, str]:
         env: dict[str, str] = super().get_env()
+        env.update(self._compose_env())
+        if self.kit is not None:  # the server opens on the kit's notebook
+            env["JUPYTERHUB_DEFAULT_URL"] = (
+                f"/lab/tree/{HOME_FOLDER}/{self.kit.id}/{self.kit.notebook}"
+            )
+        return env
+
+    def _compose_env(self) -> dict[str, str]:
+        """What the notebook is told of its machine, its stack and the portal."""
+        env: dict[str, str] = {}
         if self.machine is not None:
             env.update(machine_env(self.machine))
         if self.portal_url:
@@ -489,15 +534,6 @@ def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> No
     """
     if isinstance(spawner, ComposeMixin):
         spawner.allow_time_for(user_options)
-
-
-def _injected(name: str, stack_keys: set[str]) -> bool:
-    """Whether a variable is one composespawner gave the notebook (never a token)."""
-    return (
-        name.startswith("COMPOSE_")
-        or name in stack_keys
-        or name in ("CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV")
-    )
 
 
 def stack_env(stack: Stack) -> dict[str, str]:

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import Stack
+from ..catalog import Kit, Stack
+
+
+class KitNotDelivered(Exception):
+    """A starter kit could not be merged into the home; the message says why."""
 
 
 class Launcher:
@@ -51,6 +55,17 @@ class Launcher:
 
     async def prepare_launch(self) -> None:
         """Have :attr:`stack` ready to run, before ``get_env`` and ``start`` (a build)."""
+
+    async def deliver_kit(self, kit: Kit) -> None:
+        """Merge ``kit`` into the user's home, never over their changes (:mod:`..kits`).
+
+        Raises :class:`KitNotDelivered` with what went wrong; the start goes on.
+        """
+        del kit
+
+    def launcher_env(self) -> dict[str, str]:
+        """What the launcher adds to the notebook's environment (where its stack is)."""
+        return {}
 
     def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """Put the run manifest where the notebook reads it, read-only; where that is."""

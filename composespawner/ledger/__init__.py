@@ -47,6 +47,7 @@ from composespawner.ledger.records import (
 )
 from composespawner.ledger.runner import LedgerRunner
 from composespawner.ledger.store import Ledger
+from composespawner.ledger.submissions import Standing, Submission, standings
 
 __all__ = [
     "HOLDABLE_KINDS",
@@ -80,6 +81,8 @@ __all__ = [
     "ServerBusy",
     "ServerUse",
     "SpawnPolicy",
+    "Standing",
+    "Submission",
     "UnknownDevices",
     "UnknownMachine",
     "UsageRecord",
@@ -87,5 +90,6 @@ __all__ = [
     "check_transition",
     "is_terminal",
     "server_label",
+    "standings",
     "utcnow",
 ]

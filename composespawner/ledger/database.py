@@ -15,6 +15,9 @@ checked by rowcount plus explicit row locks, which is correct there.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -90,3 +93,19 @@ def _postgresql_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
         pool_timeout=timeout,
         connect_args=connect_args,
     )
+
+
+class LedgerPart:
+    """A part of the ledger (its policy, its kit submissions) on the ledger's engine:
+    reads through ``_engine``, writes through the ledger's ``_write`` (its turn and
+    transaction), times from its clock."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[], AbstractContextManager[Connection]],
+        now: Callable[[], datetime],
+    ) -> None:
+        self._engine = engine
+        self._write = write
+        self._now = now

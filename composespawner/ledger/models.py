@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -170,6 +171,26 @@ class RunManifestRow(Base):
     manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_run_manifests_user", "user_name", "started_at"),)
+
+
+class KitSubmissionRow(Base):
+    """A starter-kit model the portal scored on blind data (composespawner.scoring)."""
+
+    __tablename__ = "kit_submissions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kit: Mapped[str] = mapped_column(String(64))
+    cohort: Mapped[str | None] = mapped_column(String(255))  # its leaderboard; None: the open one
+    user_name: Mapped[str] = mapped_column(String(255))
+    team: Mapped[str | None] = mapped_column(String(64))
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    score: Mapped[float] = mapped_column(Float)
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model: Mapped[bytes] = mapped_column(LargeBinary)  # kept: any score can be checked again
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)  # the run's repro record
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the server's run manifest
+
+    __table_args__ = (Index("ix_kit_submissions_board", "kit", "cohort", "score"),)
 
 
 class UsageRecordRow(Base):

@@ -6,15 +6,13 @@ transaction, so no change is stored without who made it, and from where.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from typing import Any, cast
 
 from sqlalchemy import (
     Connection,
-    Engine,
     Table,
     bindparam,
     delete,
@@ -27,6 +25,7 @@ from sqlalchemy import (
 
 from composespawner.cohorts import Cohort, Session
 from composespawner.colocation import Registration
+from composespawner.ledger.database import LedgerPart
 from composespawner.ledger.errors import UnknownDevices
 from composespawner.ledger.models import (
     AuditEntryRow,
@@ -67,16 +66,8 @@ class AuditEntry:
     about_user: str | None = None
 
 
-class Policy:
-    def __init__(
-        self,
-        engine: Engine,
-        write: Callable[[], AbstractContextManager[Connection]],
-        now: Callable[[], datetime],
-    ) -> None:
-        self._engine = engine
-        self._write = write
-        self._now = now
+class Policy(LedgerPart):
+    """Quota rules, cohorts, co-located devices and the audit log."""
 
     # -- quota rules --------------------------------------------------------------
 
@@ -165,7 +156,8 @@ class Policy:
             reserving = [_cohort(r._mapping) for r in connection.execute(_RESERVING_COHORTS)]
             held = _held_under_cohorts(connection) if reserving else {}
             registered = _registrations(connection)
-        return SpawnPolicy(effective_quota(rules, user, groups), reserving, held, registered)
+            own = _cohorts_named(connection, groups) if groups else []
+        return SpawnPolicy(effective_quota(rules, user, groups), reserving, held, registered, own)
 
     # -- co-located devices --------------------------------------------------------
 
@@ -282,6 +274,7 @@ class SpawnPolicy:
     reserving: list[Cohort]  # cohorts with a reservation, in session or not
     held: dict[tuple[str, str], int]  # (cohort, fabric GPU model) → GPUs held under it
     registrations: dict[str, Registration] = field(default_factory=dict)  # co-located, by block
+    cohorts: list[Cohort] = field(default_factory=list)  # the user's own, running or not
 
 
 _COHORTS = select(COHORTS).order_by(COHORTS.c.name)
@@ -292,6 +285,11 @@ _HELD_UNDER_COHORTS = (
     .where(MACHINES.c.cohort.is_not(None), DEVICES.c.kind == "gpu")
     .group_by(MACHINES.c.cohort, DEVICES.c.model)
 )
+
+
+def _cohorts_named(connection: Connection, names: Collection[str]) -> list[Cohort]:
+    query = select(COHORTS).where(COHORTS.c.name.in_(sorted(names)))
+    return [_cohort(r._mapping) for r in connection.execute(query)]
 
 
 def _held_under_cohorts(connection: Connection) -> dict[tuple[str, str], int]:

@@ -106,6 +106,7 @@ from composespawner.ledger.records import (
     UsageRecord,
     utcnow,
 )
+from composespawner.ledger.submissions import Submissions
 from composespawner.ledger.usage import (
     UsageSums,
     UserSums,
@@ -150,6 +151,7 @@ class Ledger:
         )
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
+        self.submissions = Submissions(self._engine, self._write, self._now)
         self._device_records: dict[tuple[Any, ...], DeviceRecord] = {}
         self._user_sums = UserSums()
 

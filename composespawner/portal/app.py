@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import signal
 from datetime import tzinfo
 from pathlib import Path
@@ -19,9 +20,12 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application, StaticFileHandler
 from traitlets import Integer, Unicode, default
 
+from ..accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from ..application import ComposeApplication
 from ..composer import Composer
+from ..launchers.environments import default_root
 from ..resize import Resizer
+from ..scoring import Scorer, read_secret
 from ..settings import build_composer
 from . import handlers
 from .hub import HubClient
@@ -47,10 +51,33 @@ class PortalApp(ComposeApplication):
         help="The path the proxy sends here ($JUPYTERHUB_SERVICE_PREFIX).",
     )
     max_body_bytes = Integer(
-        64 * 1024,
+        8 * 1024 * 1024,
         config=True,
-        help="Largest request body accepted; the portal's JSON calls are small.",
+        help="""Largest request body accepted. The portal's JSON calls are small but for a
+        starter-kit submission, which carries its model (scoring takes up to 5 MB).""",
     )
+    scoring_secret_file = Unicode(
+        "compose_scoring_secret",
+        config=True,
+        help="""The secret the blind data of every starter kit is drawn from (made, 32
+        random bytes and mode 0600, if missing; relative to where the portal runs). Keep
+        it: a new one makes new blind data, and old scores no longer compare.""",
+    )
+    scoring_account = Unicode(
+        DEFAULT_NOTEBOOK_ACCOUNT,
+        config=True,
+        help="""The unprivileged account submissions are scored as, when the portal runs as
+        root (a submission is code). Empty scores them as the portal's own account.""",
+    )
+    stack_environments_dir = Unicode(
+        config=True,
+        help="""Where the stacks' environments are (ComposeSpawner.stack_environments_dir):
+        a kit's submissions are scored in its stack's.""",
+    )
+
+    @default("stack_environments_dir")
+    def _default_stack_environments_dir(self) -> str:
+        return str(default_root())
 
     @default("service_url")
     def _default_service_url(self) -> str:
@@ -89,6 +116,20 @@ class PortalApp(ComposeApplication):
             await hub.close()
             await composer.close()
 
+    def _scorer(self) -> Scorer | None:
+        account = None
+        if os.geteuid() == 0 and self.scoring_account:
+            try:
+                account = pwd.getpwnam(self.scoring_account)
+            except KeyError:
+                self.log.error(
+                    "No account %r to score starter-kit submissions as: none are taken. "
+                    "Create it (composespawner demo does) or set scoring_account.",
+                    self.scoring_account,
+                )
+                return None
+        return Scorer(read_secret(Path(self.scoring_secret_file)), account)
+
     def make_app(
         self,
         *,
@@ -125,6 +166,8 @@ class PortalApp(ComposeApplication):
                 prefix=prefix,
                 timezone=timezone,
                 resizer=Resizer(composer),
+                scorer=self._scorer(),
+                stack_environments=Path(self.stack_environments_dir),
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )

@@ -9,12 +9,14 @@ token (HubOAuth checks it); API tokens need the scope.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -23,17 +25,29 @@ from jupyterhub.services.auth import HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError, RequestHandler, authenticated
 
-from ..catalog import Catalog
-from ..cohorts import Cohort, next_session_start
+from ..catalog import Catalog, Kit
+from ..cohorts import Cohort, InvalidCohort, next_session_start
 from ..colocation import Registration
 from ..failures import ComposeFailed, ComposeRefused
-from ..ledger import TERMINAL, Actor, DeviceRecord, Ledger, Machine, UnknownDevices
+from ..launchers.environments import StackEnvironments
+from ..ledger import (
+    TERMINAL,
+    Actor,
+    DeviceRecord,
+    Ledger,
+    Machine,
+    Standing,
+    UnknownDevices,
+    standings,
+)
 from ..ledger.runner import LedgerRunner
+from ..ledger.submissions import BY
 from ..machine import machine_env
 from ..manifest import NotRelaunchable, relaunch_options
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from ..request import RequestError, check_server_name
 from ..resize import Resizer
+from ..scoring import Scorer, SubmissionRefused
 from ..usage import InvalidPeriod, Period, usage_report
 from . import views
 from .hub import HubClient, HubUnavailable
@@ -60,6 +74,8 @@ class Portal:
     prefix: str
     timezone: tzinfo = UTC  # where cohort session times are told
     resizer: Resizer | None = None  # grows and shrinks running machines (None: it cannot)
+    scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
+    stack_environments: Path | None = None  # where the stacks' environments are built
     runner: LedgerRunner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +143,71 @@ class Portal:
         if status not in (201, 202):
             raise HTTPError(status if 400 <= status < 600 else 502, message)
         return {"server": server, "options": options, "from_machine": machine_id}
+
+    async def submit(
+        self, user: str, groups: list[str], kit: Kit, ask: views.SubmissionAsk
+    ) -> dict[str, Any]:
+        """Score ``ask``'s model on ``kit``'s blind data and put it on its leaderboard."""
+        if self.scorer is None or self.stack_environments is None:
+            raise HTTPError(503, "This hub takes no starter-kit submissions.")
+        mine = await self.runner.run(self.ledger.policy.cohorts, groups) if groups else []
+        try:
+            board = views.board_for(kit.id, sorted(mine, key=lambda c: c.name), ask.cohort)
+        except InvalidCohort as e:
+            raise HTTPError(403, str(e)) from None
+        python = self._stack_python(kit)
+        try:
+            score = await self.scorer.score(kit, python, ask.model)
+        except SubmissionRefused as e:
+            raise HTTPError(e.status, str(e)) from None
+        manifest = await self._run_manifest_of(user, ask.server)
+        submission = await self.runner.run(
+            functools.partial(
+                self.ledger.submissions.add,
+                kit=kit.id,
+                cohort=board,
+                user=user,
+                team=ask.team,
+                score=score,
+                model=ask.model,
+                record=ask.record,
+                manifest=manifest,
+            )
+        )
+        on_board = await self.runner.run(self.ledger.submissions.of_board, kit.id, board)
+        rank = next(s.rank for s in standings(on_board, "user") if s.name == user)
+        return {
+            "id": submission.id,
+            "kit": kit.id,
+            "cohort": board,
+            "score": score,
+            "rank": rank,
+            "model_sha256": submission.model_sha256,
+        }
+
+    def _stack_python(self, kit: Kit) -> Path:
+        stack = self.catalog.stack(kit.stack)
+        # The catalog checks a kit's stack; submit() checks stack_environments.
+        assert stack is not None
+        assert stack.common is not None
+        assert self.stack_environments is not None
+        environment = StackEnvironments(self.stack_environments, stack.common).ready(stack)
+        if environment is None:
+            raise HTTPError(
+                503,
+                f"The {stack.label} stack is not built on this hub yet: start a server on it,"
+                " then submit again.",
+            )
+        return environment.bin / "python"
+
+    async def _run_manifest_of(self, user: str, server: str) -> dict[str, Any] | None:
+        """The run manifest of ``user``'s running ``server``, if it is running."""
+        machines = await self.runner.run(self.ledger.live_machines, user)
+        machine = next((m for m in machines if m.server_name == server), None)
+        if machine is None:
+            return None
+        run = await self.runner.run(self.ledger.run_manifest, machine.id)
+        return None if run is None else run.manifest
 
     async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
         """Stop the server a live machine serves, cleanly, telling its user why."""
@@ -586,6 +667,97 @@ class RunManifestApi(ApiHandler):
         self.write_json(views.run_json(run))
 
 
+class KitsMixin(PortalHandler):
+    """What the submission and leaderboard calls and page share."""
+
+    def kit(self, kit_id: str) -> Kit:
+        kit = self.portal.catalog.kit(unquote(kit_id))
+        if kit is None:
+            known = ", ".join(k.id for k in self.portal.catalog.kits) or "none"
+            raise HTTPError(404, f"No starter kit {unquote(kit_id)!r}; the kits: {known}.")
+        return kit
+
+    async def standings(self, kit: Kit, cohort: str | None, by: str) -> list[Standing]:
+        """The kit's board for ``cohort`` (None: the open one): a cohort's is its members',
+        its staff's and the admins' to see; the open board everyone's."""
+        if by not in BY:
+            raise HTTPError(400, "by must be user or team.")
+        if cohort is not None and cohort not in await self.groups() and not self.staffs(cohort):
+            raise HTTPError(403, f"Only cohort {cohort}'s members and staff see its leaderboard.")
+        board = await self.ledger(self.portal.ledger.submissions.of_board, kit.id, cohort)
+        return standings(board, by)
+
+
+class KitSubmissionsApi(ApiHandler, KitsMixin):
+    """``POST api/kits/KIT/submissions``: score a model on the kit's blind data, and put
+    it on the leaderboard of the submitter's cohort."""
+
+    async def post(self, kit_id: str) -> None:
+        kit = self.kit(kit_id)
+        try:
+            ask = views.submission_from_json(self.json_body())
+        except InvalidCohort as e:
+            raise HTTPError(400, str(e)) from None
+        groups = await self.groups()
+        result = await self.portal.submit(self.user["name"], groups, kit, ask)
+        self.write_json(result, status=201)
+
+
+class LeaderboardApi(ApiHandler, KitsMixin):
+    """``GET api/kits/KIT/leaderboard?cohort=NAME&by=user|team``: each one's best score."""
+
+    async def get(self, kit_id: str) -> None:
+        kit = self.kit(kit_id)
+        cohort = self.get_argument("cohort", None) or None
+        by = self.get_argument("by", "user")
+        ranked = await self.standings(kit, cohort, by)
+        self.write_json(
+            {
+                "kit": kit.id,
+                "cohort": cohort,
+                "by": by,
+                "standings": [views.standing_json(s) for s in ranked],
+            }
+        )
+
+
+class LeaderboardsPage(PageHandler, KitsMixin):
+    """``leaderboards?kit=KIT&cohort=NAME&by=user|team``: a kit's board, for people."""
+
+    @authenticated
+    async def get(self) -> None:
+        kits = self.portal.catalog.kits
+        if not kits:
+            raise HTTPError(404, "This hub offers no starter kits, so it has no leaderboards.")
+        kit = self.kit(self.get_argument("kit", kits[0].id))
+        groups = await self.groups()
+        cohorts = await self.ledger(self.portal.ledger.policy.cohort_names)
+        boards = [c for c in cohorts if c in groups or self.staffs(c)]
+        cohort = self.get_argument("cohort", boards[0] if boards else "") or None
+        by = self.get_argument("by", "user")
+        ranked = await self.standings(kit, cohort, by)
+        self.render_page(
+            "leaderboards.html",
+            kits=kits,
+            kit=kit,
+            boards=boards,
+            cohort=cohort,
+            by=by,
+            standings=[views.standing_json(s) for s in ranked],
+        )
+
+
+class RunPage(PageHandler):
+    """``runs/MACHINE``: a run's manifest, for its user and the admins (404 to others)."""
+
+    @authenticated
+    async def get(self, machine_id: str) -> None:
+        run = await self.ledger(self.portal.ledger.run_manifest, unquote(machine_id))
+        if run is None or (run.user_name != self.user["name"] and not self.is_admin):
+            raise HTTPError(404, "No run of yours has that machine id.")
+        self.render_page("run.html", run=views.run_json(run))
+
+
 class ReleaseMachineApi(ApiHandler):
     """``POST api/machines/ID/release`` with ``{"reason": "..."}``: stop its server."""
 
@@ -755,7 +927,7 @@ class CohortsMixin(PortalHandler):
             except views.NotStaffsToChange as e:
                 raise HTTPError(403, str(e)) from None
         try:
-            cohort = views.cohort_from_json(name, body, self.portal.model_ids)
+            cohort = views.cohort_from_json(name, body, self.portal.catalog)
         except InvalidQuota as e:
             raise HTTPError(400, str(e)) from None
         await self.check_group_exists(cohort.name)
@@ -912,6 +1084,8 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     ("cohorts", CohortsPage),
     ("inventory", InventoryPage),
     ("colocated", ColocatedPage),
+    ("leaderboards", LeaderboardsPage),
+    (r"runs/([^/]+)", RunPage),
     ("api/me", MeApi),
     (r"api/me/server()/gpus", MyGpusApi),
     (r"api/me/servers/([^/]+)/gpus", MyGpusApi),
@@ -930,6 +1104,8 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/machines/([^/]+)/release", ReleaseMachineApi),
     (r"api/runs/([^/]+)", RunManifestApi),
     (r"api/runs/([^/]+)/launch", LaunchAgainApi),
+    (r"api/kits/([^/]+)/submissions", KitSubmissionsApi),
+    (r"api/kits/([^/]+)/leaderboard", LeaderboardApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),
 ]

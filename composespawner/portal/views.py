@@ -7,14 +7,18 @@ with a message a person can act on.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import date, datetime, timedelta
 from typing import Any, TypeVar
 
+from ..catalog import Catalog
 from ..cohorts import Cohort, InvalidCohort, Session
 from ..colocation import InvalidRegistration, Registration
-from ..ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest
+from ..ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest, Standing
 from ..quota import InvalidQuota, Level, Quota, QuotaRule
 from ..resize import MOST_AT_ONCE
 from ..usage import DayUse, UsageReport
@@ -117,8 +121,9 @@ def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[st
     }
 
 
-def cohort_from_json(name: str, body: object, catalog_models: Collection[str]) -> Cohort:
+def cohort_from_json(name: str, body: object, catalog: Catalog) -> Cohort:
     """The cohort a PUT asks to store; InvalidCohort says what is wrong with it."""
+    catalog_models = [m.id for m in catalog.gpu_models]
     if not isinstance(body, dict):
         raise InvalidCohort('send a JSON object, e.g. {"sessions": ["Mon 09:00-11:00"]}')
     unknown = sorted(set(body) - set(COHORT_FIELDS))
@@ -132,6 +137,17 @@ def cohort_from_json(name: str, body: object, catalog_models: Collection[str]) -
     if model is not None and model not in catalog_models:
         known = ", ".join(sorted(catalog_models))
         raise InvalidCohort(f"unknown GPU model {model!r}; the catalog has: {known}")
+    if stacks is not None:
+        _known("stack", _strings(stacks, "stacks"), [s.id for s in catalog.stacks])
+    kit = _optional_text(body.get("starter_kit"), "starter_kit")
+    if kit is not None:
+        _known("starter kit", [kit], [k.id for k in catalog.kits])
+        on = catalog.kit(kit)
+        if on is not None and stacks is not None and on.stack not in stacks:
+            raise InvalidCohort(
+                f"the starter kit {kit!r} runs on the {on.stack!r} stack, which the cohort's"
+                " stacks leave out: add it, or choose another kit"
+            )
     return Cohort(
         name=name,
         title=_text(body.get("title", ""), "title"),
@@ -139,10 +155,18 @@ def cohort_from_json(name: str, body: object, catalog_models: Collection[str]) -
         ends_on=_date(body.get("ends_on"), "ends_on"),
         sessions=tuple(Session.parse(text) for text in sessions),
         stacks=None if stacks is None else frozenset(_strings(stacks, "stacks")),
-        starter_kit=_optional_text(body.get("starter_kit"), "starter_kit"),
+        starter_kit=kit,
         reserved_model=model,
         reserved_gpus=body.get("reserved_gpus", 0),
     )
+
+
+def _known(kind: str, asked: Collection[str], known: Collection[str]) -> None:
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        raise InvalidCohort(
+            f"unknown {kind} {unknown[0]!r}; the catalog has: {', '.join(known) or 'none'}"
+        )
 
 
 def cohort_body_from_form(form: Mapping[str, str]) -> dict[str, Any]:
@@ -542,3 +566,86 @@ def page_of(
     number = min(max(number, 1), pages)
     start = (number - 1) * per_page
     return rows[start : start + per_page], Paging(number, pages, len(rows))
+
+
+# -- starter-kit submissions and leaderboards -----------------------------------------
+
+TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SubmissionAsk:
+    """A submission as posted: the model, its run's record, and where it goes."""
+
+    model: bytes
+    record: dict[str, Any]
+    server: str
+    team: str | None
+    cohort: str | None
+
+
+def submission_from_json(body: object) -> SubmissionAsk:
+    """``{"model": base64, "record": {...}, "server": "", "team": "blue", "cohort": ...}``;
+    InvalidCohort says what is wrong."""
+    example = '{"model": "<base64 of torch.jit.save>", "record": {...}}'
+    if not isinstance(body, dict):
+        raise InvalidCohort(f"send a JSON object: {example}")
+    unknown = sorted(set(body) - {"model", "record", "server", "team", "cohort"})
+    if unknown:
+        raise InvalidCohort(f"unknown field {unknown[0]!r}; send {example}")
+    model = body.get("model")
+    try:
+        decoded = base64.b64decode(model, validate=True) if isinstance(model, str) else None
+    except (binascii.Error, ValueError):
+        decoded = None
+    if not decoded:
+        raise InvalidCohort("model must be the base64 of a TorchScript file (torch.jit.save)")
+    record = body.get("record")
+    if not isinstance(record, dict):
+        raise InvalidCohort("record must be the run's repro record, a JSON object")
+    team = body.get("team")
+    if team is not None and (not isinstance(team, str) or not TEAM.match(team)):
+        raise InvalidCohort(
+            "team must be up to 64 letters, digits, spaces, '.', '_' or '-', starting with"
+            " a letter or digit"
+        )
+    server = body.get("server", "")
+    if not isinstance(server, str):
+        raise InvalidCohort("server must be the name of your server ('' for the default)")
+    return SubmissionAsk(
+        decoded, record, server, team, _optional_text(body.get("cohort"), "cohort")
+    )
+
+
+def board_for(kit: str, cohorts: Sequence[Cohort], asked: str | None) -> str | None:
+    """Which cohort's leaderboard a submission goes to: the one asked for (one of the
+    user's), else the first whose starter kit it is, else the first they are in; None
+    (the open board) for a user in no cohort."""
+    names = [c.name for c in cohorts]
+    if asked is not None:
+        if asked not in names:
+            raise InvalidCohort(f"you are not in cohort {asked!r}; yours: {', '.join(names)}")
+        return asked
+    chosen = next((c.name for c in cohorts if c.starter_kit == kit), None)
+    return chosen or (names[0] if names else None)
+
+
+def standing_json(standing: Standing) -> dict[str, Any]:
+    s = standing.submission
+    stack = (s.manifest or {}).get("stack") or {}
+    return {
+        "rank": standing.rank,
+        "name": standing.name,
+        "score": standing.score,
+        "submissions": standing.submissions,
+        "best": {
+            "id": s.id,
+            "user": s.user_name,
+            "team": s.team,
+            "submitted_at": s.submitted_at.isoformat(),
+            "model_sha256": s.model_sha256,
+            "weights": s.record.get("weights"),
+            "stack": stack.get("id"),
+            "lock_sha256": stack.get("lock_sha256"),
+        },
+    }

@@ -87,3 +87,22 @@ def test_a_refusal_is_shown_on_the_form(hub: Hub, page: Page) -> None:
     )
     shot(page, "spawn-refused")
     assert hub.composed_hosts() == composed
+
+
+@pytest.mark.timeout(240)
+def test_a_starter_kit_chosen_on_the_form_opens_in_jupyterlab(hub: Hub, page: Page) -> None:
+    log_in(page, hub, "teacher1")
+    page.goto(f"{hub.url}/hub/spawn")
+    page.check("#gpu-t4")
+    page.select_option("#stack", "tensorflow")
+    page.select_option("#kit", "digits")
+    expect(page.locator("#stack")).to_have_value("pytorch")  # the kit's own stack
+    page.click("form input[type=submit], form button[type=submit]")
+
+    page.wait_for_url("**/user/teacher1/lab/tree/starter-kits/digits/digits.ipynb", timeout=120_000)
+    notebook = page.locator(".jp-NotebookPanel")
+    expect(notebook).to_be_visible(timeout=120_000)
+    expect(notebook).to_contain_text("Handwritten digits: a two-minute start", timeout=60_000)
+    shot(page, "starter-kit")
+    hub.stop("teacher1")
+    wait_for(lambda: hub.composed_hosts() == {}, 30, "every device to be detached")

@@ -241,6 +241,13 @@ def test_a_cohort_session_keeps_t4s_for_its_members_and_not_for_others(
             "write a session as 'Mon 09:00-11:00'",
         ),
         ("api/cohorts/cs-101", {"sessions": "Mon 09:00-11:00"}, "sessions must be a list"),
+        ("api/cohorts/cs-101", {"stacks": ["conda"]}, "unknown stack 'conda'"),
+        ("api/cohorts/cs-101", {"starter_kit": "mnist"}, "unknown starter kit 'mnist'"),
+        (
+            "api/cohorts/cs-101",
+            {"stacks": ["tensorflow"], "starter_kit": "digits"},
+            "runs on the 'pytorch' stack, which the cohort's stacks leave out",
+        ),
         ("api/cohorts/cs-101", {"starts_on": "2026-12-01", "ends_on": "2026-09-01"}, "ends before"),
         ("api/cohorts/cs-101", {"starts_on": "next monday"}, "starts_on must be a date"),
         ("api/cohorts/cs-101", {"reserved_gpus": 2}, "a reservation names both a GPU model"),
@@ -272,14 +279,18 @@ def test_course_staff_manage_their_own_cohort_and_nothing_else(hub: Hub, admin: 
         assert [c["name"] for c in teacher.call("GET", "api/cohorts").json()["cohorts"]] == [
             "cs-101"
         ]
-        change = {"title": "Deep learning", "sessions": ["Tue 10:00-12:00"], "starter_kit": "mnist"}
+        change = {
+            "title": "Deep learning",
+            "sessions": ["Tue 10:00-12:00"],
+            "starter_kit": "digits",
+        }
         put = teacher.call("PUT", "api/cohorts/cs-101", json=change)
         assert put.status_code == 200, put.text
         stored = admin.call("GET", "api/cohorts/cs-101").json()
         assert (stored["title"], stored["sessions"], stored["starter_kit"]) == (
             "Deep learning",
             ["Tue 10:00-12:00"],
-            "mnist",
+            "digits",
         )
         assert (stored["reserved_model"], stored["reserved_gpus"]) == ("t4", 2)  # the admins'
 

@@ -8,12 +8,14 @@ stack's determinism settings.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from composespawner.catalog import Catalog
 from tests.e2e.test_portal import Visitor
@@ -26,6 +28,7 @@ from tests.hubharness import (
     wait_for_portal,
 )
 from tests.support.kernel import run_in_kernel
+from tests.support.kits import KITS
 
 pytestmark = pytest.mark.e2e
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
@@ -155,9 +158,18 @@ def test_every_server_gets_a_read_only_run_manifest_the_portal_shows_too(hub: Hu
         # Nobody else reads it: the 404 of a machine that never was.
         other = Visitor(hub, "student1").call("GET", f"api/runs/{machine['id']}")
         assert other.status_code == 404, other.text
-        admin = Visitor(hub, "admin").call("GET", f"api/runs/{machine['id']}")
-        assert admin.status_code == 200, admin.text
-        assert admin.json()["manifest"] == manifest
+        admin = Visitor(hub, "admin")
+        seen = admin.call("GET", f"api/runs/{machine['id']}")
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["manifest"] == manifest
+        # And as pages: from the inventory to the run, for the admins.
+        inventory = admin.call("GET", "inventory").text
+        assert f'href="/services/compose/runs/{machine["id"]}"' in inventory
+        page = admin.call("GET", f"runs/{machine['id']}")
+        assert page.status_code == 200, page.text
+        assert machine["host"] in page.text
+        assert env["COMPOSE_STACK_LOCK_SHA256"][:12] in page.text
+        assert Visitor(hub, "student1").call("GET", f"runs/{machine['id']}").status_code == 404
     finally:
         hub.stop("student2")
     # Kept after the server ended, for "launch again identically".
@@ -214,3 +226,156 @@ def test_launch_again_identically_from_a_run_manifest(hub: Hub) -> None:
         assert without_ids(again) == without_ids(first)
     finally:
         hub.stop("researcher1", "again")
+
+
+def contents(hub: Hub, user: str, token: str, method: str, path: str, **kw: Any) -> Any:
+    """The user's own server's contents API, as JupyterLab uses it."""
+    url = f"{hub.url}/user/{user}/api/contents/starter-kits/digits/{path}"
+    reply = requests.request(
+        method, url, headers={"Authorization": f"token {token}"}, timeout=30, **kw
+    )
+    assert reply.ok, reply.text
+    return reply
+
+
+@pytest.mark.timeout(300)
+def test_a_starter_kit_lands_in_the_home_and_the_users_work_survives_the_next_start(
+    hub: Hub,
+) -> None:
+    env = started_on(hub, "teacher1", {"kit": "digits"})
+    kit = Path(env["HOME"]) / "starter-kits" / "digits"
+    token = env["JUPYTERHUB_API_TOKEN"]
+    try:
+        assert env["COMPOSE_STACK"] == "pytorch"  # the kit's stack
+        assert env["JUPYTERHUB_DEFAULT_URL"] == "/lab/tree/starter-kits/digits/digits.ipynb"
+        for name in ("digits.ipynb", "digits_kit.py"):
+            assert (kit / name).read_bytes() == (KITS / "digits" / name).read_bytes()
+        assert (kit / "digits.ipynb").stat().st_uid == Path(env["HOME"]).stat().st_uid
+        manifest = json.loads(Path(env["COMPOSE_RUN_MANIFEST"]).read_text())
+        assert manifest["options"]["kit"] == "digits"
+
+        # The user changes the notebook and deletes the data module, from the server.
+        edited = contents(hub, "teacher1", token, "GET", "digits.ipynb").json()
+        edited["content"]["cells"][0]["source"] = "# My own digits"
+        body = {"type": "notebook", "format": "json", "content": edited["content"]}
+        contents(hub, "teacher1", token, "PUT", "digits.ipynb", json=body)
+        contents(hub, "teacher1", token, "DELETE", "digits_kit.py")
+    finally:
+        hub.stop("teacher1")
+
+    started_on(hub, "teacher1", {"kit": "digits"})
+    try:
+        first_cell = json.loads((kit / "digits.ipynb").read_text())["cells"][0]["source"]
+        assert "".join(first_cell) == "# My own digits"  # the user's changes win
+        assert (kit / "digits_kit.py").read_bytes() == (
+            KITS / "digits" / "digits_kit.py"
+        ).read_bytes()
+    finally:
+        hub.stop("teacher1")
+
+
+@pytest.mark.timeout(300)
+def test_a_cohort_keeps_its_members_to_its_stacks_and_offers_them_its_kit(hub: Hub) -> None:
+    admin = Visitor(hub, "admin")
+    course = {"stacks": ["tensorflow"], "starter_kit": None}
+    assert admin.call("PUT", "api/cohorts/cs-101", json=course).status_code == 200
+    try:
+        refused = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"})
+        assert refused.status_code == 403, refused.text
+        assert "cohort cs-101 uses these stacks only: TensorFlow 2.21" in refused.json()["message"]
+        assert hub.composed_hosts() == {}
+        on_kit = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "kit": "digits"})
+        assert on_kit.status_code == 403, on_kit.text  # the kit runs on PyTorch
+
+        # The form offers only what the cohort uses, and no kit on another stack.
+        form = hub.login("student1").get(f"{hub.url}/hub/spawn", timeout=30).text
+        assert 'value="tensorflow"' in form
+        assert 'value="pytorch"' not in form
+        assert 'name="kit"' not in form
+        assert "Your cohort cs-101 uses these." in form
+
+        # Without a stack asked for: the first the cohort uses.
+        assert started_on(hub, "student1", {})["COMPOSE_STACK"] == "tensorflow"
+        hub.stop("student1")
+
+        # Someone outside the cohort is not held to it, and is offered the kits.
+        form = hub.login("researcher1").get(f"{hub.url}/hub/spawn", timeout=30).text
+        assert 'value="pytorch"' in form
+        assert 'value="digits"' in form
+    finally:
+        hub.stop("student1")
+        assert admin.call("DELETE", "api/cohorts/cs-101").status_code == 204
+
+
+RUN_AND_SUBMIT = """
+import json, os, subprocess, sys
+from composespawner import client
+kit = os.path.expanduser("~/starter-kits/digits")
+subprocess.run(
+    [sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute", "--inplace",
+     "digits.ipynb"],
+    cwd=kit, check=True, capture_output=True, timeout=240,
+)
+first = client.submit("digits", team="blue", folder=kit)
+again = client.submit("digits", team="blue", folder=kit)
+print(json.dumps({"first": first, "again": again,
+                  "record": json.load(open(os.path.join(kit, "runs", "last.json")))}))
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_kit_run_in_the_server_is_scored_blind_onto_its_cohorts_leaderboard(hub: Hub) -> None:
+    admin, member, outsider = (
+        Visitor(hub, "admin"),
+        Visitor(hub, "student1"),
+        Visitor(hub, "researcher1"),
+    )
+    course = {"starter_kit": "digits"}
+    assert admin.call("PUT", "api/cohorts/cs-101", json=course).status_code == 200
+    started_on(hub, "student2", {"kit": "digits"})
+    try:
+        done = in_kernel(hub, "student2", RUN_AND_SUBMIT)
+        first, again = done["first"], done["again"]
+        assert (first["kit"], first["cohort"], first["rank"]) == ("digits", "cs-101", 1)
+        assert 0.8 < first["score"] <= 1.0
+        assert abs(first["score"] - done["record"]["metric"]) < 0.1  # blind, yet close
+        # The same model gets the same score: it can be checked again.
+        assert (again["score"], again["model_sha256"]) == (first["score"], first["model_sha256"])
+
+        board = member.call("GET", "api/kits/digits/leaderboard?cohort=cs-101").json()
+        [standing] = board["standings"]
+        assert (standing["name"], standing["score"], standing["submissions"]) == (
+            "student2",
+            first["score"],
+            2,
+        )
+        assert standing["best"]["weights"] == done["record"]["weights"]
+        assert standing["best"]["stack"] == "pytorch"
+        teams = member.call("GET", "api/kits/digits/leaderboard?cohort=cs-101&by=team").json()
+        assert [s["name"] for s in teams["standings"]] == ["blue"]
+
+        page = member.call("GET", "leaderboards?kit=digits&cohort=cs-101")
+        assert page.status_code == 200, page.text
+        assert '<tr data-name="student2">' in page.text
+        assert f"{first['score']:.4f}" in page.text
+        assert member.call("GET", "leaderboards?cohort=cs-101").status_code == 200
+        assert outsider.call("GET", "leaderboards?kit=digits&cohort=cs-101").status_code == 403
+        closed = outsider.call("GET", "api/kits/digits/leaderboard?cohort=cs-101")
+        assert closed.status_code == 403, closed.text
+        assert outsider.call("GET", "api/kits/digits/leaderboard").json()["standings"] == []
+
+        garbage = {"model": base64.b64encode(b"not a model").decode(), "record": {}}
+        for path, body, status, words in [
+            ("api/kits/digits/submissions", garbage, 400, "not a TorchScript model"),
+            ("api/kits/mnist/submissions", garbage, 404, "No starter kit 'mnist'"),
+            ("api/kits/digits/submissions", {**garbage, "team": "<b>"}, 400, "team must be"),
+            ("api/kits/digits/submissions", {**garbage, "cohort": "vision-lab"}, 403, "not in"),
+        ]:
+            refused = member.call("POST", path, json=body)
+            assert refused.status_code == status, refused.text
+            assert words in refused.json()["message"]
+        after = member.call("GET", "api/kits/digits/leaderboard?cohort=cs-101").json()
+        assert after["standings"][0]["submissions"] == 2  # nothing refused was kept
+    finally:
+        hub.stop("student2")
+        assert admin.call("DELETE", "api/cohorts/cs-101").status_code == 204

@@ -76,3 +76,32 @@ def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
     path.write_text(BARE + '[[gpu_models]]\nid = "t4"\nlabel = "again"\nfabric_models = ["x"]\n')
     with pytest.raises(CatalogError, match=r"catalog.toml: duplicate gpu_models ids: \['t4'\]"):
         Catalog.from_file(path)
+
+
+KIT = """
+[[kits]]
+id = "digits"
+label = "Digits"
+stack = "%s"
+folder = "kits/digits"
+notebook = "digits.ipynb"
+module = "digits_kit"
+"""
+
+
+def test_kits_are_named_relative_to_the_catalog_and_run_on_a_listed_stack(tmp_path: Path) -> None:
+    (tmp_path / "kits" / "digits").mkdir(parents=True)
+    (tmp_path / "kits" / "digits" / "digits.ipynb").write_text("{}")
+    (tmp_path / "kits" / "digits" / "digits_kit.py").write_text("")
+    path = tmp_path / "catalog.toml"
+    head = 'stack_common = "common"\n' + BARE + STACK % ("ab" * 32)
+    path.write_text(head + KIT % "pytorch")
+    (kit,) = Catalog.from_file(path).kits
+    assert (kit.folder, kit.stack) == (tmp_path / "kits" / "digits", "pytorch")
+    path.write_text(head + KIT % "jax")
+    with pytest.raises(CatalogError, match="kit 'digits' runs on stack 'jax', which is not listed"):
+        Catalog.from_file(path)
+    (tmp_path / "kits" / "digits" / "digits.ipynb").unlink()
+    path.write_text(head + KIT % "pytorch")
+    with pytest.raises(CatalogError, match=r"kit 'digits': no 'digits\.ipynb'"):
+        Catalog.from_file(path)

@@ -12,9 +12,11 @@ from composespawner.cohorts import (
     InvalidCohort,
     Reservation,
     Session,
+    StackChoice,
     active_reservations,
     holdback,
     next_session_start,
+    stack_choice,
 )
 
 MON_0930 = datetime(2026, 11, 23, 9, 30, tzinfo=UTC)  # a Monday
@@ -93,3 +95,19 @@ def test_the_next_session_start_is_found_within_the_week() -> None:
         hour=9, minute=0
     )
     assert next_session_start(Cohort("none"), MON_0930) is None
+
+
+def test_the_most_generous_of_a_users_running_cohorts_decides_their_stacks() -> None:
+    day = date(2026, 11, 24)
+    course = Cohort("cs-101", stacks=frozenset({"pytorch"}), starter_kit="digits")
+    lab = Cohort("eeg-lab", stacks=frozenset({"tensorflow"}), starter_kit="eeg-seizures")
+    anything = Cohort("research", stacks=None)
+    finished = Cohort("old-course", stacks=frozenset({"jax"}), ends_on=date(2026, 6, 30))
+    assert stack_choice([], day) == StackChoice()
+    assert stack_choice([course], day) == StackChoice(frozenset({"pytorch"}), "digits", ("cs-101",))
+    both = stack_choice([lab, course], day)
+    assert both.stacks == {"pytorch", "tensorflow"}
+    assert both.starter_kit == "digits"  # the first cohort by name that has one
+    assert stack_choice([course, anything], day).stacks is None
+    assert stack_choice([finished], day) == StackChoice()
+    assert stack_choice([finished, course], day).stacks == {"pytorch"}

@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from composespawner.catalog import Catalog
+from composespawner.cohorts import StackChoice
 from composespawner.form import render_form, render_unavailable
 from composespawner.hardware import Device, Host, Inventory
 from composespawner.placement import availability, pool_for
@@ -60,8 +61,12 @@ class Form(HTMLParser):
     count_disabled: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # model id → its free/why text
     ids: set[str] = field(default_factory=set)
+    # stack and kit: each select's options, and which is selected
+    choices: dict[str, list[str]] = field(default_factory=dict)
+    selected: dict[str, str] = field(default_factory=dict)
     _note_of: str | None = None
     _in_count: bool = False
+    _select: str | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -75,6 +80,13 @@ class Form(HTMLParser):
         elif tag == "select" and a.get("name") == "gpu_count":
             self.count_disabled = "disabled" in a
             self._in_count = True
+        elif tag == "select":
+            self._select = str(a.get("name"))
+            self.choices[self._select] = []
+        elif tag == "option" and self._select:
+            self.choices[self._select].append(str(a.get("value")))
+            if "selected" in a:
+                self.selected[self._select] = str(a.get("value"))
         elif tag == "option" and self._in_count:
             self.counts.append(str(a.get("value")))
         elif tag == "span" and "compose-free" in (a.get("class") or ""):
@@ -90,6 +102,7 @@ class Form(HTMLParser):
             self._note_of = None
         if tag == "select":
             self._in_count = False
+            self._select = None
 
     def enabled(self) -> list[str]:
         return [m for m, a in self.models.items() if "disabled" not in a]
@@ -184,3 +197,25 @@ def test_the_unavailable_banner_takes_start_away() -> None:
     form = read(render_unavailable())
     assert "compose-unavailable" in form.ids
     assert 'setAttribute("disabled"' in render_unavailable()
+
+
+def test_a_cohorts_stacks_and_kit_shape_the_form() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 1), zones=("r1",))
+    anyone = read(render_form(CATALOG, offer(inventory), {}))
+    assert anyone.choices["stack"] == ["pytorch", "tensorflow"]
+    assert anyone.choices["kit"] == ["", "digits", "eeg-seizures", "pathology"]
+    assert "kit" not in anyone.selected  # None, the first
+
+    course = StackChoice(frozenset({"pytorch"}), "eeg-seizures", ("cs-101",))
+    member = read(render_form(CATALOG, replace(offer(inventory), stacks=course), {}))
+    assert member.choices["stack"] == ["pytorch"]
+    assert member.selected["kit"] == "eeg-seizures"  # the cohort's
+    # Who started without a kit before is not given the cohort's again.
+    before = {"gpu_model": "t4", "gpu_count": 1}
+    again = read(render_form(CATALOG, replace(offer(inventory), stacks=course), before))
+    assert "kit" not in again.selected
+
+    other = StackChoice(frozenset({"tensorflow"}), None, ("cs-102",))
+    tf_only = read(render_form(CATALOG, replace(offer(inventory), stacks=other), {}))
+    assert tf_only.choices["stack"] == ["tensorflow"]
+    assert "kit" not in tf_only.choices  # every kit runs on PyTorch

@@ -7,14 +7,17 @@ from typing import Any
 import pytest
 
 from composespawner.catalog import Catalog
+from composespawner.cohorts import StackChoice
 from composespawner.request import (
     MAX_OPTIONS_BYTES,
     MachineRequest,
     OptionsTooLarge,
     RequestError,
+    StackNotAllowed,
     check_server_name,
     parse_form,
     parse_options,
+    settle_stack,
 )
 
 CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
@@ -29,8 +32,8 @@ def test_form_post_becomes_typed_request() -> None:
         "network": ["100g"],
         "scratch_gb": ["1920"],
     }
-    # No stack chosen: the catalog's first, so every server runs on one.
-    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920, "pytorch")
+    # No stack chosen: settle_stack gives it the first the user may use.
+    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920, None)
     form["stack"] = ["tensorflow"]
     assert parse_form(form, CATALOG, PUBLIC).stack == "tensorflow"
 
@@ -42,7 +45,31 @@ def test_api_options_round_trip() -> None:
 
 def test_defaults_for_optional_fields() -> None:
     request = parse_options({"gpu_model": "t4", "gpu_count": 1}, CATALOG, PUBLIC)
-    assert (request.network, request.scratch_gb, request.stack) == ("shared", 0, "pytorch")
+    assert (request.network, request.scratch_gb, request.stack) == ("shared", 0, None)
+    assert settle_stack(request, CATALOG, StackChoice()).stack == "pytorch"  # the catalog's first
+
+
+def test_a_cohort_that_restricts_stacks_gets_the_first_it_uses_and_only_those() -> None:
+    course = StackChoice(frozenset({"tensorflow"}), None, ("cs-101",))
+    request = parse_options({"gpu_model": "t4", "gpu_count": 1}, CATALOG, PUBLIC)
+    assert settle_stack(request, CATALOG, course).stack == "tensorflow"
+    wanted = replace(request, stack="pytorch")
+    with pytest.raises(StackNotAllowed, match="cohort cs-101 uses these stacks only: TensorFlow"):
+        settle_stack(wanted, CATALOG, course)
+    assert StackNotAllowed.status == 403
+    gone = StackChoice(frozenset({"jax"}), None, ("cs-101",))
+    with pytest.raises(StackNotAllowed, match="uses no stack this hub offers now"):
+        settle_stack(request, CATALOG, gone)
+    with pytest.raises(StackNotAllowed):  # a kit on a stack the cohort does not use
+        settle_stack(replace(request, kit="digits", stack="pytorch"), CATALOG, course)
+
+
+def test_a_kit_brings_its_stack_and_comes_back_from_the_options() -> None:
+    request = parse_options({"gpu_model": "t4", "gpu_count": 1, "kit": "digits"}, CATALOG, PUBLIC)
+    assert (request.kit, request.stack) == ("digits", "pytorch")
+    assert parse_options(request.to_options(), CATALOG, PUBLIC) == request
+    no_kit = {"gpu_model": "t4", "gpu_count": 1, "kit": ""}
+    assert parse_options(no_kit, CATALOG, PUBLIC).kit is None
 
 
 def test_without_stacks_in_the_catalog_a_request_has_none() -> None:
@@ -73,6 +100,13 @@ def test_without_stacks_in_the_catalog_a_request_has_none() -> None:
         ({"gpu_model": "t4", "gpu_count": 1, "stack": "conda"}, "stack", "pytorch, tensorflow"),
         ({"gpu_model": "t4", "gpu_count": 1, "stack": ["pytorch"]}, "stack", "Unknown software"),
         ({"gpu_model": "t4", "gpu_count": 1, "stack": "<b>x</b>"}, "stack", "'\\?b\\?x"),
+        ({"gpu_model": "t4", "gpu_count": 1, "kit": "mnist"}, "kit", "Unknown starter kit"),
+        ({"gpu_model": "t4", "gpu_count": 1, "kit": 3}, "kit", "digits, eeg-seizures"),
+        (
+            {"gpu_model": "t4", "gpu_count": 1, "kit": "digits", "stack": "tensorflow"},
+            "kit",
+            "runs on the PyTorch 2.13 stack: choose that stack, or no starter kit",
+        ),
         ({"gpu_model": "t4", "gpu_count": 1, "colour": "red"}, "colour", "Unknown option"),
     ],
 )

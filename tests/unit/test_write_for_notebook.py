@@ -36,7 +36,6 @@ def test_a_planted_link_in_the_folder_is_not_written_through(tmp_path: Path) -> 
     target.write_text("keep me")
     folder = tmp_path / ".composespawner"
     folder.mkdir()
-    (folder / ".default.run.json.partial").symlink_to(target)
     (folder / "default.run.json").symlink_to(target)
     write_for_notebook(folder / "default.run.json", b"{}", None)
     assert target.read_text() == "keep me"
