@@ -170,6 +170,10 @@ def test_every_server_gets_a_read_only_run_manifest_the_portal_shows_too(hub: Hu
         assert machine["host"] in page.text
         assert env["COMPOSE_STACK_LOCK_SHA256"][:12] in page.text
         assert Visitor(hub, "student1").call("GET", f"runs/{machine['id']}").status_code == 404
+        # And for its user, from my machine.
+        owner = Visitor(hub, "student2")
+        assert f'href="/services/compose/runs/{machine["id"]}"' in owner.call("GET", "").text
+        assert machine["host"] in owner.call("GET", f"runs/{machine['id']}").text
     finally:
         hub.stop("student2")
     # Kept after the server ended, for "launch again identically".

@@ -24,6 +24,7 @@ from composespawner.launchers.environments import (
     pip_percent,
     requirement_count,
 )
+from composespawner.launchers.local import LocalLauncher
 from tests.support.stacks import COMMON, make_stack
 
 
@@ -141,3 +142,13 @@ async def test_another_hub_version_brings_its_notebook_side_to_a_built_environme
     assert heard == []  # nothing was built
     site = next(built.path.glob("lib/python3.*/site-packages"))
     assert (site / "repro.py").read_text() == (newer / "repro.py").read_text()
+
+
+async def test_only_a_start_that_builds_its_stack_gets_the_build_time(tmp_path: Path) -> None:
+    stack = make_stack(tmp_path)
+    launcher = LocalLauncher(stack_environments_dir=str(tmp_path / "envs"), stack_build_timeout=900)
+    assert launcher.extra_start_time(stack) == 900
+    assert launcher.extra_start_time(None) == 0  # no stack, nothing to build
+
+    await launcher._builder(stack).ensure(stack, lambda message, percent: None)
+    assert launcher.extra_start_time(stack) == 0
