@@ -89,6 +89,7 @@ class Simulator:
         self.sessions = SessionStore(timeout_s=config.session_timeout_s)
         self.tasks = TaskStore()
         self.faults = FaultSwitch()
+        self._next_save: asyncio.Future[None] | None = None
 
     @property
     def view(self) -> resources.ServiceView:
@@ -102,12 +103,10 @@ class Simulator:
         return user_ok and password_ok
 
     def run(self, work: Work) -> Outcome:
-        """Do a write now; the answer it gets. Saves the state when it changed."""
-        try:
-            outcome = work()
-        except SimulatorError as err:
-            return Outcome.refused(err)
-        self.save()
+        """Do a task's write now; the answer it gets. Saves the state when it changed."""
+        outcome, changed = _apply(work)
+        if changed:
+            self.save()
         return outcome
 
     def start_task(self, name: str, work: Work) -> Task:
@@ -166,16 +165,54 @@ class Simulator:
             kind = "DecomposeSystem"
         return {"StanzaType": kind, "StanzaId": stanza.stanza_id, "Response": response}
 
-    def write(self, handler: RedfishHandler, name: str, work: Work) -> None:
-        """Answer a write at once, or with 202 and a task monitor under --async-tasks."""
+    async def write(self, handler: RedfishHandler, name: str, work: Work) -> None:
+        """Answer a write once it is saved, or with 202 and a task monitor under --async-tasks."""
         if self.config.async_tasks:
             handler.send_accepted(self.start_task(name, work))
-        else:
-            handler.send_outcome(self.run(work))
+            return
+        outcome, changed = _apply(work)
+        if changed:
+            await self.saved()
+        handler.send_outcome(outcome)
 
     def save(self) -> None:
         if self.state_file is not None:
             self.state_file.save(self.state.to_json())
+
+    async def saved(self) -> None:
+        """Save the state, once for all the changes made in this turn of the loop.
+
+        A group commit: under a burst of writes (a spawn storm attaches hundreds
+        of devices) one save serves every write of a turn, where a save per write
+        spent most of the simulator's time rewriting the same file. Each write is
+        still answered only once its change is in the file.
+        """
+        if self.state_file is None:
+            return
+        if self._next_save is None:
+            loop = asyncio.get_running_loop()
+            self._next_save = loop.create_future()
+            loop.call_soon(self._save_now)
+        # Shielded: a writer whose client went away must not cancel the others' save.
+        await asyncio.shield(self._next_save)
+
+    def _save_now(self) -> None:
+        done, self._next_save = self._next_save, None
+        assert done is not None
+        try:
+            self.save()
+        except Exception as err:  # each waiting writer answers it (a 500)
+            done.set_exception(err)
+        else:
+            done.set_result(None)
+
+
+def _apply(work: Work) -> tuple[Outcome, bool]:
+    """Do a write: its answer, and whether it changed the state (a refusal changes nothing)."""
+    try:
+        return work(), True
+    except SimulatorError as err:
+        return Outcome.refused(err), False
 
 
 class RedfishHandler(tornado.web.RequestHandler):
@@ -372,12 +409,12 @@ class SystemsHandler(RedfishHandler):
     def get(self) -> None:
         self.send_resource(resources.system_collection(self.sim.view))
 
-    def post(self) -> None:
+    async def post(self) -> None:
         if not self._creates():
             raise OperationNotAllowed()
         request = parse_system_create(self.request.body)
         check_attachments(self.sim, request.blocks)
-        self.sim.write(self, f"compose {request.name}", lambda: self.sim.compose(request))
+        await self.sim.write(self, f"compose {request.name}", lambda: self.sim.compose(request))
 
     def _not_allowed(self) -> None:
         raise OperationNotAllowed()
@@ -393,18 +430,18 @@ class SystemHandler(RedfishHandler):
         if not simulator.state.expandable:
             self.ALLOW = "GET, HEAD, PATCH, DELETE"
 
-    def delete(self, system_id: str) -> None:
+    async def delete(self, system_id: str) -> None:
         """Decompose a system of specific composition; hosts of expandable mode stay."""
         if not self.sim.state.has_system(system_id):
             raise ResourceMissing(self.request.path)
         if self.sim.state.expandable:
             raise OperationNotAllowed()
-        self.sim.write(self, f"decompose {system_id}", lambda: self.sim.decompose(system_id))
+        await self.sim.write(self, f"decompose {system_id}", lambda: self.sim.decompose(system_id))
 
     def get(self, system_id: str) -> None:
         self.send_resource(resources.system(self.sim.view, system_id))
 
-    def patch(self, system_id: str) -> None:
+    async def patch(self, system_id: str) -> None:
         readable = resources.system(self.sim.view, system_id)
         if readable is None:
             raise ResourceMissing(self.request.path)
@@ -413,7 +450,7 @@ class SystemHandler(RedfishHandler):
         if if_match is not None and self.sim.faults.settings.stale_etags:
             raise ETagMismatch()
         self.sim.state.set_tag(system_id, tag, if_match=if_match)
-        self.sim.save()
+        await self.sim.saved()
         self.send_resource(resources.system(self.sim.view, system_id))
 
 
@@ -422,7 +459,7 @@ class ActionHandler(RedfishHandler):
 
     ALLOW = "POST"
 
-    def post(self, system_id: str, action: str) -> None:
+    async def post(self, system_id: str, action: str) -> None:
         command = parse_block_command(system_id, action, self.request.body)
         command.check(self.sim.state)
         if command.action == uris.ADD_RESOURCE_BLOCK and self.sim.faults.attachment_fails():
@@ -434,7 +471,7 @@ class ActionHandler(RedfishHandler):
             command.apply(self.sim.state)
             return Outcome(204)
 
-        self.sim.write(self, f"{command.action} {command.block_id}", work)
+        await self.sim.write(self, f"{command.action} {command.block_id}", work)
 
 
 class ComposeActionHandler(RedfishHandler):
@@ -442,14 +479,14 @@ class ComposeActionHandler(RedfishHandler):
 
     ALLOW = "POST"
 
-    def post(self) -> None:
+    async def post(self) -> None:
         if self.sim.state.composition != "action":
             raise ResourceMissing(self.request.path)
         stanzas = parse_compose_action(self.request.body)
         for stanza in stanzas:
             if stanza.compose is not None:
                 check_attachments(self.sim, stanza.compose.blocks)
-        self.sim.write(self, "compose manifest", lambda: self.sim.apply_manifest(stanzas))
+        await self.sim.write(self, "compose manifest", lambda: self.sim.apply_manifest(stanzas))
 
 
 def check_attachments(simulator: Simulator, blocks: tuple[str, ...]) -> None:
@@ -580,11 +617,11 @@ class StateHandler(SimHandler):
             }
         )
 
-    def delete(self) -> None:
+    async def delete(self) -> None:
         """Detach everything and clear tags (tests share one simulator)."""
         self.sim.state.reset()
         self.sim.faults.replace(FaultSettings())
-        self.sim.save()
+        await self.sim.saved()
         self.set_status(204)
         self.finish()
 

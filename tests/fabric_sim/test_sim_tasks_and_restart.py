@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +101,27 @@ def test_attachments_and_tags_survive_a_restart(
     assert state["host-07"]["attached"] == ["r2-nvme-1"]
     assert client.get(f"{SYSTEMS}/host-03").headers["ETag"] == etag
     assert client.attach("host-01", "r1-l40s-2").status == 409  # still held
+
+
+def test_writes_at_once_are_each_answered_only_once_saved(
+    client: RedfishClient, tmp_path: Path
+) -> None:
+    """Writes that arrive together share a save; none is answered before it is in the file."""
+    hosts = sorted(client.sim_state()["hosts"])
+    assert len(hosts) >= 4
+
+    def tag(host: str) -> dict[str, Any]:
+        mark = {**TAG, "Machine": f"m-{host}"}
+        answer = client.patch(
+            f"{SYSTEMS}/{host}", {"Oem": {"ComposeSpawner": mark}}, headers={"If-Match": "*"}
+        )
+        assert answer.status == 200, answer.body
+        saved = json.loads((tmp_path / "state.json").read_text())
+        return {"answered": mark, "saved": saved["hosts"][host]["tag"]}
+
+    with ThreadPoolExecutor(len(hosts)) as pool:
+        for seen in pool.map(tag, hosts):
+            assert seen["saved"] == seen["answered"]
 
 
 def test_unreadable_state_file_refuses_to_start(tmp_path: Path) -> None:
