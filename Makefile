@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks clean
+.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks kube-apiserver clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,7 +68,13 @@ typecheck: $(VENV)/.installed-test
 stacks: $(VENV)/.installed
 	$(BIN)/composespawner build-stacks -f hub_config/jupyterhub_config.py
 
-pytest: install-test stacks
+# The real kube-apiserver (v1.20.2) tests/kubernetes runs against, built once into
+# ~/.cache from Debian's source package: minutes the first time, instant after
+# (../shared/tools/kube-apiserver/README.md).
+kube-apiserver:
+	bash ../shared/tools/kube-apiserver/build.sh >/dev/null
+
+pytest: install-test stacks kube-apiserver
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

