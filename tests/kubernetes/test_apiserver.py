@@ -39,7 +39,6 @@ async def test_the_api_server_is_kubernetes_1_20_and_takes_a_pod(apiserver: Kube
     assert apiserver.request("GET", "/version").json()["gitVersion"] == "v1.20.2"
     async with await api(apiserver) as session:
         core = client.CoreV1Api(session)
-        await core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
         created = await core.create_namespaced_pod("default", pod("first"))
         assert created.metadata.uid
         seen = await core.read_namespaced_pod("first", "default")

