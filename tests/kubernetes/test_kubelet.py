@@ -79,6 +79,13 @@ def ready(apiserver: KubeApiServer, name: str) -> dict[str, Any] | None:
     return found if statuses[0].get("ready") else None
 
 
+def remove(apiserver: KubeApiServer, name: str, grace: int = 0) -> None:
+    """Delete a pod and wait until it is gone (the kubelet ends what runs first)."""
+    deleted = apiserver.request("DELETE", f"{PODS}/{name}", json={"gracePeriodSeconds": grace})
+    assert deleted.status_code == 200, deleted.text
+    wait_for(lambda: pod(apiserver, name) is None, 30, f"pod {name} to be gone")
+
+
 SERVE = [sys.executable, "-m", "http.server", "--bind", "0.0.0.0", "8888"]
 
 
@@ -103,12 +110,9 @@ def test_a_pod_runs_on_its_node_at_its_own_address_and_goes_when_deleted(
 
     pids = pids_serving(address)
     assert pids
-    deleted = apiserver.request("DELETE", f"{PODS}/serves", json={"gracePeriodSeconds": 5})
-    assert deleted.status_code == 200, deleted.text
-    wait_for(lambda: pod(apiserver, "serves") is None, 30, "the pod to be gone")
+    remove(apiserver, "serves", grace=5)
     assert not any(Path(f"/proc/{p}").exists() for p in pids)
-    apiserver.request("DELETE", f"{PODS}/serves-too", json={"gracePeriodSeconds": 0})
-    wait_for(lambda: pod(apiserver, "serves-too") is None, 30, "the second pod to be gone")
+    remove(apiserver, "serves-too")
 
 
 @pytest.mark.timeout(60)
@@ -124,8 +128,7 @@ def test_a_pod_whose_process_dies_is_failed_with_its_exit_code(
     ended = wait_for(failed, 30, "the pod to fail")
     state = ended["status"]["containerStatuses"][0]["state"]
     assert state["terminated"]["exitCode"] == 3
-    apiserver.request("DELETE", f"{PODS}/dies", json={"gracePeriodSeconds": 0})
-    wait_for(lambda: pod(apiserver, "dies") is None, 30, "the failed pod to be gone")
+    remove(apiserver, "dies")
 
 
 @pytest.mark.timeout(60)
@@ -140,7 +143,7 @@ def test_a_pod_for_a_node_nobody_serves_stays_pending(
     assert waiting is not None
     assert (waiting["status"]["phase"], waiting["spec"].get("nodeName")) == ("Pending", None)
     for name in ("elsewhere", "marker"):
-        apiserver.request("DELETE", f"{PODS}/{name}", json={"gracePeriodSeconds": 0})
+        remove(apiserver, name)
 
 
 def pids_serving(address: str) -> list[int]:

@@ -78,6 +78,28 @@ def on_own_address(value: str, address: str) -> str:
     return value.replace(WILDCARD, address)
 
 
+def readiness(ready: bool) -> list[dict[str, str]]:
+    """A pod's Ready and ContainersReady conditions (one container each)."""
+    flag = "True" if ready else "False"
+    return [
+        {"type": kind, "status": flag, "lastTransitionTime": now()}
+        for kind in ("Ready", "ContainersReady")
+    ]
+
+
+def container_status(*, ready: bool, state: dict[str, Any]) -> dict[str, Any]:
+    """The notebook container's status: a process, not an image, runs it."""
+    return {
+        "name": "notebook",
+        "ready": ready,
+        "restartCount": 0,
+        "image": "process",
+        "imageID": "",
+        "started": "running" in state,
+        "state": state,
+    }
+
+
 @dataclass
 class RunningPod:
     uid: str
@@ -271,7 +293,6 @@ class Kubelet:
             )
 
     async def report(self, running: RunningPod, *, ready: bool) -> None:
-        flag = "True" if ready else "False"
         status = {
             "phase": "Running",
             "podIP": running.address,
@@ -279,20 +300,11 @@ class Kubelet:
             "hostIP": "127.0.0.1",
             "startTime": now(),
             "conditions": [
-                {"type": kind, "status": flag, "lastTransitionTime": now()}
-                for kind in ("Ready", "ContainersReady")
-            ]
-            + [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+                *readiness(ready),
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+            ],
             "containerStatuses": [
-                {
-                    "name": "notebook",
-                    "ready": ready,
-                    "restartCount": 0,
-                    "image": "process",
-                    "imageID": "",
-                    "started": True,
-                    "state": {"running": {"startedAt": now()}},
-                }
+                container_status(ready=ready, state={"running": {"startedAt": now()}})
             ],
         }
         await self.patch_status(running.namespace, running.name, status)
@@ -301,21 +313,14 @@ class Kubelet:
         status = {
             "phase": "Succeeded" if code == 0 else "Failed",
             "message": message,
-            "conditions": [
-                {"type": "Ready", "status": "False", "lastTransitionTime": now()},
-                {"type": "ContainersReady", "status": "False", "lastTransitionTime": now()},
-            ],
+            "conditions": readiness(False),
             "containerStatuses": [
-                {
-                    "name": "notebook",
-                    "ready": False,
-                    "restartCount": 0,
-                    "image": "process",
-                    "imageID": "",
-                    "state": {
+                container_status(
+                    ready=False,
+                    state={
                         "terminated": {"exitCode": code, "reason": "Error" if code else "Completed"}
                     },
-                }
+                )
             ],
         }
         await self.patch_status(meta["namespace"], meta["name"], status)
