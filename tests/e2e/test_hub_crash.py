@@ -224,12 +224,17 @@ def test_the_hub_dies_during_a_spawn(hub: Hub, step: str) -> None:
         crash_and_restart(hub)
 
     assert_all_agree(hub)
-    if step == "mid-launch":
-        # The notebook was launched and its state saved: the restarted hub finds
+    if step == "mid-launch" and hub.server("student1") is not None:
+        # The notebook was launched and its state saved: the restarted hub found
         # it running, so it keeps its machine (agreement checked its devices).
         hub.wait_ready("student1")
         hub.stop("student1")
         wait_for(lambda: not fabric(hub).attached(), 30, "the devices to be free")
+    elif step == "mid-launch":
+        # The restarted hub gave up on a notebook not answering yet (seen in CI):
+        # then its machine must be released, as agreement already checked.
+        assert machine_of(hub, "student1") is None
+        assert not fabric(hub).attached()
     else:
         assert machine_of(hub, "student1") is None, "the half-made machine was released"
         assert not fabric(hub).attached()
