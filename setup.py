@@ -36,6 +36,7 @@ setup(
         "jupyterhub>=6.1,<7",
         "jupyterhub-idle-culler>=2.0,<3",
         "jupyterhub-kubespawner>=7.1,<8",
+        "kubernetes_asyncio>=30",  # KubeSpawner's client; the launcher builds its models
         "oauthenticator>=17,<18",
         "traitlets>=5.14",
         "tornado>=6.4",
@@ -77,6 +78,7 @@ setup(
     entry_points={
         "jupyterhub.spawners": [
             "compose = composespawner.spawner:ComposeSpawner",
+            "compose-kubernetes = composespawner.kube:ComposeKubeSpawner",
         ],
         "jupyterhub.authenticators": [
             "compose-demo = composespawner.demo:DemoAuthenticator",

@@ -32,6 +32,7 @@ class Device:
     state: DeviceState
     attached_to: str | None = None  # host system Id while attached
     memory_gib: int | None = None  # GPUs
+    uuid: str | None = None  # GPUs: Processor.UUID, what container runtimes select by
     speed_gbps: int | None = None  # NICs
     capacity_gb: int | None = None  # NVMe drives (decimal GB, as vendors sell them)
 

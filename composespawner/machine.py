@@ -49,6 +49,7 @@ def _device_state(device: Device) -> dict[str, Any]:
         "zones": sorted(device.zones),
         "chassis": device.chassis,
         "memory_gib": device.memory_gib,
+        "uuid": device.uuid,
         "speed_gbps": device.speed_gbps,
         "capacity_gb": device.capacity_gb,
     }
@@ -63,6 +64,7 @@ def _device_from_state(state: Mapping[str, Any]) -> Device:
         chassis=state.get("chassis", ""),
         state="attached",
         memory_gib=state.get("memory_gib"),
+        uuid=state.get("uuid"),
         speed_gbps=state.get("speed_gbps"),
         capacity_gb=state.get("capacity_gb"),
     )
@@ -70,7 +72,10 @@ def _device_from_state(state: Mapping[str, Any]) -> Device:
 
 def machine_env(machine: ComposedMachine) -> dict[str, str]:
     """Environment that tells the notebook what it got."""
-    gpus = [{"id": d.block_id, "model": d.model, "memory_gib": d.memory_gib} for d in machine.gpus]
+    gpus = [
+        {"id": d.block_id, "model": d.model, "memory_gib": d.memory_gib, "uuid": d.uuid}
+        for d in machine.gpus
+    ]
     return {
         "COMPOSE_MACHINE_ID": machine.machine_id,
         "COMPOSE_HOST": machine.host,

@@ -33,7 +33,7 @@ from .quota import QuotaRule
 
 # Config sections that carry the settings, least specific first: the
 # spawner's own section wins, as it does for the spawner itself.
-SECTIONS = ("ComposeSettings", "ComposeMixin", "ComposeSpawner")
+SECTIONS = ("ComposeSettings", "ComposeMixin", "ComposeSpawner", "ComposeKubeSpawner")
 
 
 class ComposeSettings(LoggingConfigurable):

@@ -394,6 +394,8 @@ def processor(view: ServiceView, block_id: str) -> dict[str, Any] | None:
         "ProcessorType": "GPU",
         "Manufacturer": device.manufacturer,
         "Model": device.model,
+        # What `nvidia-smi -L` shows as GPU-<uuid>, and container runtimes select by.
+        "UUID": str(uuid.uuid5(uuid.UUID(view.state.inventory.uuid), block_id)),
         "MemorySummary": {"TotalMemorySizeMiB": (device.memory_gib or 0) * 1024},
     }
 

@@ -90,14 +90,16 @@ c.JupyterHub.load_groups = {
 }
 
 # --- composing machines ----------------------------------------------------
+# c.ComposeMixin: for whichever composing spawner runs the notebooks (this one,
+# or "compose-kubernetes"), and for the portal and the reconciler.
 c.JupyterHub.spawner_class = "compose"
-c.ComposeSpawner.catalog_file = str(HERE / "catalog.toml")
-c.ComposeSpawner.ledger_url = f"sqlite:///{STATE / 'composespawner.sqlite'}"
-c.ComposeSpawner.fabric_url = f"http://127.0.0.1:{FABRIC_PORT}"
-c.ComposeSpawner.hub_id = "composespawner-demo"
-c.ComposeSpawner.max_gpus_per_user = 4
+c.ComposeMixin.catalog_file = str(HERE / "catalog.toml")
+c.ComposeMixin.ledger_url = f"sqlite:///{STATE / 'composespawner.sqlite'}"
+c.ComposeMixin.fabric_url = f"http://127.0.0.1:{FABRIC_PORT}"
+c.ComposeMixin.hub_id = "composespawner-demo"
+c.ComposeMixin.max_gpus_per_user = 4
 # Where notebooks reach the GPU portal (composespawner.client): its own address.
-c.ComposeSpawner.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
+c.ComposeMixin.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
 # Demo users have no system accounts: notebooks run under one account, the
 # unprivileged c.ComposeSpawner.notebook_account when the hub is root.
 c.ComposeSpawner.shared_account = True
@@ -112,7 +114,7 @@ c.Spawner.http_timeout = 60
 # (this file runs before the hub serves anything). A production hub runs
 # `composespawner upgrade-db -f <its config>` as a deploy step instead, as it
 # does `jupyterhub upgrade-db`.
-upgrade_ledger(c.ComposeSpawner.ledger_url)
+upgrade_ledger(c.ComposeMixin.ledger_url)
 
 # --- hub-managed services --------------------------------------------------
 # Each runs under `composespawner with-hub`: the kernel ends it when this hub

@@ -238,12 +238,21 @@ def test_gpu_block_becomes_a_device() -> None:
     parts = {"/p/gpu": {"ProcessorType": "GPU", "Model": "X100", "ProcessorMemory": []}}
     device = device_from_block(block(), parts, frozenset({"z"}))
     assert device is not None
-    assert (device.kind, device.model, device.memory_gib, device.chassis) == (
+    assert (device.kind, device.model, device.memory_gib, device.chassis, device.uuid) == (
         "gpu",
         "X100",
         None,
         "",
+        None,
     )
+
+
+def test_a_gpus_uuid_is_what_container_runtimes_select_it_by() -> None:
+    uuid = "6d0e4d29-3f4a-5b7e-9c1d-2a3b4c5d6e7f"
+    parts = {"/p/gpu": {"ProcessorType": "GPU", "Model": "X100", "UUID": uuid}}
+    device = device_from_block(block(), parts, frozenset({"z"}))
+    assert device is not None
+    assert device.uuid == uuid
 
 
 def test_cpu_only_processor_block_is_not_a_device() -> None:

@@ -25,18 +25,8 @@ PODS = "/api/v1/namespaces/default/pods"
 def kubelet(apiserver: KubeApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("kubelet")
     with process_kubelet(apiserver.url, apiserver.token, apiserver.ca, NODES, folder) as log:
-        wait_for(lambda: all(node_ready(apiserver, n) for n in NODES), 30, "the nodes")
+        wait_for(lambda: apiserver.ready_nodes() == set(NODES), 30, "the nodes")
         yield log
-
-
-def node_ready(apiserver: KubeApiServer, name: str) -> bool:
-    node = apiserver.request("GET", f"/api/v1/nodes/{name}")
-    if node.status_code != 200:
-        return False
-    conditions = node.json()["status"].get("conditions", [])
-    return {"type": "Ready", "status": "True"}.items() <= next(
-        (c for c in conditions if c["type"] == "Ready"), {}
-    ).items()
 
 
 def make_pod(

@@ -45,6 +45,19 @@ class KubeApiServer:
             method, f"{self.url}{path}", headers=headers, verify=str(self.ca), timeout=10, **kwargs
         )
 
+    def ready_nodes(self) -> set[str]:
+        """The nodes whose kubelet says they are Ready."""
+        answer = self.request("GET", "/api/v1/nodes")
+        answer.raise_for_status()
+        return {
+            node["metadata"]["name"]
+            for node in answer.json()["items"]
+            if {"type": "Ready", "status": "True"}.items()
+            <= next(
+                (c for c in node["status"].get("conditions", []) if c["type"] == "Ready"), {}
+            ).items()
+        }
+
 
 def apiserver_binary() -> Path:
     """The cached kube-apiserver (built first if not there: minutes, once per machine)."""

@@ -10,7 +10,9 @@ address, as the pod's own network namespace would make it. It reports the pod
 Running, then Ready once the container's port answers, and Failed (or
 Succeeded) with the exit code when the process ends; a pod being deleted has
 its process stopped (SIGTERM, then SIGKILL after the grace period) and is then
-deleted for good.
+deleted for good. It posts the events a scheduler and a kubelet would (Scheduled,
+Started), runs the process as the pod's ``runAsUser`` (when it runs as root),
+and gives each pod a working folder of its own as its home.
 
 ``python -m tests.support.kubelet --api URL --token-file F --ca CA --logs DIR NODE...``;
 :class:`KubeletProcess` runs it for a test.
@@ -24,10 +26,14 @@ import contextlib
 import json
 import logging
 import os
+import pwd
+import secrets
+import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +77,24 @@ def wanted_node(pod: dict[str, Any]) -> str | None:
             ):
                 return str(values[0])
     return None
+
+
+def run_as(pod: dict[str, Any]) -> tuple[int, int] | None:
+    """The (uid, gid) the notebook container asks to run as, if it asks and we may."""
+    wanted: dict[str, Any] = {
+        **(pod["spec"].get("securityContext") or {}),
+        **(pod["spec"]["containers"][0].get("securityContext") or {}),
+    }
+    uid = wanted.get("runAsUser")
+    if uid is None or os.geteuid() != 0:
+        return None
+    gid = wanted.get("runAsGroup")
+    if gid is None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = 0  # as a container runtime does for a uid unknown to the image
+    return int(uid), int(gid)
 
 
 def on_own_address(value: str, address: str) -> str:
@@ -122,6 +146,9 @@ class Kubelet:
         self.finished: set[str] = set()  # uids whose process ended: never started again
         self._free_addresses = [f"127.0.{n // 250}.{n % 250 + 2}" for n in range(1000)]
         self._session: aiohttp.ClientSession | None = None
+        # The pods' working folders, open to the accounts they run as (unlike ``logs``).
+        self.workspace = Path(tempfile.mkdtemp(prefix="kubelet-pods-"))
+        self.workspace.chmod(0o755)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -144,6 +171,7 @@ class Kubelet:
             finally:
                 for running in list(self.pods.values()):
                     await self.stop_process(running, grace=2)
+                shutil.rmtree(self.workspace, ignore_errors=True)
 
     async def call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         async with self.session.request(
@@ -215,6 +243,12 @@ class Kubelet:
             await self.delete_now(meta)
             return
         if not spec.get("nodeName"):
+            await self.event(
+                pod,
+                "Scheduled",
+                f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
+                component="default-scheduler",
+            )
             await self.call(
                 "POST",
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
@@ -237,21 +271,29 @@ class Kubelet:
             on_own_address(a, address)
             for a in container.get("command", []) + container.get("args", [])
         ]
-        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
+        account = run_as(pod)
+        home = self.workspace / f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}"
+        home.mkdir(mode=0o700)
+        if account is not None:
+            os.chown(home, *account)
+        env = {"PATH": os.environ["PATH"], "HOME": str(home)}
         for variable in container.get("env") or []:
             if "value" in variable:
                 env[variable["name"]] = on_own_address(variable["value"], address)
-        folder = self.logs / f"{meta['namespace']}-{meta['name']}"
-        folder.mkdir(parents=True, exist_ok=True)
+        logs = self.logs / f"{meta['namespace']}-{meta['name']}"
+        logs.mkdir(parents=True, exist_ok=True)
         try:
-            with (folder / "container.log").open("ab") as output:
+            with (logs / "container.log").open("ab") as output:
                 process = await asyncio.create_subprocess_exec(
                     *argv,
                     env=env,
-                    cwd=folder,  # the image's workingDir is not on this machine
+                    cwd=home,  # the image's workingDir is not on this machine
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    user=None if account is None else account[0],
+                    group=None if account is None else account[1],
+                    extra_groups=None if account is None else [],
                 )
         except OSError as e:
             self.finished.add(meta["uid"])
@@ -262,6 +304,7 @@ class Kubelet:
         log.info(
             "pod %s/%s runs as pid %d on %s", running.namespace, running.name, process.pid, address
         )
+        await self.event(pod, "Started", f"Started container {container['name']}")
         await self.report(running, ready=False)
         ports = [p["containerPort"] for p in container.get("ports") or []]
         if ports:
@@ -282,7 +325,8 @@ class Kubelet:
             return
 
     async def wait_exit(self, running: RunningPod) -> None:
-        code = await running.process.wait()
+        returncode = await running.process.wait()
+        code = 128 - returncode if returncode < 0 else returncode  # killed by signal N: 128+N
         self.pods.pop(running.uid, None)
         self.finished.add(running.uid)
         self._free_addresses.append(running.address)
@@ -324,6 +368,33 @@ class Kubelet:
             ],
         }
         await self.patch_status(meta["namespace"], meta["name"], status)
+
+    async def event(
+        self, pod: dict[str, Any], reason: str, message: str, component: str = "kubelet"
+    ) -> None:
+        """A core/v1 Event about ``pod``, as KubeSpawner shows them on the spawn page."""
+        meta = pod["metadata"]
+        await self.call(
+            "POST",
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            {
+                "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}"},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Normal",
+                "source": {"component": component},
+                "firstTimestamp": now(),
+                "lastTimestamp": now(),
+                "count": 1,
+            },
+        )
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self.call(

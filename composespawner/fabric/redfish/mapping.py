@@ -239,7 +239,11 @@ def device_from_block(
     gpu = _gpu(block, parts)
     if gpu is not None:
         return Device(
-            kind="gpu", model=_text(gpu.get("Model")), memory_gib=gpu_memory_gib(gpu), **common
+            kind="gpu",
+            model=_text(gpu.get("Model")),
+            memory_gib=gpu_memory_gib(gpu),
+            uuid=_text(gpu.get("UUID")) or None,
+            **common,
         )
     interfaces = _parts(block.get("EthernetInterfaces"), parts)
     if "Network" in block_types(block) and interfaces:

@@ -1,0 +1,439 @@
+"""The Kubernetes launcher: the notebook runs as a pod on the composed host's node.
+
+KubeSpawner builds and runs the pod, with all of its own knobs (storage,
+profiles, resources, hooks); this launcher adds what the composed machine
+decides, in :func:`pin_to_machine`:
+
+- the pod is pinned to the composed host's node (required node affinity on
+  ``kubernetes.io/hostname``, ANDed into every term already configured);
+- the composed GPUs, and only those, are given to the container the way the
+  NVIDIA container runtime selects devices: ``NVIDIA_VISIBLE_DEVICES`` with
+  their UUIDs (``GPU-<uuid>``) where the fabric reports them, else their
+  indexes on the host in attach order, and the runtime's RuntimeClass;
+- the composed NVMe scratch, which the node mounts for the machine, is mounted
+  into the container;
+- the chosen stack runs from its GPU image, pinned by digest;
+- the run manifest travels as an annotation of the pod and is mounted
+  read-only into the container through the downward API: no other object to
+  create or clean up, and it lives exactly as long as the pod.
+
+KubeSpawner's pod watch tells the mixin at once when the pod fails, is evicted
+or disappears (:class:`PodWatch`), so devices go back within moments, not at
+the hub's next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import (
+    V1Affinity,
+    V1DownwardAPIVolumeFile,
+    V1DownwardAPIVolumeSource,
+    V1HostPathVolumeSource,
+    V1NodeAffinity,
+    V1NodeSelector,
+    V1NodeSelectorRequirement,
+    V1NodeSelectorTerm,
+    V1ObjectFieldSelector,
+    V1Pod,
+    V1Volume,
+    V1VolumeMount,
+)
+from kubespawner import KubeSpawner
+from kubespawner.reflector import ResourceReflector
+from kubespawner.spawner import PodReflector
+from traitlets import Unicode, default, validate
+
+from ..catalog import Stack
+from ..machine import ComposedMachine
+from ..refusal import ComposeRefusal
+from .base import Launcher
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container
+RUN_MANIFEST_ANNOTATION = "composespawner.io/run-manifest"
+RUN_MANIFEST_DIR = "/etc/composespawner"
+RUN_MANIFEST_FILE = "run.json"
+RUN_MANIFEST_VOLUME = "composespawner-run"
+SCRATCH_VOLUME = "composespawner-scratch"
+ENDED_PHASES = ("Failed", "Succeeded")
+
+PodCallback = Callable[[dict[str, Any] | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What a composed machine decides about its notebook's pod."""
+
+    node: str
+    runtime_class: str = ""  # "" leaves the node's default runtime
+    scratch_host_path: str = ""  # "" when no scratch drive was composed
+    scratch_mount_path: str = ""
+    run_manifest: str = ""  # JSON text, "" for none
+
+
+def stack_image(stack: Stack) -> str | None:
+    """The stack's GPU image pinned by digest, or None while none has been pushed."""
+    if not stack.image or stack.gpu is None or not stack.gpu.digest:
+        return None
+    return f"{stack.image}@{stack.gpu.digest}"
+
+
+def pushed_image(stack: Stack) -> str:
+    """:func:`stack_image`, or a refusal that says what to do when there is none."""
+    image = stack_image(stack)
+    if image is None:
+        raise ComposeRefusal(
+            f"The {stack.label} stack cannot run on this cluster yet: its GPU image"
+            " has not been pushed. Choose another stack, or ask the admins to publish"
+            " it (its digest goes in the catalog).",
+            reason="stack",
+            status_code=503,
+        )
+    return image
+
+
+def nvidia_visible_devices(machine: ComposedMachine) -> str:
+    """``NVIDIA_VISIBLE_DEVICES`` for exactly the machine's GPUs.
+
+    UUIDs name a GPU whatever else the node has; without them the composed
+    GPUs are the host's only ones, numbered in attach order. ``none`` still
+    gives the container the driver's tools, with no device.
+    """
+    if not machine.gpus:
+        return "none"
+    if all(gpu.uuid for gpu in machine.gpus):
+        return ",".join(f"GPU-{gpu.uuid}" for gpu in machine.gpus)
+    return ",".join(str(index) for index in range(len(machine.gpus)))
+
+
+def pin_to_machine(pod: V1Pod, placement: Placement) -> V1Pod:
+    """``pod`` (KubeSpawner's manifest) changed to run on the composed machine."""
+    spec = pod.spec
+    _require_node(spec, placement.node)
+    container = next(c for c in spec.containers if c.name == NOTEBOOK_CONTAINER)
+    if placement.runtime_class:
+        spec.runtime_class_name = placement.runtime_class
+    spec.volumes = list(spec.volumes or [])
+    container.volume_mounts = list(container.volume_mounts or [])
+    if placement.scratch_host_path:
+        spec.volumes.append(
+            V1Volume(
+                name=SCRATCH_VOLUME,
+                host_path=V1HostPathVolumeSource(
+                    path=placement.scratch_host_path, type="Directory"
+                ),
+            )
+        )
+        container.volume_mounts.append(
+            V1VolumeMount(name=SCRATCH_VOLUME, mount_path=placement.scratch_mount_path)
+        )
+    if placement.run_manifest:
+        pod.metadata.annotations = {
+            **(pod.metadata.annotations or {}),
+            RUN_MANIFEST_ANNOTATION: placement.run_manifest,
+        }
+        field = f"metadata.annotations['{RUN_MANIFEST_ANNOTATION}']"
+        spec.volumes.append(
+            V1Volume(
+                name=RUN_MANIFEST_VOLUME,
+                downward_api=V1DownwardAPIVolumeSource(
+                    items=[
+                        V1DownwardAPIVolumeFile(
+                            path=RUN_MANIFEST_FILE,
+                            field_ref=V1ObjectFieldSelector(field_path=field),
+                            mode=0o444,
+                        )
+                    ]
+                ),
+            )
+        )
+        container.volume_mounts.append(
+            V1VolumeMount(name=RUN_MANIFEST_VOLUME, mount_path=RUN_MANIFEST_DIR, read_only=True)
+        )
+    return pod
+
+
+def _require_node(spec: Any, node: str) -> None:
+    """Require ``node`` in every node selector term (terms are ORed, expressions ANDed)."""
+    pinned = V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="In", values=[node])
+    spec.affinity = spec.affinity or V1Affinity()
+    affinity = spec.affinity.node_affinity = spec.affinity.node_affinity or V1NodeAffinity()
+    required = affinity.required_during_scheduling_ignored_during_execution
+    if required is None or not required.node_selector_terms:
+        required = V1NodeSelector(node_selector_terms=[V1NodeSelectorTerm()])
+        affinity.required_during_scheduling_ignored_during_execution = required
+    for term in required.node_selector_terms:
+        term.match_expressions = [*(term.match_expressions or []), pinned]
+
+
+def pod_exit_status(pod: Mapping[str, Any] | None) -> int | None:
+    """The notebook's exit status if its pod has ended (gone, failed, evicted), else None.
+
+    As KubeSpawner's poll reads it: the notebook container's exit code, else 1.
+    """
+    if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+        return 1
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == NOTEBOOK_CONTAINER:
+            terminated = (container.get("state") or {}).get("terminated")
+            if terminated is not None:
+                return int(terminated.get("exitCode", 1))
+    return 1 if status.get("phase") in ENDED_PHASES else None
+
+
+def pod_ended_message(pod: Mapping[str, Any], status: int) -> str:
+    """What the user is told of a pod that ended before its notebook was ready."""
+    why = (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("message")
+    because = f" ({why})" if why else ""
+    return (
+        f"Your notebook's pod ended before it was ready, with exit code {status}{because}."
+        " Its devices were given back. Start it again; if it fails again, tell the admins"
+        f" the pod's name, {pod['metadata']['name']}."
+    )
+
+
+class NotebookPodEnded(Exception):
+    """The notebook's pod ended before it was ready; the message says what to do."""
+
+
+class PodWatch(PodReflector):
+    """KubeSpawner's pod reflector that also tells whoever asked when a pod changes.
+
+    KubeSpawner reads ``resources`` (a dict per pod key) and only on its polls;
+    every change the watch brings goes through here as it arrives.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._callbacks: dict[str, PodCallback] = {}
+        super().__init__(*args, **kwargs)
+
+    def watch(self, key: str, callback: PodCallback) -> None:
+        """Call ``callback`` with the pod ``key`` ("namespace/name") at each change."""
+        self._callbacks[key] = callback
+
+    def unwatch(self, key: str, callback: PodCallback) -> None:
+        if self._callbacks.get(key) == callback:
+            del self._callbacks[key]
+
+    def _changed(self, key: str, pod: dict[str, Any] | None) -> None:
+        callback = self._callbacks.get(key)
+        if callback is not None:
+            callback(pod)
+
+    @validate("resources")
+    def _observe_each_change(self, proposal: Any) -> dict[str, Any]:
+        # A full listing replaces the dict: what changed in it is told too.
+        listed = _ObservedPods(proposal.value, self._changed)
+        previous = self.resources if isinstance(self.resources, dict) else {}
+        for key in self._callbacks:
+            if previous.get(key) is not listed.get(key):
+                self._changed(key, listed.get(key))
+        return listed
+
+
+class _ObservedPods(dict[str, Any]):
+    """The reflector's pods; each set or removal is reported."""
+
+    def __init__(self, pods: Mapping[str, Any], changed: Callable[[str, Any], None]) -> None:
+        super().__init__(pods)
+        self._report = changed
+
+    def __setitem__(self, key: str, pod: Any) -> None:
+        super().__setitem__(key, pod)
+        self._report(key, pod)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        found = super().pop(key, *default)
+        self._report(key, None)
+        return found
+
+
+class KubeLauncher(Launcher, KubeSpawner):
+    """Run the notebook as a pod on the composed host's node; say at once when it ends."""
+
+    node_name_template = Unicode(
+        "{host}",
+        config=True,
+        help="""The Kubernetes node name of a composed host, from its Redfish
+        ComputerSystem Id as ``{host}``. The pod is required to run there.""",
+    )
+    gpu_runtime_class = Unicode(
+        "nvidia",
+        config=True,
+        help="""The RuntimeClass of pods given GPUs: the NVIDIA container runtime, which
+        gives the container the devices NVIDIA_VISIBLE_DEVICES names. Empty: the node's
+        default runtime (when that is already the NVIDIA runtime).""",
+    )
+    scratch_host_path_template = Unicode(
+        "/mnt/composespawner/{machine_id}",
+        config=True,
+        help="""Where the node mounts a machine's composed NVMe scratch
+        (``{machine_id}``, ``{host}``): mounted into the notebook's container at
+        ``scratch_mount_path``.""",
+    )
+    scratch_mount_path = Unicode(
+        "/scratch",
+        config=True,
+        help="""Where the notebook finds its composed NVMe scratch ($COMPOSE_SCRATCH).""",
+    )
+
+    stack_variant = "gpu"
+    machine: ComposedMachine | None = None  # the mixin's; set before start
+
+    _run_manifest_text = ""
+    _pod_watched: PodCallback | None = None  # what the pod watch calls for this server
+
+    @default("automount_service_account_token")
+    def _no_service_account_token(self) -> bool:
+        # A notebook has no business with the cluster's API.
+        return False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._configured_image: str = self.image
+
+    # -- the stack -------------------------------------------------------------
+
+    def check_stack(self, stack: Stack) -> None:
+        pushed_image(stack)
+
+    async def prepare_launch(self) -> None:
+        self.image = pushed_image(self.stack) if self.stack else self._configured_image
+
+    # -- the pod ---------------------------------------------------------------
+
+    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+        self._run_manifest_text = json.dumps(manifest, sort_keys=True)
+        return f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
+
+    def launcher_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.machine is not None:
+            env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
+            if self.machine.drives:
+                env["COMPOSE_SCRATCH"] = self.scratch_mount_path
+        if self.stack is not None and self.stack.gpu is not None:
+            env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.gpu.lock_sha256
+        if self._run_manifest_text:
+            env["COMPOSE_RUN_MANIFEST"] = f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
+        return env
+
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()
+        env.update(self.launcher_env())
+        return env
+
+    def placement(self, machine: ComposedMachine) -> Placement:
+        fields = {"machine_id": machine.machine_id, "host": machine.host}
+        return Placement(
+            node=self.node_name_template.format(**fields),
+            runtime_class=self.gpu_runtime_class if machine.gpus else "",
+            scratch_host_path=(
+                self.scratch_host_path_template.format(**fields) if machine.drives else ""
+            ),
+            scratch_mount_path=self.scratch_mount_path,
+            run_manifest=self._run_manifest_text,
+        )
+
+    async def get_pod_manifest(self) -> V1Pod:
+        pod: V1Pod = await super().get_pod_manifest()
+        if self.machine is None:  # a start always has one; KubeSpawner alone never calls this
+            return pod
+        return pin_to_machine(pod, self.placement(self.machine))
+
+    # -- starting, and the pod's end -------------------------------------------
+
+    async def start(self) -> Any:
+        """KubeSpawner's start, given up as soon as the pod ends before it is ready.
+
+        KubeSpawner alone waits out ``start_timeout`` for a pod that has failed.
+        """
+        self._unwatch_pod()
+        reflector = await self._start_watching_pods()
+        assert isinstance(reflector, PodWatch), "another pod reflector took this namespace"
+        key = self._pod_key
+        stale = reflector.pods.get(key)  # a pod of an earlier start, which KubeSpawner replaces
+        stale_uid = stale["metadata"].get("uid") if stale else None
+        ended: asyncio.Future[tuple[int, dict[str, Any]]] = asyncio.Future()
+
+        def before_ready(pod: dict[str, Any] | None) -> None:
+            if pod is None or pod["metadata"].get("uid") == stale_uid or ended.done():
+                return
+            status = pod_exit_status(pod)
+            if status is not None:
+                ended.set_result((status, pod))
+
+        reflector.watch(key, before_ready)
+        started = super().start()  # KubeSpawner's: the future its progress() follows
+        relay = asyncio.ensure_future(self._relay_pod_events())
+        try:
+            await asyncio.wait([started, ended], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            reflector.unwatch(key, before_ready)
+            relay.cancel()
+            if not started.done():  # the pod ended, or the hub gave up on this start
+                started.cancel()
+        if not started.done() or started.cancelled():
+            status, pod = ended.result()
+            raise NotebookPodEnded(pod_ended_message(pod, status))
+        url = started.result()
+        await self._watch_pod()
+        return url
+
+    async def _relay_pod_events(self) -> None:
+        """KubeSpawner's progress (the pod's events) on the spawn page, beside ours."""
+        async for event in KubeSpawner.progress(self):
+            self.launch_progress(event["message"], int(event.get("progress") or 0))
+
+    async def stop(self, now: bool = False) -> None:
+        self._unwatch_pod()
+        await super().stop(now=now)
+
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()
+        if status is None and self.machine is not None and self._pod_watched is None:
+            await self._watch_pod()  # after a hub restart: the server's pod, found again
+        return status
+
+    @property
+    def _pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    async def _start_watching_pods(self, replace: bool = False) -> ResourceReflector:
+        return await self._start_reflector(
+            kind="pods",
+            reflector_class=PodWatch,
+            labels={"component": self.component_label},
+            omit_namespace=self.enable_user_namespaces,
+            replace=replace,
+        )
+
+    async def _watch_pod(self) -> None:
+        reflector = await self._start_watching_pods()
+        key = self._pod_key
+
+        def changed(pod: dict[str, Any] | None) -> None:
+            status = pod_exit_status(pod)
+            if status is None:
+                return
+            self._unwatch_pod()
+            self.log.info("%s: pod %s ended (status %s)", self._log_name, key, status)
+            self._exit_seen = asyncio.ensure_future(self.notebook_exited(status))
+
+        assert isinstance(reflector, PodWatch), "another pod reflector took this namespace"
+        reflector.watch(key, changed)
+        self._pod_watched = changed
+        changed(reflector.pods.get(key))  # it may have ended before we looked
+
+    def _unwatch_pod(self) -> None:
+        callback, self._pod_watched = self._pod_watched, None
+        reflector = self.pod_reflector
+        if callback is not None and isinstance(reflector, PodWatch):
+            reflector.unwatch(self._pod_key, callback)
