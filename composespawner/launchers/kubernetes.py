@@ -9,7 +9,8 @@ decides, in :func:`pin_to_machine`:
 - the composed GPUs, and only those, are given to the container the way the
   NVIDIA container runtime selects devices: ``NVIDIA_VISIBLE_DEVICES`` with
   their UUIDs (``GPU-<uuid>``) where the fabric reports them, else their
-  indexes on the host in attach order, and the runtime's RuntimeClass;
+  indexes on the host in attach order, and the runtime's RuntimeClass; or,
+  with ``gpu_allocation = "dra"``, through a ResourceClaim (:mod:`.dra`);
 - the composed NVMe scratch, which the node mounts for the machine, is mounted
   into the container;
 - the chosen stack runs from its GPU image, pinned by digest;
@@ -44,15 +45,18 @@ from kubernetes_asyncio.client import (
     V1Volume,
     V1VolumeMount,
 )
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
+from kubespawner.clients import shared_client
 from kubespawner.reflector import ResourceReflector
 from kubespawner.spawner import PodReflector
-from traitlets import Unicode, default, validate
+from traitlets import CaselessStrEnum, Unicode, default, validate
 
 from ..catalog import Stack
 from ..machine import ComposedMachine
 from ..refusal import ComposeRefusal
 from .base import Launcher
+from .dra import NoDeviceIds, gpu_claim, use_claim
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container
@@ -75,6 +79,7 @@ class Placement:
     scratch_host_path: str = ""  # "" when no scratch drive was composed
     scratch_mount_path: str = ""
     run_manifest: str = ""  # JSON text, "" for none
+    gpu_claim: str = ""  # the ResourceClaim that gives the GPUs (DRA), "" for none
 
 
 def stack_image(stack: Stack) -> str | None:
@@ -119,6 +124,8 @@ def pin_to_machine(pod: V1Pod, placement: Placement) -> V1Pod:
     container = next(c for c in spec.containers if c.name == NOTEBOOK_CONTAINER)
     if placement.runtime_class:
         spec.runtime_class_name = placement.runtime_class
+    if placement.gpu_claim:
+        use_claim(pod, placement.gpu_claim, NOTEBOOK_CONTAINER)
     spec.volumes = list(spec.volumes or [])
     container.volume_mounts = list(container.volume_mounts or [])
     if placement.scratch_host_path:
@@ -199,8 +206,8 @@ def pod_ended_message(pod: Mapping[str, Any], status: int) -> str:
     )
 
 
-class NotebookPodEnded(Exception):
-    """The notebook's pod ended before it was ready; the message says what to do."""
+class NotebookNotStarted(Exception):
+    """The notebook could not be started on the cluster; the message says what to do."""
 
 
 class PodWatch(PodReflector):
@@ -271,6 +278,26 @@ class KubeLauncher(Launcher, KubeSpawner):
         gives the container the devices NVIDIA_VISIBLE_DEVICES names. Empty: the node's
         default runtime (when that is already the NVIDIA runtime).""",
     )
+    gpu_allocation = CaselessStrEnum(
+        ["runtime", "dra"],
+        "runtime",
+        config=True,
+        help="""How the pod is given its composed GPUs. ``runtime``: NVIDIA_VISIBLE_DEVICES
+        and ``gpu_runtime_class``, which any cluster with the NVIDIA container runtime
+        serves. ``dra``: a resource.k8s.io/v1 ResourceClaim for exactly those GPUs, by
+        UUID (Kubernetes 1.34 or newer with a DRA driver for them).""",
+    )
+    dra_device_class = Unicode(
+        "gpu.nvidia.com",
+        config=True,
+        help="""With gpu_allocation = "dra": the DeviceClass the GPUs' DRA driver installs.""",
+    )
+    dra_attribute_domain = Unicode(
+        "gpu.nvidia.com",
+        config=True,
+        help="""With gpu_allocation = "dra": the domain of the ``uuid`` device attribute the
+        driver publishes, which the claim selects the composed GPUs by.""",
+    )
     scratch_host_path_template = Unicode(
         "/mnt/composespawner/{machine_id}",
         config=True,
@@ -316,7 +343,8 @@ class KubeLauncher(Launcher, KubeSpawner):
     def launcher_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
         if self.machine is not None:
-            env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
+            if not self._uses_claim:
+                env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
             if self.machine.drives:
                 env["COMPOSE_SCRATCH"] = self.scratch_mount_path
         if self.stack is not None and self.stack.gpu is not None:
@@ -334,7 +362,8 @@ class KubeLauncher(Launcher, KubeSpawner):
         fields = {"machine_id": machine.machine_id, "host": machine.host}
         return Placement(
             node=self.node_name_template.format(**fields),
-            runtime_class=self.gpu_runtime_class if machine.gpus else "",
+            runtime_class=self.gpu_runtime_class if machine.gpus and not self._uses_claim else "",
+            gpu_claim=self._claim_name if self._uses_claim else "",
             scratch_host_path=(
                 self.scratch_host_path_template.format(**fields) if machine.drives else ""
             ),
@@ -371,6 +400,11 @@ class KubeLauncher(Launcher, KubeSpawner):
                 ended.set_result((status, pod))
 
         reflector.watch(key, before_ready)
+        try:
+            await self.create_gpu_claim()
+        except BaseException:
+            reflector.unwatch(key, before_ready)
+            raise
         started = super().start()  # KubeSpawner's: the future its progress() follows
         relay = asyncio.ensure_future(self._relay_pod_events())
         try:
@@ -380,10 +414,14 @@ class KubeLauncher(Launcher, KubeSpawner):
             relay.cancel()
             if not started.done():  # the pod ended, or the hub gave up on this start
                 started.cancel()
-        if not started.done() or started.cancelled():
-            status, pod = ended.result()
-            raise NotebookPodEnded(pod_ended_message(pod, status))
-        url = started.result()
+        try:
+            if not started.done() or started.cancelled():
+                status, pod = ended.result()
+                raise NotebookNotStarted(pod_ended_message(pod, status))
+            url = started.result()
+        except BaseException:
+            await self.delete_gpu_claim()  # the hub deletes the pod (stop); nothing holds it
+            raise
         await self._watch_pod()
         return url
 
@@ -395,6 +433,67 @@ class KubeLauncher(Launcher, KubeSpawner):
     async def stop(self, now: bool = False) -> None:
         self._unwatch_pod()
         await super().stop(now=now)
+        await self.delete_gpu_claim()
+
+    # -- the GPUs' ResourceClaim (gpu_allocation = "dra") ----------------------
+
+    @property
+    def _uses_claim(self) -> bool:
+        return self.gpu_allocation == "dra" and self.machine is not None and bool(self.machine.gpus)
+
+    @property
+    def _claim_name(self) -> str:
+        return f"{self.pod_name}-gpus"
+
+    async def create_gpu_claim(self) -> None:
+        """Create the claim before the pod that uses it (a leftover of this pod's goes first)."""
+        if not self._uses_claim:
+            return
+        assert self.machine is not None
+        try:
+            claim = gpu_claim(
+                self.machine,
+                name=self._claim_name,
+                namespace=self.namespace,
+                device_class=self.dra_device_class,
+                attribute_domain=self.dra_attribute_domain,
+                labels=self._build_common_labels(self._expand_all(self.extra_labels)),
+            )
+        except NoDeviceIds as e:
+            raise NotebookNotStarted(
+                f"Your GPUs cannot be given to the notebook: {e}. Tell the admins"
+                ' (gpu_allocation = "dra" needs GPU UUIDs from the fabric).'
+            ) from e
+        await self.delete_gpu_claim()
+        try:
+            await shared_client("ResourceV1Api").create_namespaced_resource_claim(
+                self.namespace, claim, _request_timeout=self.k8s_api_request_timeout
+            )
+        except ApiException as e:
+            if e.status == 404:
+                self.log.error(
+                    "%s: the cluster does not serve %s: %s",
+                    self._log_name,
+                    claim["apiVersion"],
+                    e.reason,
+                )
+                raise NotebookNotStarted(
+                    "This cluster cannot give GPUs through Dynamic Resource Allocation"
+                    " (resource.k8s.io/v1, Kubernetes 1.34 or newer). Your devices were given"
+                    ' back. Tell the admins: they set gpu_allocation to "runtime" or upgrade.'
+                ) from e
+            raise
+
+    async def delete_gpu_claim(self) -> None:
+        if self.gpu_allocation != "dra":
+            return
+        try:
+            await shared_client("ResourceV1Api").delete_namespaced_resource_claim(
+                self._claim_name, self.namespace, _request_timeout=self.k8s_api_request_timeout
+            )
+        except ApiException as e:
+            if e.status != 404:  # none to delete (or no DRA at all): fine
+                raise
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()

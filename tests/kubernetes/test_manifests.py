@@ -1,0 +1,199 @@
+"""Every object the Kubernetes launcher makes, checked in strict mode against the schemas of
+the Kubernetes versions universities run (1.30 and newer), not only the 1.20 API server here;
+and what Dynamic Resource Allocation does on a cluster that does not serve it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.config import kube_config
+from kubernetes_validate.utils import all_versions
+
+from composespawner.catalog import Stack, StackBuild
+from composespawner.hardware import Device
+from composespawner.kube import ComposeKubeSpawner
+from composespawner.launchers.dra import gpu_claim
+from composespawner.launchers.kubernetes import NotebookNotStarted
+from composespawner.machine import ComposedMachine
+from tests.paths import ROOT
+from tests.support.kube import KubeApiServer
+
+pytestmark = pytest.mark.kubernetes
+OLDEST = (1, 30)  # the oldest release still widely run (its upstream support ended in 2025)
+DRA_SINCE = (1, 34)  # resource.k8s.io/v1 is GA from here
+
+
+def versions(since: tuple[int, int]) -> list[str]:
+    """Every Kubernetes release kubernetes-validate has schemas for, from ``since`` on."""
+    found = [
+        v
+        for v in dict.fromkeys(all_versions())  # each twice: loose and strict schemas
+        if tuple(int(n) for n in v.split(".")[:2]) >= since
+    ]
+    # The oldest asked for must be there: else fewer releases would be checked, silently.
+    assert found, since
+    assert found[0].startswith("{}.{}.".format(*since)), found
+    return found
+
+
+MACHINE = ComposedMachine(
+    machine_id="m-42",
+    host="host-02",
+    zone="rack-1",
+    gpus=tuple(
+        Device(
+            f"gpu-{n}",
+            "gpu",
+            "NVIDIA A100",
+            frozenset({"rack-1"}),
+            "rack-1",
+            "attached",
+            memory_gib=80,
+            uuid=f"4a1b2c3d-0000-5000-8000-00000000000{n}",
+        )
+        for n in (1, 2)
+    ),
+    nic=Device(
+        "nic-1", "nic", "ConnectX-7", frozenset({"rack-1"}), "rack-1", "attached", speed_gbps=100
+    ),
+    drives=(
+        Device(
+            "nvme-1",
+            "nvme",
+            "PM1733",
+            frozenset({"rack-1"}),
+            "rack-1",
+            "attached",
+            capacity_gb=1920,
+        ),
+    ),
+)
+STACK = Stack(
+    "pytorch",
+    "PyTorch",
+    image="registry.example.edu/composespawner/pytorch",
+    gpu=StackBuild(ROOT / "images/pytorch/requirements-gpu.lock", "f" * 64, "sha256:" + "c" * 64),
+    env=(("PYTHONHASHSEED", "0"),),
+)
+
+
+@pytest.fixture
+def kubeconfig(apiserver: KubeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KubeSpawner loads the cluster's kubeconfig as a hub does, from $KUBECONFIG.
+
+    The client reads $KUBECONFIG once, when imported: this process imported it already.
+    """
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(apiserver.kubeconfig))
+
+
+async def composed_spawner(apiserver: KubeApiServer, **config: Any) -> ComposeKubeSpawner:
+    """A spawner that composed MACHINE on STACK and wrote its run manifest, as start() has."""
+    spawner = ComposeKubeSpawner(
+        _mock=True,
+        namespace="default",
+        k8s_api_host=apiserver.url,
+        k8s_api_ssl_ca_cert=str(apiserver.ca),
+        # KubeSpawner's own knobs, as a university's z2jh config sets them.
+        storage_pvc_ensure=True,
+        storage_capacity="10Gi",
+        storage_class="standard",
+        services_enabled=True,
+        mem_limit="64G",
+        cpu_guarantee=4.0,
+        node_affinity_required=[
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}
+        ],
+        volumes=[{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}],
+        volume_mounts=[{"name": "home", "mountPath": "/home/jovyan"}],
+        **config,
+    )
+    spawner.machine, spawner.stack = MACHINE, STACK
+    await spawner.prepare_launch()
+    spawner.deliver_run_manifest({"version": 1, "machine": {"id": MACHINE.machine_id}})
+    return spawner
+
+
+async def serialized(obj: Any) -> dict[str, Any]:
+    async with ApiClient() as api:
+        result: dict[str, Any] = api.sanitize_for_serialization(obj)
+    return result
+
+
+def assert_valid(manifest: dict[str, Any], since: tuple[int, int]) -> None:
+    for version in versions(since):
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{manifest['kind']} invalid for {version}: {e}") from e
+
+
+@pytest.mark.parametrize("allocation", ["runtime", "dra"])
+async def test_every_object_the_launcher_makes_is_valid_for_1_30_and_newer(
+    apiserver: KubeApiServer, kubeconfig: None, allocation: str
+) -> None:
+    spawner = await composed_spawner(apiserver, gpu_allocation=allocation)
+    pod = await serialized(await spawner.get_pod_manifest())
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": spawner.pod_name, "uid": "u-1"}
+    service = await serialized(spawner.get_service_manifest(owner, 8888))
+    # KubeSpawner leaves the Service's apiVersion out; the API server takes it from the URL.
+    service.setdefault("apiVersion", "v1")
+    for manifest in (await serialized(spawner.get_pvc_manifest()), service):
+        assert_valid(manifest, OLDEST)
+    # A pod that uses a ResourceClaim by name needs 1.31's pod API, and DRA 1.34's.
+    assert_valid(pod, OLDEST if allocation == "runtime" else DRA_SINCE)
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == f"{STACK.image}@{STACK.gpu.digest}"  # type: ignore[union-attr]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    if allocation == "runtime":
+        assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(f"GPU-{g.uuid}" for g in MACHINE.gpus)
+        assert pod["spec"]["runtimeClassName"] == "nvidia"
+        assert "resourceClaims" not in pod["spec"]
+    else:
+        claim = gpu_claim(
+            MACHINE,
+            name=f"{spawner.pod_name}-gpus",
+            namespace="default",
+            device_class="gpu.nvidia.com",
+            attribute_domain="gpu.nvidia.com",
+            labels={"app.kubernetes.io/managed-by": "kubespawner"},
+        )
+        assert_valid(claim, DRA_SINCE)
+        assert "NVIDIA_VISIBLE_DEVICES" not in env
+        assert "runtimeClassName" not in pod["spec"]
+        assert pod["spec"]["resourceClaims"] == [
+            {"name": "gpus", "resourceClaimName": claim["metadata"]["name"]}
+        ]
+        assert container["resources"]["claims"] == [{"name": "gpus"}]
+
+
+def test_the_claim_asks_for_exactly_the_composed_gpus_by_uuid() -> None:
+    claim = gpu_claim(
+        MACHINE,
+        name="jupyter-ada-gpus",
+        namespace="default",
+        device_class="gpu.nvidia.com",
+        attribute_domain="gpu.nvidia.com",
+        labels={},
+    )
+    request = claim["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["count"] == 2
+    assert request["exactly"]["allocationMode"] == "ExactCount"
+    uuids = ", ".join(f'"GPU-{g.uuid}"' for g in MACHINE.gpus)
+    assert request["exactly"]["selectors"] == [
+        {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid in [{uuids}]'}}
+    ]
+
+
+async def test_dra_on_a_cluster_that_does_not_serve_it_says_what_to_do(
+    apiserver: KubeApiServer, kubeconfig: None
+) -> None:
+    spawner = await composed_spawner(apiserver, gpu_allocation="dra")
+    with pytest.raises(NotebookNotStarted) as refused:
+        await spawner.create_gpu_claim()
+    assert "Dynamic Resource Allocation" in str(refused.value)
+    assert 'gpu_allocation to "runtime"' in str(refused.value)
+    # Nothing was made: 1.20 has no such API, and no pod was created before the claim.
+    assert apiserver.request("GET", "/api/v1/namespaces/default/pods").json()["items"] == []
