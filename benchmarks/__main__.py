@@ -8,6 +8,7 @@ BENCHMARKS = [
     "placement_speed",
     "trace_replay",
     "spawn_storm",
+    "spawn_storm_kubernetes",
     "release_latency",
     "portal_latency",
 ]

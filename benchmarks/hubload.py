@@ -33,6 +33,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from composespawner.ledger import Ledger
+from fabricsim.inventory import HOST_ID_DIGITS
 from tests.hubharness import ADMIN_TOKEN, Hub
 
 RESULTS = Path(__file__).with_name("results")
@@ -105,6 +106,15 @@ def inventory_toml(size: FabricSize) -> str:
                 )
             )
     return "\n".join(parts) + "\n"
+
+
+def host_ids(size: FabricSize) -> list[str]:
+    """The hosts :func:`inventory_toml` makes, as the simulator names them."""
+    return [
+        f"b{z:02d}-host-{n:0{HOST_ID_DIGITS}d}"
+        for z in range(1, size.zones + 1)
+        for n in range(1, size.hosts_per_zone + 1)
+    ]
 
 
 def _device_group(prefix: str, count: int, rack: str, kind: str, model: str, size: int) -> str:

@@ -27,6 +27,13 @@ host other than that of the ledger machine holding them, or listed in two
 servers' COMPOSE_DEVICE_IDS; ``leaked_devices`` counts devices still attached on
 the fabric or held in the ledger after every server stopped.
 
+With ``--kubernetes`` (``python -m benchmarks spawn_storm_kubernetes``) notebooks
+are pods: ``compose-kubernetes`` against stock KubeSpawner, 100 users, both on
+one real kube-apiserver with the tests' process kubelet serving every simulated
+host as a node (it spreads stock KubeSpawner's pods, which name no node, over
+them). The stand-in notebook runs as each pod's process; what servers were told
+is read from their pods' environment. Writes spawn_storm_kubernetes.json.
+
 ``python -m benchmarks spawn_storm`` or ``python -m benchmarks.spawn_storm --users 20``.
 Writes benchmarks/results/spawn_storm.json (a smoke run with ``--out`` elsewhere).
 """
@@ -34,6 +41,7 @@ Writes benchmarks/results/spawn_storm.json (a smoke run with ``--out`` elsewhere
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -58,6 +66,7 @@ from benchmarks.hubload import (
     check_holders,
     create_users,
     fabric_for,
+    host_ids,
     hub_log_problems,
     inventory_toml,
     keep_log,
@@ -69,8 +78,16 @@ from benchmarks.hubload import (
     write_result,
 )
 from tests.hubharness import Hub, process_env, running_hub
+from tests.support.kube import (
+    KubeApiServer,
+    catalog_with_pushed_images,
+    kube_apiserver,
+    kubespawner_config,
+)
+from tests.support.kubelet import running_nodes
 
 USERS = 200
+KUBERNETES_USERS = 100
 ROUNDS = 5  # single rounds swung ±25% here (stock alone 16-23 s); 3 were not enough
 OPTIONS: dict[str, Any] = {"gpu_model": "t4", "gpu_count": 1, "network": "shared", "scratch_gb": 0}
 POLL_EVERY = 0.2
@@ -143,30 +160,55 @@ class Side:
 
 
 def run_side(
-    users: int, *, stock: bool, spawn_limit: int, size: FabricSize, logs: Path | None = None
+    users: int,
+    *,
+    stock: bool,
+    spawn_limit: int,
+    size: FabricSize,
+    logs: Path | None = None,
+    cluster: KubeApiServer | None = None,
 ) -> Side:
+    """One storm on a fresh hub; with ``cluster``, notebooks are pods on it."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         inventory = tmp / "bench_inventory.toml"
         inventory.write_text(inventory_toml(size))
         config = load_config(spawn_limit=spawn_limit, page_limit=users)
-        if stock:
-            config += STOCK_SPAWNER_CONFIG
+        env = load_env(inventory)
+        if cluster is not None:
+            config += kubespawner_config(
+                "kubespawner.KubeSpawner" if stock else "compose-kubernetes",
+                catalog_with_pushed_images(tmp),
+            )
+            env["KUBECONFIG"] = str(cluster.kubeconfig)
+            name = "KubeSpawner" if stock else "ComposeKubeSpawner"
+        else:
+            config += STOCK_SPAWNER_CONFIG if stock else ""
+            name = "SimpleLocalProcessSpawner" if stock else "ComposeSpawner"
         with (
-            running_hub(tmp, config, **load_env(inventory)) as hub,
+            running_hub(tmp, config, **env) as hub,
             api_session(users + 1) as session,
         ):
             names = [f"storm{i:04d}" for i in range(users)]
             create_users(hub, names)
             runs = [UserRun(name) for name in names]
             start_all(hub, session, runs)
-            peak = None if stock else check_holders(hub, server_devices(hub, session, users))
+            if not stock:
+                told = (
+                    pod_devices(cluster)
+                    if cluster is not None
+                    else server_devices(hub, session, users)
+                )
+                peak = check_holders(hub, told)
+            else:
+                peak = None
             stop_all_s, stop_errors, listings = stop_all(hub, session, runs)
             if not stock:
                 wait_released(hub)
             after = None if stock else check_holders(hub)
             log = hub_log_problems(hub)
-        name = "SimpleLocalProcessSpawner" if stock else "ComposeSpawner"
+        if cluster is not None:
+            wait_no_pods(cluster)
         keep_log(hub, logs, f"spawn_storm-{name}.log")
     return Side(name, runs, stop_all_s, log, listings, peak, after, stop_errors)
 
@@ -262,6 +304,29 @@ def server_devices(hub: Hub, session: requests.Session, users: int) -> dict[str,
                 continue  # it exited since the listing: its devices are being given back
             told[user] = [d for d in env.get("COMPOSE_DEVICE_IDS", "").split(",") if d]
     return told
+
+
+def pod_devices(cluster: KubeApiServer) -> dict[str, list[str]]:
+    """user → the devices their pod was told it has (COMPOSE_DEVICE_IDS in its spec)."""
+    pods = cluster.request("GET", "/api/v1/namespaces/default/pods", timeout=60)
+    pods.raise_for_status()
+    told = {}
+    for pod in pods.json()["items"]:
+        env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+        user = pod["metadata"]["labels"].get("hub.jupyter.org/username", "")
+        told[user] = [d for d in env.get("COMPOSE_DEVICE_IDS", "").split(",") if d]
+    return told
+
+
+def wait_no_pods(cluster: KubeApiServer) -> None:
+    """Until the last pod is gone: the next side starts on an empty cluster."""
+    deadline = time.monotonic() + STORM_DEADLINE
+    while time.monotonic() < deadline:
+        pods = cluster.request("GET", "/api/v1/namespaces/default/pods", timeout=60)
+        if pods.ok and not pods.json()["items"]:
+            return
+        time.sleep(POLL_EVERY)  # polling the cluster, bounded by the deadline
+    raise RuntimeError("pods of the last storm are still there")
 
 
 def stop_all(
@@ -384,32 +449,51 @@ def print_table(r: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spawn_storm")
-    parser.add_argument("--users", type=int, default=USERS)
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="notebooks as pods: compose-kubernetes against stock KubeSpawner",
+    )
+    parser.add_argument("--users", type=int, help=f"default {USERS} ({KUBERNETES_USERS} on pods)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="storms per side (default 5)")
     parser.add_argument("--spawn-limit", type=int, help="concurrent_spawn_limit (default: users)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "spawn_storm.json")
+    parser.add_argument(
+        "--out", type=Path, help="default benchmarks/results/spawn_storm[_kubernetes].json"
+    )
     parser.add_argument("--logs", type=Path, help="a folder to keep the hubs' logs in")
     args = parser.parse_args(argv or [])
-    spawn_limit = args.users if args.spawn_limit is None else args.spawn_limit
-    size = fabric_for(args.users)
-    rounds = []
-    for n in range(args.rounds):
-        # Alternate which side goes first, so drift in the machine's state over
-        # the run (page cache, disk, other load) does not favour one side.
-        order = (False, True) if n % 2 == 0 else (True, False)
-        sides = {
-            stock: run_side(
-                args.users,
-                stock=stock,
-                spawn_limit=spawn_limit,
-                size=size,
-                logs=args.logs and args.logs / f"round{n + 1}",
-            )
-            for stock in order
-        }
-        rounds.append(Round(ours=sides[False], stock=sides[True]))
-    report = result(args.users, spawn_limit, size, rounds)
-    write_result(args.out, report)
+    users = args.users or (KUBERNETES_USERS if args.kubernetes else USERS)
+    out = args.out or RESULTS / (
+        "spawn_storm_kubernetes.json" if args.kubernetes else "spawn_storm.json"
+    )
+    spawn_limit = users if args.spawn_limit is None else args.spawn_limit
+    size = fabric_for(users)
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if args.kubernetes:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            cluster = stack.enter_context(kube_apiserver(folder / "kube"))
+            stack.enter_context(running_nodes(cluster, host_ids(size), folder / "kubelet"))
+        rounds = []
+        for n in range(args.rounds):
+            # Alternate which side goes first, so drift in the machine's state over
+            # the run (page cache, disk, other load) does not favour one side.
+            order = (False, True) if n % 2 == 0 else (True, False)
+            sides = {
+                stock: run_side(
+                    users,
+                    stock=stock,
+                    spawn_limit=spawn_limit,
+                    size=size,
+                    logs=args.logs and args.logs / f"round{n + 1}",
+                    cluster=cluster,
+                )
+                for stock in order
+            }
+            rounds.append(Round(ours=sides[False], stock=sides[True]))
+    report = result(users, spawn_limit, size, rounds)
+    report["platform"] = "kubernetes" if args.kubernetes else "local processes"
+    write_result(out, report)
     print_table(report)
 
 

@@ -241,8 +241,10 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 request = self._settled(request, admitted)
                 self.stack = self.catalog.stack(request.stack) if request.stack else None
                 self.kit = self.catalog.kit(request.kit) if request.kit else None
-                if self.stack is not None:
-                    self.check_stack(self.stack)  # before anything is claimed
+                if self.stack is not None:  # before anything is claimed
+                    self.check_stack(self.stack)
+                if self.kit is not None:
+                    self.check_kit(self.kit)
                 self.machine = await self._compose(request, admitted)
             except ComposeRefusal:
                 self._forget_refused()

@@ -48,6 +48,12 @@ class Launcher:
         Raises :class:`~composespawner.refusal.ComposeRefusal` with what to do.
         """
 
+    def check_kit(self, kit: Kit) -> None:
+        """Refuse, before anything is claimed, a starter kit this launcher cannot deliver.
+
+        Raises :class:`~composespawner.refusal.ComposeRefusal` with what to do.
+        """
+
     def extra_start_time(self, stack: Stack | None) -> float:
         """Seconds a start on ``stack`` may take beyond ``start_timeout`` (a build)."""
         del stack

@@ -52,7 +52,7 @@ from kubespawner.reflector import ResourceReflector
 from kubespawner.spawner import PodReflector
 from traitlets import CaselessStrEnum, Unicode, default, validate
 
-from ..catalog import Stack
+from ..catalog import Kit, Stack
 from ..machine import ComposedMachine
 from ..refusal import ComposeRefusal
 from .base import Launcher
@@ -330,6 +330,17 @@ class KubeLauncher(Launcher, KubeSpawner):
 
     def check_stack(self, stack: Stack) -> None:
         pushed_image(stack)
+
+    def check_kit(self, kit: Kit) -> None:
+        # A kit is merged into the home by the hub; here the home is the pod's volume,
+        # which the hub does not mount.
+        raise ComposeRefusal(
+            f"Starter kits cannot be put in your home on this cluster yet, so the {kit.label}"
+            " kit was not started and nothing was claimed. Start without a kit (choose its"
+            f" stack, {kit.stack}, yourself), or ask the admins for the kit's files.",
+            reason="kit",
+            status_code=400,
+        )
 
     async def prepare_launch(self) -> None:
         self.image = pushed_image(self.stack) if self.stack else self._configured_image

@@ -238,3 +238,14 @@ def test_a_pod_that_fails_before_it_is_ready_ends_the_start_at_once(
         lambda: user_pod(apiserver, "student2", "fail-now") is None, 30, "the failed pod to go"
     )
     assert ledger.live_machines("student2") == []
+
+
+@pytest.mark.timeout(60)
+def test_a_starter_kit_is_refused_on_kubernetes_with_nothing_claimed(
+    hub: Hub, ledger: Ledger
+) -> None:
+    answer = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "kit": "digits"}, "kit")
+    assert answer.status_code == 400, answer.text
+    assert "Starter kits cannot be put in your home on this cluster" in answer.json()["message"]
+    assert hub.server("student1", "kit") is None
+    assert ledger.live_machines("student1") == []

@@ -45,8 +45,9 @@ class KubeApiServer:
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
+        kwargs.setdefault("timeout", 10)
         return requests.request(
-            method, f"{self.url}{path}", headers=headers, verify=str(self.ca), timeout=10, **kwargs
+            method, f"{self.url}{path}", headers=headers, verify=str(self.ca), **kwargs
         )
 
     def ready_nodes(self) -> set[str]:
