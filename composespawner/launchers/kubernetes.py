@@ -63,6 +63,7 @@ NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the notebook's contain
 RUN_MANIFEST_ANNOTATION = "composespawner.io/run-manifest"
 RUN_MANIFEST_DIR = "/etc/composespawner"
 RUN_MANIFEST_FILE = "run.json"
+RUN_MANIFEST_PATH = f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
 RUN_MANIFEST_VOLUME = "composespawner-run"
 SCRATCH_VOLUME = "composespawner-scratch"
 ENDED_PHASES = ("Failed", "Succeeded")
@@ -210,6 +211,32 @@ class NotebookNotStarted(Exception):
     """The notebook could not be started on the cluster; the message says what to do."""
 
 
+class StartingPod:
+    """What the pod watch says of a pod being started: ready, or ended first.
+
+    A pod of an earlier start (``stale``, which KubeSpawner replaces) is ignored.
+    """
+
+    def __init__(
+        self, stale: Mapping[str, Any] | None, is_ready: Callable[[dict[str, Any]], bool]
+    ) -> None:
+        self._stale_uid = stale["metadata"].get("uid") if stale else None
+        self._is_ready = is_ready
+        self.ready: asyncio.Future[dict[str, Any]] = asyncio.Future()
+        self.ended: asyncio.Future[tuple[int, dict[str, Any]]] = asyncio.Future()
+
+    def __call__(self, pod: dict[str, Any] | None) -> None:
+        if pod is None or pod["metadata"].get("uid") == self._stale_uid:
+            return
+        if self.ready.done() or self.ended.done():
+            return
+        status = pod_exit_status(pod)
+        if status is not None:
+            self.ended.set_result((status, pod))
+        elif self._is_ready(pod):
+            self.ready.set_result(pod)
+
+
 class PodWatch(PodReflector):
     """KubeSpawner's pod reflector that also tells whoever asked when a pod changes.
 
@@ -326,7 +353,7 @@ class KubeLauncher(Launcher, KubeSpawner):
         super().__init__(**kwargs)
         self._configured_image: str = self.image
 
-    # -- the stack -------------------------------------------------------------
+    # -- the stack and the kit ---------------------------------------------------
 
     def check_stack(self, stack: Stack) -> None:
         pushed_image(stack)
@@ -343,13 +370,14 @@ class KubeLauncher(Launcher, KubeSpawner):
         )
 
     async def prepare_launch(self) -> None:
-        self.image = pushed_image(self.stack) if self.stack else self._configured_image
+        # As configured, for KubeSpawner's profiles to change; the stack's wins at the pod.
+        self.image = self._configured_image
 
     # -- the pod ---------------------------------------------------------------
 
     def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         self._run_manifest_text = json.dumps(manifest, sort_keys=True)
-        return f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
+        return RUN_MANIFEST_PATH
 
     def launcher_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -361,7 +389,7 @@ class KubeLauncher(Launcher, KubeSpawner):
         if self.stack is not None and self.stack.gpu is not None:
             env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.gpu.lock_sha256
         if self._run_manifest_text:
-            env["COMPOSE_RUN_MANIFEST"] = f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
+            env["COMPOSE_RUN_MANIFEST"] = RUN_MANIFEST_PATH
         return env
 
     def get_env(self) -> dict[str, str]:
@@ -383,57 +411,62 @@ class KubeLauncher(Launcher, KubeSpawner):
         )
 
     async def get_pod_manifest(self) -> V1Pod:
+        """KubeSpawner's pod (its profile applied by now), on the stack and the machine."""
+        if self.stack is not None:
+            self.image = pushed_image(self.stack)  # before: JUPYTER_IMAGE in the env says it
         pod: V1Pod = await super().get_pod_manifest()
-        if self.machine is None:  # a start always has one; KubeSpawner alone never calls this
+        if self.machine is None:  # nothing composed: nothing to pin (not one of our starts)
             return pod
         return pin_to_machine(pod, self.placement(self.machine))
 
     # -- starting, and the pod's end -------------------------------------------
 
     async def start(self) -> Any:
-        """KubeSpawner's start, given up as soon as the pod ends before it is ready.
+        """KubeSpawner's start, ended as soon as the pod watch sees its pod ready or ended.
 
-        KubeSpawner alone waits out ``start_timeout`` for a pod that has failed.
+        KubeSpawner alone looks for readiness with exponential backoff (up to 5 s
+        between looks), and waits out ``start_timeout`` for a pod that has failed.
         """
         self._unwatch_pod()
         reflector = await self._start_watching_pods()
         assert isinstance(reflector, PodWatch), "another pod reflector took this namespace"
         key = self._pod_key
-        stale = reflector.pods.get(key)  # a pod of an earlier start, which KubeSpawner replaces
-        stale_uid = stale["metadata"].get("uid") if stale else None
-        ended: asyncio.Future[tuple[int, dict[str, Any]]] = asyncio.Future()
-
-        def before_ready(pod: dict[str, Any] | None) -> None:
-            if pod is None or pod["metadata"].get("uid") == stale_uid or ended.done():
-                return
-            status = pod_exit_status(pod)
-            if status is not None:
-                ended.set_result((status, pod))
-
-        reflector.watch(key, before_ready)
+        starting = StartingPod(reflector.pods.get(key), self.is_pod_running)
+        reflector.watch(key, starting)
         try:
             await self.create_gpu_claim()
-        except BaseException:
-            reflector.unwatch(key, before_ready)
-            raise
-        started = super().start()  # KubeSpawner's: the future its progress() follows
-        relay = asyncio.ensure_future(self._relay_pod_events())
-        try:
-            await asyncio.wait([started, ended], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            reflector.unwatch(key, before_ready)
-            relay.cancel()
-            if not started.done():  # the pod ended, or the hub gave up on this start
-                started.cancel()
-        try:
-            if not started.done() or started.cancelled():
-                status, pod = ended.result()
-                raise NotebookNotStarted(pod_ended_message(pod, status))
-            url = started.result()
+            url = await self._start_pod(starting)
         except BaseException:
             await self.delete_gpu_claim()  # the hub deletes the pod (stop); nothing holds it
             raise
+        finally:
+            reflector.unwatch(key, starting)
         await self._watch_pod()
+        return url
+
+    async def _start_pod(self, starting: StartingPod) -> str:
+        started = super().start()  # KubeSpawner's: the future its progress() follows
+        relay = asyncio.ensure_future(self._relay_pod_events())
+        # Once the pod is created KubeSpawner only waits, unless it has more to make.
+        after_creating = self.internal_ssl or self.services_enabled or self.after_pod_created_hook
+        watched = [starting.ended] if after_creating else [starting.ended, starting.ready]
+        try:
+            done, _ = await asyncio.wait([started, *watched], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the hub gave up on this start
+            started.cancel()
+            raise
+        finally:
+            relay.cancel()
+        if started in done:
+            url: str = started.result()
+            return url
+        started.cancel()
+        if starting.ended.done():
+            status, pod = starting.ended.result()
+            raise NotebookNotStarted(pod_ended_message(pod, status))
+        pod = starting.ready.result()
+        self.pod_id = pod["metadata"]["uid"]
+        url = self._get_pod_url(pod)
         return url
 
     async def _relay_pod_events(self) -> None:

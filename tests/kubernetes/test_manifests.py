@@ -197,3 +197,21 @@ async def test_dra_on_a_cluster_that_does_not_serve_it_says_what_to_do(
     assert 'gpu_allocation to "runtime"' in str(refused.value)
     # Nothing was made: 1.20 has no such API, and no pod was created before the claim.
     assert apiserver.request("GET", "/api/v1/namespaces/default/pods").json()["items"] == []
+
+
+async def test_a_profile_still_applies_but_the_stack_chooses_the_image(
+    apiserver: KubeApiServer, kubeconfig: None
+) -> None:
+    profile = {
+        "display_name": "Course default",
+        "default": True,
+        "kubespawner_override": {"image": "quay.io/jupyter/base-notebook", "mem_limit": "8G"},
+    }
+    spawner = await composed_spawner(apiserver, profile_list=[profile])
+    await spawner.load_user_options()  # as KubeSpawner's start does, after prepare_launch
+    pod = await serialized(await spawner.get_pod_manifest())
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["memory"] == 8 * 1024**3  # the profile's 8G
+    assert container["image"] == f"{STACK.image}@{STACK.gpu.digest}"  # type: ignore[union-attr]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["JUPYTER_IMAGE"] == container["image"]

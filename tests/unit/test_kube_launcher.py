@@ -15,6 +15,7 @@ from composespawner.hardware import Device
 from composespawner.launchers.kubernetes import (
     Placement,
     PodWatch,
+    StartingPod,
     nvidia_visible_devices,
     pin_to_machine,
     pod_ended_message,
@@ -237,3 +238,30 @@ async def test_the_pod_watch_tells_each_change_as_it_arrives() -> None:
     watch.unwatch("default/jupyter-ada", seen.append)
     watch.resources = {"default/jupyter-ada": a_pod("Failed")}
     assert len(seen) == 3  # nobody listens any more
+
+
+def ready_pod(uid: str) -> dict[str, Any]:
+    pod = a_pod("Running", running={})
+    pod["metadata"]["uid"] = uid
+    pod["status"]["containerStatuses"][0]["ready"] = True
+    return pod
+
+
+async def test_a_starting_pod_is_ready_or_ended_whichever_the_watch_sees_first() -> None:
+    def ready(pod: dict[str, Any]) -> bool:
+        return bool(pod["status"]["containerStatuses"][0].get("ready"))
+
+    starting = StartingPod(ready_pod("old"), ready)
+    starting(ready_pod("old"))  # the earlier start's pod, which KubeSpawner replaces
+    starting(None)  # and its deletion
+    assert not starting.ready.done()
+    assert not starting.ended.done()
+    starting(ready_pod("new"))
+    assert starting.ready.result()["metadata"]["uid"] == "new"
+    starting({**a_pod("Failed", terminated={"exitCode": 3}), "metadata": {"uid": "new"}})
+    assert not starting.ended.done()  # it was ready first: the end is the pod watch's to tell
+
+    failing = StartingPod(None, ready)
+    failing({**a_pod("Failed", terminated={"exitCode": 3}), "metadata": {"uid": "x"}})
+    assert failing.ended.result()[0] == 3
+    assert not failing.ready.done()
