@@ -31,6 +31,7 @@ PODS = "/api/v1/namespaces/default/pods"
 # The notebook command: servers named fail* exit at once, others run the real notebook.
 WRAPPER = ROOT / "tests" / "e2e" / "notebook_or_fail.py"
 RELEASE_WITHIN = 5.0  # seconds from a pod's end to its devices back in the fabric
+START_TIMEOUT = 30  # seconds; servers here are ready in 2-5
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def hub(
     config += f"c.KubeSpawner.cmd = [{sys.executable!r}, {str(WRAPPER)!r}]\n"
     # Only the pod watch may notice a pod's end within seconds: the hub's poll comes late.
     config += "c.Spawner.poll_interval = 300\n"
+    config += f"c.KubeSpawner.start_timeout = {START_TIMEOUT}\n"
     with running_hub(tmp, config, KUBECONFIG=str(apiserver.kubeconfig)) as hub:
         yield hub
 
@@ -230,8 +232,8 @@ def test_a_pod_that_fails_before_it_is_ready_ends_the_start_at_once(
     answer = hub.spawn("student2", {"gpu_model": "t4", "gpu_count": 1}, name="fail-now")
     assert answer.status_code in (202, 500), answer.text
     hub.wait_gone("student2", "fail-now", timeout=30)
-    # Well before the start timeout (60 s) KubeSpawner alone would wait out.
-    assert time.monotonic() - started < 30
+    # Well before the start timeout KubeSpawner alone would wait out.
+    assert time.monotonic() - started < START_TIMEOUT
     wait_for(lambda: hub.composed_hosts() == {}, RELEASE_WITHIN, "every device to be detached")
     assert "Your notebook's pod ended before it was ready, with exit code 3" in hub.log_tail(200)
     wait_for(
@@ -249,3 +251,19 @@ def test_a_starter_kit_is_refused_on_kubernetes_with_nothing_claimed(
     assert "Starter kits cannot be put in your home on this cluster" in answer.json()["message"]
     assert hub.server("student1", "kit") is None
     assert ledger.live_machines("student1") == []
+
+
+@pytest.mark.timeout(180)
+def test_a_pod_that_never_gets_ready_gives_its_devices_back_at_the_start_timeout(
+    hub: Hub, apiserver: KubeApiServer, ledger: Ledger
+) -> None:
+    answer = hub.spawn("researcher1", {"gpu_model": "t4", "gpu_count": 1}, name="hang")
+    assert answer.status_code == 202, answer.text
+    host = hub.server_host("researcher1", "hang")
+    assert hub.attached(host) != []
+    hub.wait_gone("researcher1", "hang", timeout=START_TIMEOUT + 60)
+    wait_for(lambda: hub.attached(host) == [], RELEASE_WITHIN, "the devices to go back")
+    wait_for(
+        lambda: user_pod(apiserver, "researcher1", "hang") is None, 30, "the pod to be deleted"
+    )
+    assert ledger.live_machines("researcher1") == []

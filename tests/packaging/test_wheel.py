@@ -31,6 +31,10 @@ from composespawner.spawner import ComposeSpawner
 
 (compose,) = entry_points(group="jupyterhub.spawners", name="compose")
 assert compose.load() is ComposeSpawner, compose
+from composespawner.kube import ComposeKubeSpawner
+
+(on_pods,) = entry_points(group="jupyterhub.spawners", name="compose-kubernetes")
+assert on_pods.load() is ComposeKubeSpawner, on_pods
 hub = JupyterHub()
 hub.spawner_class = "compose"
 assert hub.spawner_class is ComposeSpawner, hub.spawner_class
@@ -45,7 +49,7 @@ print("FOUND", json.dumps({
     "template_files": sorted(p.name for p in embedded.hub_templates_dir().iterdir()),
     "template_paths": list(config.JupyterHub.template_paths),
     "proxy": list(config.ConfigurableHTTPProxy.command),
-    "catalog": config.ComposeSpawner.catalog_file,
+    "catalog": config.ComposeMixin.catalog_file,
 }))
 """
 
