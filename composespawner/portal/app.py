@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pwd
 import signal
@@ -33,6 +34,8 @@ from .hub import HubClient
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
 PLOTLY = Path(plotly.__file__).parent / "package_data"
+# Seconds between full garbage collections, made on a timer instead of mid-request.
+FULL_COLLECTION_EVERY = 30.0
 
 
 class PortalApp(ComposeApplication):
@@ -101,6 +104,7 @@ class PortalApp(ComposeApplication):
             hub=hub,
             timezone=ZoneInfo(settings.site_timezone),
         )
+        collecting = collect_on_a_timer(FULL_COLLECTION_EVERY)
         url = urlparse(self.service_url)
         server = HTTPServer(app, xheaders=True, max_body_size=self.max_body_bytes)
         server.listen(url.port or 80, url.hostname or "127.0.0.1")
@@ -112,6 +116,7 @@ class PortalApp(ComposeApplication):
         try:
             await stop.wait()
         finally:
+            collecting.cancel()
             server.stop()
             await hub.close()
             await composer.close()
@@ -178,3 +183,23 @@ def _hub_templates() -> Path:
     from jupyterhub._data import DATA_FILES_PATH
 
     return Path(DATA_FILES_PATH) / "templates"
+
+
+def collect_on_a_timer(every: float) -> asyncio.Task[None]:
+    """Make full garbage collections every ``every`` seconds rather than when CPython would.
+
+    The portal keeps large read caches (a period's per-user sums, rosters, the
+    inventory), and each page leaves objects that live a while: CPython then runs a
+    full collection every dozen pages, 45-50 ms over the caches, inside whichever
+    request triggered it (most of the usage and inventory pages' p95 at 10,000
+    users). Young collections stay automatic; the full ones come on this timer.
+    """
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 1_000_000)  # never reached: the timer collects
+
+    async def collect() -> None:
+        while True:
+            await asyncio.sleep(every)
+            gc.collect()
+
+    return asyncio.ensure_future(collect())
