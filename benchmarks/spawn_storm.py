@@ -193,15 +193,10 @@ def run_side(
             create_users(hub, names)
             runs = [UserRun(name) for name in names]
             start_all(hub, session, runs)
+            peak = None
             if not stock:
-                told = (
-                    pod_devices(cluster)
-                    if cluster is not None
-                    else server_devices(hub, session, users)
-                )
+                told = pod_devices(cluster) if cluster else server_devices(hub, session, users)
                 peak = check_holders(hub, told)
-            else:
-                peak = None
             stop_all_s, stop_errors, listings = stop_all(hub, session, runs)
             if not stock:
                 wait_released(hub)

@@ -479,6 +479,12 @@ class KubeLauncher(Launcher, KubeSpawner):
         await super().stop(now=now)
         await self.delete_gpu_claim()
 
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()
+        if status is None and self.machine is not None and self._pod_watched is None:
+            await self._watch_pod()  # after a hub restart: the server's pod, found again
+        return status
+
     # -- the GPUs' ResourceClaim (gpu_allocation = "dra") ----------------------
 
     @property
@@ -538,12 +544,6 @@ class KubeLauncher(Launcher, KubeSpawner):
         except ApiException as e:
             if e.status != 404:  # none to delete (or no DRA at all): fine
                 raise
-
-    async def poll(self) -> int | None:
-        status: int | None = await super().poll()
-        if status is None and self.machine is not None and self._pod_watched is None:
-            await self._watch_pod()  # after a hub restart: the server's pod, found again
-        return status
 
     @property
     def _pod_key(self) -> str:

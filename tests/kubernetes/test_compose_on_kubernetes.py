@@ -54,15 +54,6 @@ def hub(
         yield hub
 
 
-@pytest.fixture
-def ledger(hub: Hub) -> Iterator[Ledger]:
-    ledger = Ledger(hub.ledger_url())
-    try:
-        yield ledger
-    finally:
-        ledger.close()
-
-
 def user_pod(apiserver: KubeApiServer, user: str, server: str = "") -> dict[str, Any] | None:
     """The pod of ``user``'s server, by KubeSpawner's labels."""
     labels = f"hub.jupyter.org/username={user},hub.jupyter.org/servername={server}"
@@ -71,6 +62,14 @@ def user_pod(apiserver: KubeApiServer, user: str, server: str = "") -> dict[str,
     items: list[dict[str, Any]] = found.json()["items"]
     assert len(items) <= 1, [p["metadata"]["name"] for p in items]
     return items[0] if items else None
+
+
+def kill_and_see_released(hub: Hub, user: str, host: str) -> None:
+    """SIGKILL ``user``'s pod process; its devices must be back within RELEASE_WITHIN."""
+    os.kill(pod_process(hub, user), signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: hub.attached(host) == [], RELEASE_WITHIN, "the devices to go back")
+    assert time.monotonic() - killed <= RELEASE_WITHIN
 
 
 def container_env(pod: dict[str, Any]) -> dict[str, str]:
@@ -184,10 +183,7 @@ def test_a_pod_that_dies_gives_its_devices_back_within_seconds(
     host = hub.server_host("student2")
     assert len(hub.attached(host)) == 1
 
-    os.kill(pod_process(hub, "student2"), signal.SIGKILL)
-    killed = time.monotonic()
-    wait_for(lambda: hub.attached(host) == [], RELEASE_WITHIN, "the devices to go back")
-    assert time.monotonic() - killed <= RELEASE_WITHIN
+    kill_and_see_released(hub, "student2", host)
     pod = user_pod(apiserver, "student2")
     # The kubelet reported it Failed, killed by SIGKILL (or KubeSpawner has deleted it since).
     if pod is not None:
@@ -217,10 +213,7 @@ def test_a_hub_killed_with_a_pod_running_finds_it_again(
     assert again["metadata"]["uid"] == pod["metadata"]["uid"]
     assert len(hub.attached(host)) == 1
     # ...and watched again: its end still gives the devices back at once.
-    os.kill(pod_process(hub, "researcher1"), signal.SIGKILL)
-    killed = time.monotonic()
-    wait_for(lambda: hub.attached(host) == [], RELEASE_WITHIN, "the devices to go back")
-    assert time.monotonic() - killed <= RELEASE_WITHIN
+    kill_and_see_released(hub, "researcher1", host)
     wait_for(lambda: ledger.live_machines("researcher1") == [], 10, "the ledger to agree")
 
 

