@@ -168,10 +168,10 @@ class Kubelet:
             connector=aiohttp.TCPConnector(ssl=context),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         ) as self._session:
-            for node in self.nodes:
-                await self.register(node)
-            log.info("kubelet for %s ready", ", ".join(self.nodes))
-            try:
+            try:  # however it ends, even while still registering
+                for node in self.nodes:
+                    await self.register(node)
+                log.info("kubelet for %s ready", ", ".join(self.nodes))
                 async for pod in self.watch_pods():
                     await self.handle(pod)
             finally:
