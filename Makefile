@@ -50,7 +50,13 @@ notebook-account: $(VENV)/.installed
 	  fi; \
 	fi
 
-install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) notebook-account
+# The OpenID Connect provider the login tests run (panva's oidc-provider).
+OIDC_PROVIDER := tests/support/oidc_provider/node_modules/.installed
+$(OIDC_PROVIDER): tests/support/oidc_provider/package.json tests/support/oidc_provider/package-lock.json
+	cd tests/support/oidc_provider && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(OIDC_PROVIDER) notebook-account
 
 demo: install notebook-account
 	$(BIN)/composespawner demo

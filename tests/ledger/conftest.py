@@ -10,9 +10,7 @@ skipped.
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,11 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from composespawner.ledger import Ledger
+from tests.support.postgres import connectable_admin_engine, scratch_database
 
 from .support import GPUS, PATHS, Clock, MachineMaker, gpu_ids, inventory
 
-PG_ADDRESS = "127.0.0.1:5432"
-PG_USERS = ("postgres", "root")
 TABLES = (
     "usage_days",
     "usage_model_days",
@@ -43,74 +40,27 @@ TABLES = (
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
-def _connectable_admin_engine() -> tuple[sa.Engine, str]:
-    errors = []
-    for user in PG_USERS:
-        url = f"postgresql+psycopg://{user}@{PG_ADDRESS}/postgres"
-        engine = sa.create_engine(
-            url,
-            isolation_level="AUTOCOMMIT",
-            poolclass=NullPool,
-            connect_args={"connect_timeout": 5},
-        )
-        try:
-            with engine.connect() as connection:
-                connection.execute(sa.text("SELECT 1"))
-        except sa.exc.OperationalError as err:
-            errors.append(f"as {user}: {str(err).splitlines()[0]}")
-            engine.dispose()
-            continue
-        return engine, user
-    pytest.fail(
-        f"PostgreSQL is not reachable on {PG_ADDRESS} (tried users {', '.join(PG_USERS)} with "
-        f"trust auth): {'; '.join(errors)}. Start it (e.g. `service postgresql start`) or run "
-        "only the SQLite half with `-m 'not postgres'`.",
-        pytrace=False,
-    )
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[tuple[sa.Engine, str]]:
     """An AUTOCOMMIT engine on the server's ``postgres`` database, and the user it works as."""
-    admin, user = _connectable_admin_engine()
+    admin, user = connectable_admin_engine()
     try:
         yield admin, user
     finally:
         admin.dispose()
 
 
-@contextmanager
-def _scratch_database(server: tuple[sa.Engine, str]) -> Iterator[str]:
-    """Create a database for this test session; drop it (and its connections) afterwards."""
-    admin, user = server
-    name = f"composespawner_test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://{user}@{PG_ADDRESS}/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="session")
 def postgres_empty(postgres_server: tuple[sa.Engine, str]) -> Iterator[str]:
     """A scratch database whose schema each test using it starts without."""
-    with _scratch_database(postgres_server) as url:
+    with scratch_database(postgres_server) as url:
         yield url
 
 
 @pytest.fixture(scope="session")
 def postgres_migrated(postgres_server: tuple[sa.Engine, str]) -> Iterator[str]:
     """A scratch database migrated once; emptied of rows before each test using it."""
-    with _scratch_database(postgres_server) as url:
+    with scratch_database(postgres_server) as url:
         _upgrade(url)
         yield url
 

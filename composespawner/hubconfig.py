@@ -1,0 +1,165 @@
+"""What every composespawner hub config sets alike: its services, scopes and roles.
+
+The embedded default (``hub_config/jupyterhub_config.py``) and the production
+config (``hub_config/production_config.py``) differ in who logs in, where state
+lives and how the hub is reached; the GPU portal, the reconciler and the idle
+culler, and what each may do, are the same. Each config passes its own values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
+    "custom:compose:staff": {
+        "description": "Manage cohorts in the GPU portal: dates, sessions, stacks, starter"
+        " kit. Give it as custom:compose:staff!group=<cohort> for one cohort.",
+    },
+    "custom:compose:admin": {
+        "description": "Manage the GPU pool in its portal: inventory, quotas, cohorts,"
+        " co-located devices, usage, the audit log.",
+        "subscopes": ["custom:compose:staff"],
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The hub-managed services of a composing hub, and how often they work."""
+
+    config_file: Path  # the hub's config: the portal and the reconciler read it too
+    portal_port: int
+    cull_timeout: int = 600
+    cull_every: int = 60
+    reconcile_every: int = 60
+    reconcile_grace: int = 60
+
+    def with_hub(self) -> list[str]:
+        """Run a service so that the kernel ends it when this hub process dies, even by
+        SIGKILL: a restarted hub never finds its old reconciler or culler at work.
+        (A config file runs inside the hub, so this is the hub's pid.)"""
+        return [str(_bin() / "composespawner"), "with-hub", f"--hub-pid={os.getpid()}", "--"]
+
+    def compose_env(self) -> dict[str, str]:
+        """A service's environment is only what is listed (and the hub's API token):
+        the config file reads its settings from these."""
+        return {k: v for k, v in os.environ.items() if k.startswith("COMPOSE_")}
+
+    def services(self) -> list[dict[str, Any]]:
+        config = f"--config={self.config_file.resolve()}"
+        return [
+            {
+                "name": "idle-culler",
+                "command": [
+                    *self.with_hub(),
+                    sys.executable,
+                    "-m",
+                    "jupyterhub_idle_culler",
+                    f"--timeout={self.cull_timeout}",
+                    f"--cull-every={self.cull_every}",
+                ],
+            },
+            {
+                # The GPU portal at /services/compose/: "my machine" for everyone, quotas
+                # and the audit log for admins. It reads the config for ledger and catalog.
+                "name": "compose",
+                "url": f"http://127.0.0.1:{self.portal_port}",
+                "command": [*self.with_hub(), str(_bin() / "composespawner"), "portal", config],
+                "environment": self.compose_env(),
+                "oauth_no_confirm": True,
+                # What the portal may learn of a visitor: their custom:compose:* scopes.
+                "oauth_client_allowed_scopes": ["custom:compose:admin", "custom:compose:staff"],
+            },
+            {
+                # Makes ledger, fabric and servers agree at hub start and then periodically.
+                "name": "compose-reconciler",
+                "command": [
+                    *self.with_hub(),
+                    str(_bin() / "composespawner"),
+                    "reconcile",
+                    config,
+                    f"--every={self.reconcile_every}",
+                    f"--grace={self.reconcile_grace}",
+                ],
+                "environment": self.compose_env(),
+            },
+        ]
+
+
+def roles(
+    *, admins: dict[str, list[str]] | None = None, extra: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """JupyterHub roles for users, notebooks, the services and the pool's admins.
+
+    ``admins``: who holds ``compose-admin`` (``{"users": [...], "groups": [...]}``).
+    """
+    return [
+        {
+            # JupyterHub's default user role, and the GPU portal.
+            "name": "user",
+            "scopes": ["self", "access:services!service=compose"],
+        },
+        {
+            # A notebook's own token (JupyterHub's server role), and the GPU portal for
+            # composespawner.client: the machine it runs on, grown or shrunk in place.
+            "name": "server",
+            "scopes": [
+                "users:activity!user",
+                "access:servers!server",
+                "access:services!service=compose",
+            ],
+        },
+        {
+            "name": "compose-admin",
+            "description": "The GPU pool's admins",
+            "scopes": ["custom:compose:admin", "access:services!service=compose"],
+            **(admins or {}),
+        },
+        *(extra or []),
+        {
+            # Checks that a cohort's group exists, reads a user's groups for their quota,
+            # a cohort's members for its usage, stops a server an admin releases from the
+            # inventory page and starts one a user launches again from a run manifest.
+            "name": "compose-portal",
+            "scopes": [
+                "list:groups",
+                "read:groups",
+                "read:users:groups",
+                "read:users:name",
+                "servers",
+            ],
+            "services": ["compose"],
+        },
+        {
+            "name": "idle-culler",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": ["idle-culler"],
+        },
+        {
+            "name": "compose-reconciler",
+            "scopes": ["list:users", "read:servers", "admin:server_state", "delete:servers"],
+            "services": ["compose-reconciler"],
+        },
+    ]
+
+
+def setting(name: str, default: str | None = None) -> str:
+    """A config file's setting from the environment; a missing one ends the hub with
+    what to set (a systemd unit reads them from its environment file)."""
+    value = os.environ.get(name, default)
+    if value is None:
+        raise SystemExit(f"composespawner: set {name} (see the config file's header for what)")
+    return value
+
+
+def setting_list(name: str) -> list[str]:
+    """A comma-separated setting (empty when unset)."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def _bin() -> Path:
+    return Path(sys.executable).parent

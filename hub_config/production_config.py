@@ -1,0 +1,140 @@
+# A production hub: campus login through OpenID Connect, HTTPS on the public port,
+# PostgreSQL for the hub and the ledger, a real fabric manager. The Ansible role
+# (ansible/) installs it as /etc/composespawner/jupyterhub_config.py beside an
+# environment file; every site-specific value comes from the environment:
+#
+# Required
+#   COMPOSE_PUBLIC_URL          https://gpu-hub.example.edu (the hub listens there)
+#   COMPOSE_TLS_CERT, _KEY      certificate chain and key for it (PEM files)
+#   COMPOSE_HUB_DB_URL          the hub's database: postgresql+psycopg://hub@db/jupyterhub
+#   COMPOSE_LEDGER_URL          the ledger's: postgresql+psycopg://hub@db/composespawner
+#                               (its own database: both keep an alembic_version table)
+#   COMPOSE_OIDC_ISSUER         the identity provider, as its discovery document names it
+#   COMPOSE_OIDC_CLIENT_ID      this hub's client at the provider; its redirect URI is
+#                               $COMPOSE_PUBLIC_URL/hub/oauth_callback
+#   COMPOSE_OIDC_CLIENT_SECRET_FILE  a file holding the client's secret
+#   COMPOSE_FABRIC_URL          the fabric manager's Redfish service
+#   COMPOSE_FABRIC_USERNAME     its account for this hub
+#   COMPOSE_FABRIC_PASSWORD_FILE     a file holding that account's password
+#   COMPOSE_CATALOG_FILE        the GPU catalog (catalog.toml)
+#   COMPOSE_STATE_DIR           cookie secret and the proxy's pid file (0700)
+#   COMPOSE_HUB_ID              this hub's name on the fabric (machines it composed carry it)
+# Who may log in (at least one of the first two)
+#   COMPOSE_ALLOWED_GROUPS      provider groups whose members may log in (comma-separated)
+#   COMPOSE_ALLOWED_DOMAINS     e-mail domains whose (verified) users may log in
+#   COMPOSE_ADMIN_GROUPS        provider groups of the hub's and the GPU pool's admins
+# Optional
+#   COMPOSE_OIDC_CA_BUNDLE      CA bundle for the provider (an on-premises Keycloak)
+#   COMPOSE_OIDC_USERNAME_CLAIM claim naming users (preferred_username)
+#   COMPOSE_OIDC_GROUPS_CLAIM   claim listing a user's groups (groups)
+#   COMPOSE_OIDC_SCOPES         scopes asked for (openid profile email groups)
+#   COMPOSE_FABRIC_CA_BUNDLE    CA bundle for the fabric manager
+#   COMPOSE_SPAWNER             compose (local processes) or compose-kubernetes (compose)
+#   COMPOSE_SHARED_ACCOUNT      1: local notebooks run as one unprivileged account
+#                               (composespawner-nb), homes under COMPOSE_HOMES_DIR;
+#                               else each user needs a system account
+#   COMPOSE_HOMES_DIR           homes with a shared account (/srv/composespawner/homes)
+#   COMPOSE_PROXY_COMMAND       configurable-http-proxy's path (found on PATH)
+#   COMPOSE_PROXY_API_PORT, COMPOSE_HUB_API_PORT, COMPOSE_PORTAL_PORT  (8001, 8081, 8002)
+#   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
+#   COMPOSE_MAX_GPUS_PER_USER   (4)
+#   COMPOSE_EXTRA_CONFIG        a further config file loaded last (local overrides)
+#
+# Schema upgrades are a deploy step, as for JupyterHub itself:
+#   jupyterhub upgrade-db -f FILE && composespawner upgrade-db -f FILE
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from composespawner.embedded import hub_templates_dir
+from composespawner.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
+
+c = get_config()  # noqa: F821 (JupyterHub injects get_config)
+
+BIN = Path(sys.executable).parent
+PUBLIC_URL = setting("COMPOSE_PUBLIC_URL").rstrip("/")
+STATE = Path(setting("COMPOSE_STATE_DIR"))
+PORTAL_PORT = int(setting("COMPOSE_PORTAL_PORT", "8002"))
+
+# --- the hub: HTTPS on the public URL, PostgreSQL ----------------------------
+c.JupyterHub.bind_url = PUBLIC_URL
+if urlsplit(PUBLIC_URL).scheme == "https":
+    c.JupyterHub.ssl_cert = setting("COMPOSE_TLS_CERT")
+    c.JupyterHub.ssl_key = setting("COMPOSE_TLS_KEY")
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(setting("COMPOSE_HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{setting('COMPOSE_PROXY_API_PORT', '8001')}"
+c.ConfigurableHTTPProxy.command = [setting("COMPOSE_PROXY_COMMAND", "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
+c.JupyterHub.db_url = setting("COMPOSE_HUB_DB_URL")
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.template_paths = [str(hub_templates_dir())]
+c.JupyterHub.tornado_settings = {"cookie_options": {"samesite": "Lax", "secure": True}}
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 3
+
+# --- who may log in: the campus identity provider ----------------------------
+# Its endpoints and signing keys come from its discovery document at the first login.
+OIDC_CA = setting("COMPOSE_OIDC_CA_BUNDLE", "")
+c.JupyterHub.authenticator_class = "compose-oidc"
+c.CampusAuthenticator.issuer = setting("COMPOSE_OIDC_ISSUER")
+c.CampusAuthenticator.client_id = setting("COMPOSE_OIDC_CLIENT_ID")
+c.CampusAuthenticator.client_secret = (
+    Path(setting("COMPOSE_OIDC_CLIENT_SECRET_FILE")).read_text(encoding="utf-8").strip()
+)
+c.CampusAuthenticator.oauth_callback_url = f"{PUBLIC_URL}/hub/oauth_callback"
+c.CampusAuthenticator.scope = setting("COMPOSE_OIDC_SCOPES", "openid profile email groups").split()
+c.CampusAuthenticator.username_claim = setting("COMPOSE_OIDC_USERNAME_CLAIM", "preferred_username")
+c.CampusAuthenticator.login_service = "your campus account"
+if OIDC_CA:
+    c.CampusAuthenticator.http_request_kwargs = {"ca_certs": OIDC_CA}
+# The provider's groups become the user's JupyterHub groups at every login, so
+# cohorts and co-located devices follow the provider.
+c.CampusAuthenticator.manage_groups = True
+c.CampusAuthenticator.auth_state_groups_key = (
+    f"oauth_user.{setting('COMPOSE_OIDC_GROUPS_CLAIM', 'groups')}"
+)
+c.CampusAuthenticator.allowed_groups = set(setting_list("COMPOSE_ALLOWED_GROUPS"))
+c.CampusAuthenticator.allowed_domains = set(setting_list("COMPOSE_ALLOWED_DOMAINS"))
+c.CampusAuthenticator.admin_groups = set(setting_list("COMPOSE_ADMIN_GROUPS"))
+if not (setting_list("COMPOSE_ALLOWED_GROUPS") or setting_list("COMPOSE_ALLOWED_DOMAINS")):
+    raise SystemExit(
+        "composespawner: set COMPOSE_ALLOWED_GROUPS or COMPOSE_ALLOWED_DOMAINS (who may log in)"
+    )
+
+# --- composing machines -------------------------------------------------------
+c.JupyterHub.spawner_class = setting("COMPOSE_SPAWNER", "compose")
+c.ComposeMixin.catalog_file = setting("COMPOSE_CATALOG_FILE")
+c.ComposeMixin.ledger_url = setting("COMPOSE_LEDGER_URL")
+c.ComposeMixin.fabric_url = setting("COMPOSE_FABRIC_URL")
+c.ComposeMixin.fabric_username = setting("COMPOSE_FABRIC_USERNAME")
+c.ComposeMixin.fabric_password = (
+    Path(setting("COMPOSE_FABRIC_PASSWORD_FILE")).read_text(encoding="utf-8").strip()
+)
+c.ComposeMixin.fabric_ca_bundle = setting("COMPOSE_FABRIC_CA_BUNDLE", "")
+c.ComposeMixin.hub_id = setting("COMPOSE_HUB_ID")
+c.ComposeMixin.max_gpus_per_user = int(setting("COMPOSE_MAX_GPUS_PER_USER", "4"))
+c.ComposeMixin.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
+if setting("COMPOSE_SHARED_ACCOUNT", "0") == "1":
+    c.ComposeSpawner.shared_account = True
+    c.ComposeSpawner.home_dir_template = (
+        setting("COMPOSE_HOMES_DIR", "/srv/composespawner/homes") + "/{username}"
+    )
+c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 300
+c.Spawner.http_timeout = 120
+
+# --- services, scopes and roles (as the embedded default's) -------------------
+c.JupyterHub.services = Services(
+    config_file=Path(__file__),
+    portal_port=PORTAL_PORT,
+    cull_timeout=int(setting("COMPOSE_CULL_TIMEOUT", "3600")),
+    cull_every=int(setting("COMPOSE_CULL_EVERY", "300")),
+).services()
+c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+c.JupyterHub.load_roles = roles(admins={"groups": setting_list("COMPOSE_ADMIN_GROUPS")})
+
+if os.environ.get("COMPOSE_EXTRA_CONFIG"):
+    load_subconfig(os.environ["COMPOSE_EXTRA_CONFIG"])  # noqa: F821 (injected like get_config)
