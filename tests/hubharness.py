@@ -234,7 +234,11 @@ class Hub:
     # -- the ledger ------------------------------------------------------------------
 
     def ledger_url(self) -> str:
-        return f"sqlite:///{self.state / 'composespawner.sqlite'}"
+        """The production config's (COMPOSE_LEDGER_URL), else the demo's SQLite file."""
+        return (
+            self.env.get("COMPOSE_LEDGER_URL")
+            or f"sqlite:///{self.state / 'composespawner.sqlite'}"
+        )
 
     def server_host(self, user: str, name: str = "") -> str:
         """The compute host of a user's live machine, as the ledger records it."""

@@ -21,7 +21,14 @@ import pytest
 import requests
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
-from tests.hubharness import FABRIC_AUTH, Hub, fabric_on_its_own, free_port, running_production_hub
+from tests.hubharness import (
+    FABRIC_AUTH,
+    Hub,
+    fabric_on_its_own,
+    free_port,
+    running_production_hub,
+    wait_for,
+)
 from tests.paths import HUB_CONFIG, ROOT
 from tests.support.oidc import Account, OIDCProvider, oidc_provider
 from tests.support.postgres import connectable_admin_engine, scratch_database
@@ -155,6 +162,24 @@ def test_vision_lab_member_logs_in_with_pkce_and_sees_the_labs_gpus(
     assert user["admin"] is False
     expect(page.locator('[data-model="rtx6000"]')).to_have_count(1)
     expect(page.locator('[data-model="t4"]')).to_contain_text("free")
+
+
+@pytest.mark.timeout(400)
+def test_a_lab_member_starts_jupyterlab_on_the_labs_gpu_over_https(hub: Hub, page: Page) -> None:
+    campus_login(page, hub, "researcher1")
+    page.wait_for_url("**/hub/spawn**")
+    page.check("#gpu-rtx6000")
+    page.click("form input[type=submit], form button[type=submit]")
+    page.wait_for_url("**/user/researcher1/lab**", timeout=180_000)
+    expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=60_000)
+    host = hub.server_host("researcher1")  # the ledger, on PostgreSQL
+    attached = hub.attached(host)  # the fabric manager
+    assert len(attached) == 1
+    assert attached[0].startswith("x1-rtx6000-")
+
+    stopped = hub.api.delete(f"{hub.url}/hub/api/users/researcher1/server", timeout=60)
+    assert stopped.status_code in (202, 204)
+    wait_for(lambda: hub.attached(host) == [], 60, "the lab's GPU to go back to the pool")
 
 
 def test_a_group_removed_at_the_provider_is_gone_at_the_next_login(
