@@ -28,6 +28,10 @@ $(CHP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+DEBOOTSTRAP := /usr/sbin/debootstrap
+$(DEBOOTSTRAP):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
@@ -56,7 +60,7 @@ $(OIDC_PROVIDER): tests/support/oidc_provider/package.json tests/support/oidc_pr
 	cd tests/support/oidc_provider && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(OIDC_PROVIDER) notebook-account
+install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(DEBOOTSTRAP) $(OIDC_PROVIDER) notebook-account
 
 demo: install notebook-account
 	$(BIN)/composespawner demo

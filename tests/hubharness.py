@@ -106,7 +106,7 @@ class Hub:
     def restart(self) -> None:
         """Start the hub again on the same ports and state; wait until it answers."""
         assert self.proc.poll() is not None, "restart() after crash() or a stop"
-        self.proc = _start_hub(self.command, self.state, self.env, self.log_path)
+        self.proc = start_hub(self.command, self.state, self.env, self.log_path)
         wait_for(lambda: _up(self), 60, "the restarted hub to answer")
 
     def processes(self, *words: str) -> list[int]:
@@ -313,7 +313,7 @@ def running_hub(
     state.mkdir(parents=True)
     homes = _homes_dir()
     extra = tmp / "test_config.py"
-    extra.write_text(_TEST_CONFIG + extra_config)
+    extra.write_text(TEST_ADMIN_CONFIG + extra_config)
     ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric", "portal")}
     if fabric_port is not None:
         ports["fabric"] = fabric_port
@@ -345,7 +345,7 @@ def running_hub(
         fabric_url=f"http://127.0.0.1:{ports['fabric']}",
         state=state,
         homes=homes,
-        proc=_start_hub(command, state, env, tmp / "hub.log"),
+        proc=start_hub(command, state, env, tmp / "hub.log"),
         log_path=tmp / "hub.log",
         env=env,
         command=command,
@@ -376,7 +376,7 @@ def running_production_hub(
     state.mkdir(parents=True, mode=0o700)
     homes = _homes_dir()
     extra = tmp / "test_config.py"
-    extra.write_text(_TEST_CONFIG + extra_config)
+    extra.write_text(TEST_ADMIN_CONFIG + extra_config)
     ports = {name: free_port() for name in ("hub", "proxy", "api", "portal")}
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")},
@@ -406,21 +406,28 @@ def running_production_hub(
         fabric_url=settings["COMPOSE_FABRIC_URL"],
         state=state,
         homes=homes,
-        proc=_start_hub(command, state, env, tmp / "hub.log"),
+        proc=start_hub(command, state, env, tmp / "hub.log"),
         log_path=tmp / "hub.log",
         env=env,
         command=command,
     )
+    try:
+        with serving(hub, ca_bundle):
+            yield hub
+    finally:
+        shutil.rmtree(homes)
+
+
+@contextmanager
+def serving(hub: Hub, ca_bundle: Path) -> Iterator[Hub]:
+    """A started HTTPS hub, once it answers; stopped as an admin would, nothing left running."""
     hub.api.trust_env = False  # REQUESTS_CA_BUNDLE would win over verify
     hub.api.verify = str(ca_bundle)
     try:
-        wait_for(lambda: _answers(hub, f"{hub.url}/hub/health"), 60, "the production hub")
+        wait_for(lambda: _answers(hub, f"{hub.url}/hub/health"), 90, "the hub to answer")
         yield hub
     finally:
-        try:
-            _shut_down(hub)
-        finally:
-            shutil.rmtree(homes)
+        _shut_down(hub)
 
 
 def _answers(hub: Hub, url: str) -> bool:
@@ -450,7 +457,7 @@ def _check_notebook_account() -> None:
     assert problem is None, f"{problem} (`make install-test` does that)"
 
 
-def _start_hub(
+def start_hub(
     command: list[str], state: Path, env: dict[str, str], log_path: Path
 ) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
@@ -557,7 +564,7 @@ def _exited(proc: Path) -> bool:
 
 
 # Loaded after the demo config: an admin token for the tests' REST calls.
-_TEST_CONFIG = f"""
+TEST_ADMIN_CONFIG = f"""
 c.JupyterHub.services.append({{"name": "test-admin", "api_token": "{ADMIN_TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "test-admin", "scopes": ["admin:users", "admin:servers", "admin:server_state",

@@ -30,7 +30,7 @@ from tests.hubharness import (
     wait_for,
 )
 from tests.paths import HUB_CONFIG, ROOT
-from tests.support.oidc import Account, OIDCProvider, oidc_provider
+from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
 from tests.support.postgres import connectable_admin_engine, scratch_database
 from tests.support.tls import TLSFiles, make_tls_files
 
@@ -122,25 +122,6 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
-def campus_login(page: Page, hub: Hub, login: str) -> None:
-    """From the hub's login page through the provider's form and back."""
-    page.goto(f"{hub.url}/hub/login")
-    page.get_by_text("Sign in with your campus account").click()
-    page.wait_for_url("**/interaction/**")
-    page.fill("input[name=login]", login)
-    page.fill("input[name=password]", USERS[login].password)
-    page.click("button[type=submit]")
-
-
-def hub_user(hub: Hub, name: str) -> dict[str, object] | None:
-    answer = hub.api.get(f"{hub.url}/hub/api/users/{name}", timeout=10)
-    if answer.status_code == 404:
-        return None
-    answer.raise_for_status()
-    user: dict[str, object] = answer.json()
-    return user
-
-
 def test_vision_lab_member_logs_in_with_pkce_and_sees_the_labs_gpus(
     hub: Hub, provider: OIDCProvider, page: Page
 ) -> None:
@@ -149,7 +130,7 @@ def test_vision_lab_member_logs_in_with_pkce_and_sees_the_labs_gpus(
         "request",
         lambda r: authorize.append(r.url) if r.url.startswith(f"{provider.issuer}/auth?") else None,
     )
-    campus_login(page, hub, "researcher1")
+    campus_login(page, hub, USERS, "researcher1")
     page.wait_for_url("**/hub/spawn**")
 
     asked = parse_qs(urlsplit(authorize[0]).query)
@@ -166,7 +147,7 @@ def test_vision_lab_member_logs_in_with_pkce_and_sees_the_labs_gpus(
 
 @pytest.mark.timeout(400)
 def test_a_lab_member_starts_jupyterlab_on_the_labs_gpu_over_https(hub: Hub, page: Page) -> None:
-    campus_login(page, hub, "researcher1")
+    campus_login(page, hub, USERS, "researcher1")
     page.wait_for_url("**/hub/spawn**")
     page.check("#gpu-rtx6000")
     page.click("form input[type=submit], form button[type=submit]")
@@ -185,7 +166,7 @@ def test_a_lab_member_starts_jupyterlab_on_the_labs_gpu_over_https(hub: Hub, pag
 def test_a_group_removed_at_the_provider_is_gone_at_the_next_login(
     hub: Hub, provider: OIDCProvider, page: Page
 ) -> None:
-    campus_login(page, hub, "researcher1")
+    campus_login(page, hub, USERS, "researcher1")
     page.wait_for_url("**/hub/spawn**")
     expect(page.locator('[data-model="rtx6000"]')).to_have_count(1)
 
@@ -206,19 +187,19 @@ def test_a_group_removed_at_the_provider_is_gone_at_the_next_login(
 
 
 def test_allowed_by_domain_refused_otherwise_admins_by_group(hub: Hub, page: Page) -> None:
-    campus_login(page, hub, "alumna")
+    campus_login(page, hub, USERS, "alumna")
     page.wait_for_url("**/hub/spawn**")
     alumna = hub_user(hub, "alumna")
     assert alumna is not None
     assert alumna["groups"] == []
 
     page.context.clear_cookies()
-    campus_login(page, hub, "guest")
+    campus_login(page, hub, USERS, "guest")
     expect(page.locator("body")).to_contain_text("403")
     assert hub_user(hub, "guest") is None
 
     page.context.clear_cookies()
-    campus_login(page, hub, "gpuadmin")
+    campus_login(page, hub, USERS, "gpuadmin")
     page.wait_for_url("**/hub/spawn**")
     admin = hub_user(hub, "gpuadmin")
     assert admin is not None
@@ -240,7 +221,7 @@ def callback_from_provider(page: Page, hub: Hub, login: str) -> str:
         route.fulfill(status=200, content_type="text/plain", body="callback captured")
 
     page.route("**/interaction/*/login", capture)
-    campus_login(page, hub, login)
+    campus_login(page, hub, USERS, login)
     expect(page.locator("body")).to_contain_text("callback captured")
     page.unroute("**/interaction/*/login")
     assert len(callbacks) == 1

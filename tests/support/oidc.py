@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from playwright.sync_api import Page
+
+from tests.hubharness import Hub
 
 from .simulator import free_port
 from .tls import TLSFiles
@@ -159,3 +162,23 @@ def _wait_listening(process: subprocess.Popen[bytes], provider: OIDCProvider) ->
             f"the OpenID provider did not start ({line or 'no output'}; "
             f"exit {process.returncode}):\n{provider.log()}"
         )
+
+
+def campus_login(page: Page, hub: Hub, users: dict[str, Account], login: str) -> None:
+    """From the hub's login page through the provider's form (the provider sends it back)."""
+    page.goto(f"{hub.url}/hub/login")
+    page.get_by_text("Sign in with your campus account").click()
+    page.wait_for_url("**/interaction/**")
+    page.fill("input[name=login]", login)
+    page.fill("input[name=password]", users[login].password)
+    page.click("button[type=submit]")
+
+
+def hub_user(hub: Hub, name: str) -> dict[str, Any] | None:
+    """The hub's model of user ``name`` (None: the hub has no such user)."""
+    answer = hub.api.get(f"{hub.url}/hub/api/users/{name}", timeout=10)
+    if answer.status_code == 404:
+        return None
+    answer.raise_for_status()
+    user: dict[str, Any] = answer.json()
+    return user

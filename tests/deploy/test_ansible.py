@@ -1,0 +1,303 @@
+"""The Ansible deployment, tested by running it: ansible/site.yml converged into a Debian root.
+
+A fresh Debian bookworm root from debootstrap stands in for the new host
+(connection ``community.general.chroot``). No init runs there, so the test
+starts the hub itself, from the systemd unit the role installed (its
+ExecStart, WorkingDirectory and EnvironmentFile). The converged hub then has
+to serve HTTPS with the given certificate, keep its state in PostgreSQL (the
+local server, on databases and a role the playbook created) and let a campus
+user log in through the OpenID Connect provider and start JupyterLab on a GPU
+of the simulated fabric. A second converge must change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import sqlalchemy as sa
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from composespawner.ledger import Ledger
+from tests.hubharness import (
+    FABRIC_AUTH,
+    TEST_ADMIN_CONFIG,
+    Hub,
+    fabric_on_its_own,
+    free_port,
+    serving,
+    start_hub,
+    wait_for,
+)
+from tests.paths import HUB_CONFIG, ROOT
+from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.debian import ansible_tools, debian_root
+from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
+from tests.support.postgres import PG_ADDRESS, connectable_admin_engine
+from tests.support.tls import TLSFiles, make_tls_files
+
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.postgres]
+
+ARTIFACTS = ROOT / "test-artifacts"
+USERS = {"researcher1": Account("r1-secret", "researcher1@campus.example.edu", ("vision-lab",))}
+RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
+
+
+@dataclass
+class Converge:
+    seconds: float
+    ok: int
+    changed: int
+    failed: int
+    log: str
+
+
+@dataclass
+class Deployment:
+    root: Path
+    public_url: str
+    tls: TLSFiles
+    provider: OIDCProvider
+    databases: tuple[str, str]
+    role: str
+    converges: list[Converge]
+
+
+def test_the_playbook_passes_ansible_lint_with_the_production_profile() -> None:
+    tools = ansible_tools()
+    lint = subprocess.run(
+        [str(tools / "ansible-lint"), "--nocolor"],
+        cwd=ROOT / "ansible",
+        env={**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "Profile 'production' was required, and it passed" in lint.stdout + lint.stderr
+
+
+def catalog_without_stacks(path: Path) -> Path:
+    """The demo catalog's hardware; notebooks on the venv's own JupyterLab (no stacks,
+    whose environments would be built from PyTorch wheels this host cannot fetch)."""
+    text = (HUB_CONFIG / "catalog.toml").read_text()
+    text = text[: text.index("# Software stacks")].replace(
+        'stack_common = "../images/common"\n', ""
+    )
+    path.write_text(text)
+    return path
+
+
+def converge(tools: Path, inventory: Path, variables: Path, log: Path) -> Converge:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}  # this machine's
+    env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", ANSIBLE_NOCOLOR="1")
+    started = time.monotonic()
+    run = subprocess.run(
+        [str(tools / "ansible-playbook"), "-i", str(inventory), "-e", f"@{variables}", "site.yml"],
+        cwd=ROOT / "ansible",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    seconds = time.monotonic() - started
+    log.write_text(run.stdout + run.stderr)
+    recap = RECAP.search(run.stdout)
+    assert run.returncode == 0, f"the playbook failed:\n{run.stdout[-6000:]}{run.stderr}"
+    assert recap is not None, run.stdout[-2000:]
+    ok, changed, _, failed = (int(n) for n in recap.groups())
+    return Converge(seconds, ok, changed, failed, run.stdout)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("deploy")
+    tools = ansible_tools()
+    tls = make_tls_files(tmp)
+    public_url = f"https://127.0.0.1:{free_port()}"
+    wheel_dir = tmp / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheel_dir), str(ROOT)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    (wheel,) = wheel_dir.glob("composespawner-*.whl")
+    admin, admin_user = connectable_admin_engine()
+    suffix = uuid.uuid4().hex[:10]
+    role = f"cs_deploy_{suffix}"
+    databases = (f"cs_deploy_hub_{suffix}", f"cs_deploy_ledger_{suffix}")
+    try:
+        with (
+            oidc_provider(tmp / "idp", tls, USERS, [f"{public_url}/hub/oauth_callback"]) as idp,
+            fabric_on_its_own(tmp) as fabric,
+            debian_root(tmp) as root,
+        ):
+            inventory = tmp / "inventory.ini"
+            inventory.write_text(
+                "[composespawner]\n"
+                f"{root} ansible_connection=community.general.chroot"
+                " ansible_python_interpreter=/usr/bin/python3\n"
+            )
+            variables = tmp / "vars.json"
+            variables.write_text(
+                json.dumps(
+                    {
+                        "composespawner_wheel": str(wheel),
+                        "composespawner_constraints": str(ROOT / "constraints.txt"),
+                        "composespawner_public_url": public_url,
+                        "composespawner_tls_cert_file": str(tls.cert),
+                        "composespawner_tls_key_file": str(tls.key),
+                        "composespawner_postgresql_install": False,  # this machine's server
+                        "composespawner_db_host": PG_ADDRESS.split(":")[0],
+                        "composespawner_db_admin_user": admin_user,
+                        "composespawner_db_user": role,
+                        "composespawner_hub_db": databases[0],
+                        "composespawner_ledger_db": databases[1],
+                        "composespawner_oidc_issuer": idp.issuer,
+                        "composespawner_oidc_client_id": idp.client_id,
+                        "composespawner_oidc_client_secret": idp.client_secret,
+                        "composespawner_oidc_ca_bundle_file": str(tls.ca_bundle),
+                        "composespawner_allowed_groups": ["vision-lab"],
+                        "composespawner_fabric_url": fabric.url,
+                        "composespawner_fabric_username": FABRIC_AUTH[0],
+                        "composespawner_fabric_password": FABRIC_AUTH[1],
+                        "composespawner_catalog_file": str(catalog_without_stacks(tmp / "c.toml")),
+                        "composespawner_manage_service": False,  # no systemd in a chroot
+                    }
+                )
+            )
+            converges = [
+                converge(tools, inventory, variables, tmp / f"converge{n}.log") for n in (1, 2)
+            ]
+            record_figures(converges)
+            yield Deployment(root, public_url, tls, idp, databases, role, converges)
+    finally:
+        with admin.connect() as connection:
+            for name in databases:
+                connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            connection.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
+        admin.dispose()
+
+
+def record_figures(converges: list[Converge]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    figures = [
+        {"seconds": round(c.seconds, 1), "ok": c.ok, "changed": c.changed} for c in converges
+    ]
+    (ARTIFACTS / "ansible-converge.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def test_a_second_converge_changes_nothing(deployment: Deployment) -> None:
+    first, second = deployment.converges
+    assert first.failed == second.failed == 0
+    assert first.changed >= 10  # packages, venv, proxy, databases, files, migrations
+    assert "RUNNING HANDLER [composespawner : Upgrade the databases]" in first.log
+    assert second.changed == 0, second.log
+    assert "RUNNING HANDLER" not in second.log
+
+
+def unit_command(root: Path) -> tuple[list[str], dict[str, str]]:
+    """The hub's command as its systemd unit would run it (in ``root``), and its environment."""
+    unit = (root / "etc/systemd/system/composespawner-hub.service").read_text()
+    fields = dict(re.findall(r"^(\w+)=(.*)$", unit, re.MULTILINE))
+    environment = dict(
+        re.findall(
+            r'^(\w+)="(.*)"$', (root / fields["EnvironmentFile"].lstrip("/")).read_text(), re.M
+        )
+    )
+    environment["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    command = [shutil.which("chroot") or "/usr/sbin/chroot", str(root), "/bin/sh", "-c"]
+    command.append(f"cd {shlex.quote(fields['WorkingDirectory'])} && exec {fields['ExecStart']}")
+    return command, environment
+
+
+@pytest.fixture(scope="module")
+def hub(deployment: Deployment) -> Iterator[Hub]:
+    root = deployment.root
+    command, environment = unit_command(root)
+    # The tests' admin token for the REST API, as the production config's extra config.
+    (root / "etc/composespawner/test_admin.py").write_text(TEST_ADMIN_CONFIG)
+    environment["COMPOSE_EXTRA_CONFIG"] = "/etc/composespawner/test_admin.py"
+    state = root / environment["COMPOSE_STATE_DIR"].lstrip("/")
+    log = state.parent / "hub-test.log"
+    hub = Hub(
+        url=environment["COMPOSE_PUBLIC_URL"],
+        fabric_url=environment["COMPOSE_FABRIC_URL"],
+        state=state,
+        homes=root / environment["COMPOSE_HOMES_DIR"].lstrip("/"),
+        proc=start_hub(command, state, environment, log),
+        log_path=log,
+        env=environment,
+        command=command,
+    )
+    with serving(hub, deployment.tls.ca_bundle):
+        yield hub
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with sync_playwright() as playwright:
+        browser: Browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        context = browser.new_context(ignore_https_errors=True)
+        yield context.new_page()
+        browser.close()
+
+
+def test_the_converged_host_serves_https_uses_postgresql_and_spawns(
+    deployment: Deployment, hub: Hub, page: Page
+) -> None:
+    address = urlsplit(hub.url)
+    served = ssl.get_server_certificate((address.hostname or "", address.port or 443))
+    assert ssl.PEM_cert_to_DER_cert(served) == ssl.PEM_cert_to_DER_cert(
+        deployment.tls.cert.read_text().split("-----END CERTIFICATE-----")[0]
+        + "-----END CERTIFICATE-----\n"
+    )
+
+    campus_login(page, hub, USERS, "researcher1")
+    page.wait_for_url("**/hub/spawn**")
+    page.check("#gpu-t4")
+    page.click("form input[type=submit], form button[type=submit]")
+    page.wait_for_url("**/user/researcher1/lab**", timeout=180_000)
+    expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=60_000)
+
+    user = hub_user(hub, "researcher1")
+    assert user is not None
+    assert user["groups"] == ["vision-lab"]
+    tables = postgres_tables(hub.env["COMPOSE_HUB_DB_URL"]) | postgres_tables(
+        hub.env["COMPOSE_LEDGER_URL"]
+    )
+    assert {"users", "spawners", "machines", "devices"} <= tables
+    ledger = Ledger(hub.ledger_url())
+    try:
+        machines = [(m.user_name, m.state) for m in ledger.live_machines()]
+    finally:
+        ledger.close()
+    assert machines == [("researcher1", "running")]
+    host = hub.server_host("researcher1")
+    assert len(hub.attached(host)) == 1
+
+    stopped = hub.api.delete(f"{hub.url}/hub/api/users/researcher1/server", timeout=60)
+    assert stopped.status_code in (202, 204)
+    wait_for(lambda: hub.attached(host) == [], 60, "the GPU to go back to the pool")
+
+
+def postgres_tables(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
