@@ -11,6 +11,7 @@ BENCHMARKS = [
     "spawn_storm_kubernetes",
     "release_latency",
     "portal_latency",
+    "ledger_claims",
 ]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import (
     hubload,
+    ledger_claims,
     placement_speed,
     portal_latency,
     release_latency,
@@ -217,5 +218,19 @@ def test_portal_latency_churn_stops_and_starts_servers_beside_the_timing(tmp_pat
         assert len(ledger.live_machines()) == scale.running  # each started again
         assert sum(h.machine_id is not None for h in ledger.holdings()) == scale.running
         assert len(ledger.usage()) == 50 + ended()
+    finally:
+        ledger.close()
+
+
+def test_ledger_claims_two_connections_claim_without_colliding(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    ledger_claims.stocked(url)
+    row = ledger_claims.run_connections(url, 2, 0.5)
+    assert row["claims_per_s"] > 0
+    assert row["collisions"] == 0
+    ledger = Ledger(url)
+    try:
+        assert ledger.live_machines() == []  # every machine claimed was released
+        assert ledger.holders() == {}
     finally:
         ledger.close()
