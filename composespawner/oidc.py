@@ -30,10 +30,12 @@ import jwt
 from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthLoginHandler
 from tornado import web
+from tornado.httpclient import HTTPClientError
 from traitlets import Set, Unicode
 
 DISCOVERY_TIMEOUT = 10.0  # seconds
 CLOCK_SKEW = 60  # seconds of leeway on the ID token's times
+NOT_ANSWERING = "The campus login is not answering. Try again in a few minutes."
 
 
 class DiscoveryFailed(Exception):
@@ -161,11 +163,9 @@ class CampusAuthenticator(GenericOAuthenticator):
                 connect_timeout=DISCOVERY_TIMEOUT,
             )
             return ProviderEndpoints.from_document(self.issuer, document)
-        except (OSError, ValueError, web.HTTPError, DiscoveryFailed) as e:
+        except (OSError, ValueError, HTTPClientError, DiscoveryFailed) as e:
             self.log.error("Cannot use the identity provider %s: %s", self.issuer, e)
-            raise web.HTTPError(
-                503, "The campus login is not answering. Try again in a few minutes."
-            ) from e
+            raise web.HTTPError(503, NOT_ANSWERING) from e
 
     async def authenticate(self, handler: web.RequestHandler, data: Any = None) -> Any:
         await self.discovered()  # a callback can be a restarted hub's first request
@@ -208,7 +208,11 @@ class CampusAuthenticator(GenericOAuthenticator):
         (the provider rolled its keys)."""
         for fresh in (False, True):
             if fresh or self._signing_keys is None:
-                document = await self.httpfetch(jwks_uri, label="reading the signing keys")
+                try:
+                    document = await self.httpfetch(jwks_uri, label="reading the signing keys")
+                except (OSError, ValueError, HTTPClientError) as e:
+                    self.log.error("Cannot read %s's signing keys: %s", self.issuer, e)
+                    raise web.HTTPError(503, NOT_ANSWERING) from e
                 keys = jwt.PyJWKSet.from_dict(document).keys
                 self._signing_keys = {k.key_id or "": k for k in keys if k.public_key_use != "enc"}
             keys_now = self._signing_keys

@@ -154,3 +154,37 @@ async def test_the_id_token_and_userinfo_must_be_about_the_same_user(
     with pytest.raises(web.HTTPError) as refused:
         await authenticator.token_to_user({"id_token": keys.token(sub="ada")})
     assert refused.value.status_code == 403
+
+
+async def test_signing_keys_out_of_reach_is_a_503_not_a_refusal(
+    authenticator: CampusAuthenticator, keys: Keys
+) -> None:
+    async def unreachable(url: str, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    authenticator.httpfetch = unreachable  # type: ignore[method-assign]
+    with pytest.raises(web.HTTPError) as failed:
+        await authenticator.verified_id_token(keys.token())
+    assert failed.value.status_code == 503
+    assert "not answering" in (failed.value.log_message or "")
+
+
+async def test_a_provider_away_at_login_is_a_503_and_the_next_login_tries_again(
+    keys: Keys,
+) -> None:
+    authenticator = CampusAuthenticator(issuer=ISSUER, client_id="hub")
+    answers: list[Any] = [ConnectionRefusedError(111, "Connection refused"), DOCUMENT]
+
+    async def httpfetch(url: str, **kwargs: Any) -> Any:
+        assert url == f"{ISSUER}/.well-known/openid-configuration"
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    authenticator.httpfetch = httpfetch  # type: ignore[method-assign]
+    with pytest.raises(web.HTTPError) as failed:
+        await authenticator.discovered()
+    assert failed.value.status_code == 503
+    endpoints = await authenticator.discovered()
+    assert authenticator.token_url == endpoints.token_url == f"{ISSUER}/token"
