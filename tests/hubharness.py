@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,12 +25,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 
 from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT, reach_problem
 from composespawner.ledger import Ledger
 from tests.paths import HUB_CONFIG, ROOT
+from tests.support.ports import free_port, free_ports
 from tests.support.simulator import CONSOLE_SCRIPT, SimulatorProcess
 
 T = TypeVar("T")
@@ -39,12 +40,6 @@ PASSWORD = "test-password-1"
 ADMIN_TOKEN = "composespawner-test-admin-token-0123456789"
 FABRIC_AUTH = ("admin", "test-fabric-password")
 PORTAL = "/services/compose/"  # where the hub's proxy serves the GPU portal
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:
@@ -314,7 +309,7 @@ def running_hub(
     homes = _homes_dir()
     extra = tmp / "test_config.py"
     extra.write_text(TEST_ADMIN_CONFIG + extra_config)
-    ports = {name: free_port() for name in ("hub", "proxy", "api", "fabric", "portal")}
+    ports = free_ports("hub", "proxy", "api", "fabric", "portal")
     if fabric_port is not None:
         ports["fabric"] = fabric_port
         env_overrides = {"COMPOSE_FABRIC_EXTERNAL": "1", **env_overrides}
@@ -377,7 +372,9 @@ def running_production_hub(
     homes = _homes_dir()
     extra = tmp / "test_config.py"
     extra.write_text(TEST_ADMIN_CONFIG + extra_config)
-    ports = {name: free_port() for name in ("hub", "proxy", "api", "portal")}
+    public = settings.get("COMPOSE_PUBLIC_URL")
+    taken = {urlsplit(public).port or 443} if public else set()
+    ports = free_ports("hub", "proxy", "api", "portal", avoid=taken)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")},
         "COMPOSE_PUBLIC_URL": f"https://127.0.0.1:{ports['hub']}",

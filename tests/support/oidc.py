@@ -23,7 +23,7 @@ from playwright.sync_api import Page
 
 from tests.hubharness import Hub
 
-from .simulator import free_port
+from .ports import free_port
 from .tls import TLSFiles
 
 FOLDER = Path(__file__).resolve().parent / "oidc_provider"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 import requests
 
 from tests.paths import HUB_CONFIG, ROOT
+from tests.support.ports import free_port
 from tests.support.tls import TLSFiles
 
 INVENTORY = HUB_CONFIG / "fabric_inventory.toml"
@@ -226,12 +226,6 @@ class SimulatorProcess:
                     f"the simulator did not answer within {READY_WITHIN_S} s:\n{self.log()}"
                 )
             time.sleep(READY_EVERY_S)  # the poll's interval, bounded by the deadline
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _answers(url: str, context: ssl.SSLContext | None) -> bool:
