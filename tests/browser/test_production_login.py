@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-import ssl
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
@@ -32,7 +31,7 @@ from tests.hubharness import (
 from tests.paths import HUB_CONFIG, ROOT
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
 from tests.support.postgres import connectable_admin_engine, scratch_database
-from tests.support.tls import TLSFiles, make_tls_files
+from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -287,10 +286,5 @@ def test_the_provider_refuses_a_redirect_uri_it_was_not_given(
 
 
 def test_the_hub_serves_https_with_the_given_certificate(hub: Hub, tls: TLSFiles) -> None:
-    address = urlsplit(hub.url)
-    served = ssl.get_server_certificate((address.hostname or "", address.port or 443))
-    given = tls.cert.read_text()
-    assert ssl.PEM_cert_to_DER_cert(served) == ssl.PEM_cert_to_DER_cert(
-        given[: given.index("-----END CERTIFICATE-----") + 25]
-    )
+    assert served_certificate_der(hub.url) == tls.server_certificate_der()
     assert hub.api.get(f"{hub.url}/hub/health", timeout=10).status_code == 200

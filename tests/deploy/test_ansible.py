@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import shutil
-import ssl
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -47,7 +45,7 @@ from tests.support.browser import CHROMIUM, FLAGS
 from tests.support.debian import ansible_tools, debian_root
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
 from tests.support.postgres import PG_ADDRESS, connectable_admin_engine
-from tests.support.tls import TLSFiles, make_tls_files
+from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.postgres]
 
@@ -260,12 +258,7 @@ def page() -> Iterator[Page]:
 def test_the_converged_host_serves_https_uses_postgresql_and_spawns(
     deployment: Deployment, hub: Hub, page: Page
 ) -> None:
-    address = urlsplit(hub.url)
-    served = ssl.get_server_certificate((address.hostname or "", address.port or 443))
-    assert ssl.PEM_cert_to_DER_cert(served) == ssl.PEM_cert_to_DER_cert(
-        deployment.tls.cert.read_text().split("-----END CERTIFICATE-----")[0]
-        + "-----END CERTIFICATE-----\n"
-    )
+    assert served_certificate_der(hub.url) == deployment.tls.server_certificate_der()
 
     campus_login(page, hub, USERS, "researcher1")
     page.wait_for_url("**/hub/spawn**")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import trustme
 
@@ -14,6 +15,11 @@ class TLSFiles:
     ca_bundle: Path  # the CA certificate: what a client must trust
     cert: Path  # the server's certificate chain
     key: Path  # the server's private key
+
+    def server_certificate_der(self) -> bytes:
+        """The server's own certificate (the chain's first), DER-encoded."""
+        end = "-----END CERTIFICATE-----"
+        return ssl.PEM_cert_to_DER_cert(self.cert.read_text().split(end)[0] + end + "\n")
 
     def client_context(self) -> ssl.SSLContext:
         """A verifying client context that trusts this CA (for test helpers)."""
@@ -30,3 +36,10 @@ def make_tls_files(directory: Path) -> TLSFiles:
     for number, blob in enumerate(server.cert_chain_pems):
         blob.write_to_path(str(files.cert), append=number > 0)
     return files
+
+
+def served_certificate_der(url: str) -> bytes:
+    """The certificate the server at ``url`` presents (unverified), DER-encoded."""
+    address = urlsplit(url)
+    served = ssl.get_server_certificate((address.hostname or "", address.port or 443))
+    return ssl.PEM_cert_to_DER_cert(served)
