@@ -119,6 +119,9 @@ class PoolView:
         ``fabric_wait`` seconds (or after PATIENCE such waits while it answers
         slowly); the read goes on for whoever asks next.
         """
+        known = self._inventory.current(fresh=fresh)
+        if known is not None:
+            return known  # without a turn of the loop: in a rush each turn takes long
         if self.fabric_wait is None:
             return await self._inventory.get(self._read_inventory, fresh=fresh)
         read = asyncio.ensure_future(self._inventory.get(self._read_inventory, fresh=fresh))

@@ -35,6 +35,13 @@ class Snapshot(Generic[T]):
         """The next get() reads again (``value`` stays for who can use any snapshot)."""
         self._forgotten = time.monotonic()
 
+    def current(self, *, fresh: bool = False) -> T | None:
+        """The value if get() would return it without reading, else None; never awaits."""
+        if fresh or self.value is None:
+            return None
+        oldest = max(self._forgotten, time.monotonic() - self.ttl)
+        return self.value if self.began >= oldest else None
+
     async def get(self, read: Callable[[], Awaitable[T]], *, fresh: bool = False) -> T:
         asked = time.monotonic()
         while True:

@@ -200,7 +200,7 @@ async def eventually(check: Callable[[], bool], *, what: str, within: float = 5.
 async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
     made: list[Rig] = []
 
-    def make(ledger_class: type[Ledger] = Ledger) -> Rig:
+    def make(ledger_class: type[Ledger] = Ledger, snapshot_ttl: float = 0) -> Rig:
         ledger = ledger_class(f"sqlite:///{tmp_path}/ledger-{len(made)}.sqlite")
         ledger.upgrade()
         fabric = FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml")
@@ -209,7 +209,7 @@ async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
             fabric=fabric,
             catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
             hub_id=HUB_ID,
-            snapshot_ttl=0,
+            snapshot_ttl=snapshot_ttl,
             release_retry_max=0.05,
         )
         made.append(Rig(composer, ledger, fabric))
@@ -805,6 +805,23 @@ async def test_a_spawn_waits_past_fabric_wait_while_the_fabric_keeps_answering(r
     machine = await rig.compose("u", ask("t4", 1))
     assert time.monotonic() - began >= 0.35
     assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_a_spawn_places_on_a_current_snapshot_without_a_turn_of_the_loop(
+    make_rig: Callable[..., Rig],
+) -> None:
+    # In a rush each turn of the hub's loop is long (hundreds of spawn requests
+    # share it): reading what is already cached must not cost turns.
+    rig = make_rig(snapshot_ttl=60)
+    rig.composer.fabric_wait = 5  # as in the hub: a spawn waits only so long for a read
+    await rig.compose("u", ask("t4", 1))  # the inventory and the holders are read now
+    for step in (
+        rig.composer.pool.inventory(),
+        rig.composer.pool.claimable("v", frozenset(), fresh=False),
+    ):
+        with pytest.raises(StopIteration):
+            step.send(None)  # done at its first step: it never yielded to the loop
+    assert rig.fabric.faults.calls["inventory"] == 1
 
 
 async def test_time_the_hubs_loop_spends_on_other_requests_does_not_count_against_the_fabric(

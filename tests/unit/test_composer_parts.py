@@ -73,6 +73,21 @@ async def test_fresh_and_forget_read_again() -> None:
     assert await snapshot.get(reads) == 3
 
 
+async def test_current_answers_without_reading_only_what_get_would_return_at_once() -> None:
+    snapshot, reads = Snapshot[int](ttl=60), Reads()
+    assert snapshot.current() is None  # nothing read yet
+    await snapshot.get(reads)
+    assert snapshot.current() == 1
+    assert snapshot.current(fresh=True) is None
+    snapshot.forget()
+    assert snapshot.current() is None
+    assert reads.count == 1, "current() never reads"
+
+    expired = Snapshot[int](ttl=0)
+    await expired.get(reads)
+    assert expired.current() is None
+
+
 async def test_a_slow_read_gives_the_last_value_with_its_age_and_goes_on() -> None:
     snapshot, reads = Snapshot[int](ttl=60), Reads()
     reads.hold = asyncio.Event()
