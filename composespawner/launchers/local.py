@@ -153,7 +153,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         Written in a worker thread: making a new home, its folder and the file
         waits on the filesystem's journal, which every commit of the hub's own
         database keeps busy in a rush (in a 200-user storm the writes held the
-        hub's loop for 0.9 s in all; from a thread, the loop spent 0.17 s).
+        hub's loop for about 1.1 s in all; from a thread, the loop spent 0.17 s).
         """
         owner = self._runs_as() if self.shared_account else self._system_account()
         home = Path(self._home()) if self.shared_account else Path(self._system_home())
