@@ -26,12 +26,15 @@ import contextlib
 import json
 import os
 import pwd
+import shlex
+import shutil
 import sys
 from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Unicode, default
 
 from ..accounts import (
@@ -103,6 +106,8 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     stack_variant = "cpu"
     _environment: StackEnvironment | None = None
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
+    # What start() writes there, just before the notebook: (path, content, owner).
+    _manifest_file: tuple[Path, bytes, pwd.struct_passwd | None] | None = None
 
     # -- the stack's environment -----------------------------------------------
 
@@ -136,7 +141,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         return 0.0 if ready is not None else self.stack_build_timeout
 
     async def prepare_launch(self) -> None:
-        self._environment = self._run_manifest = None
+        self._environment = self._run_manifest = self._manifest_file = None
         if self.stack is None:
             return
         try:
@@ -149,23 +154,14 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """``~/.composespawner/<server>.run.json``, the hub's and read-only (0444).
 
-        Its folder is the notebook's (composespawner.client writes there too).
-        Written in a worker thread: making a new home, its folder and the file
-        waits on the filesystem's journal, which every commit of the hub's own
-        database keeps busy in a rush (in a 200-user storm the writes held the
-        hub's loop for about 1.1 s in all; from a thread, the loop spent 0.17 s).
+        Its folder is the notebook's (composespawner.client writes there too). The
+        file is written as the notebook starts, just before its process, off the
+        hub's loop (see :meth:`start`).
         """
         owner = self._runs_as() if self.shared_account else self._system_account()
         home = Path(self._home()) if self.shared_account else Path(self._system_home())
         path = home / ".composespawner" / f"{self.name or 'default'}.run.json"
-        text = json.dumps(manifest, indent=2) + "\n"
-
-        def write() -> None:
-            if self.shared_account:
-                make_home(home, owner)
-            write_for_notebook(path, text.encode(), owner)
-
-        await asyncio.to_thread(write)
+        self._manifest_file = (path, (json.dumps(manifest, indent=2) + "\n").encode(), owner)
         self._run_manifest = str(path)
         return self._run_manifest
 
@@ -239,16 +235,58 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     # -- starting --------------------------------------------------------------
 
     async def start(self) -> Any:
-        command: list[str] = list(self.cmd)  # type: ignore[has-type]  # an untyped trait
-        self.cmd = [*switch_account_command(self._runs_as()), *self._in_stack(command)]
+        """LocalProcessSpawner's start, with the process created in a worker thread.
+
+        Popen returns only once its child has called exec (vfork): under load
+        that child waits for a CPU, and a 200-user storm held the hub's loop
+        for 1.6 s (a tenth of the storm) in those waits. From a worker thread
+        the loop goes on meanwhile (CPython drops the GIL around vfork from
+        3.11.6 on). The files the notebook needs first, its home and the run
+        manifest, are made there too, just before: they wait on the
+        filesystem's journal, which the hub's own database commits keep busy.
+        """
+        if self.port == 0:  # type: ignore[has-type]  # an untyped trait
+            self.port = random_port()
+        env = self.get_env()
+        command = self._in_stack([*self.cmd, *self.get_args()])
+        if self.shell_cmd:
+            command = [*self.shell_cmd, shlex.join(command)]
+        cmd = [*switch_account_command(self._runs_as()), *command]
+        self.log.info("Spawning %s", shlex.join(cmd))
+        popen_kwargs = {
+            "preexec_fn": self.make_preexec_fn(self.user.name),
+            "start_new_session": True,  # don't forward signals
+            **self.popen_kwargs,
+            "env": env,  # config does not override it
+        }
+        home = Path(self._home()) if self.shared_account else None
+        owner, manifest, self._manifest_file = self._runs_as(), self._manifest_file, None
+
+        def create() -> Popen[bytes]:
+            if home is not None:
+                make_home(home, owner)
+            if manifest is not None:
+                write_for_notebook(*manifest)
+            try:
+                return Popen(cmd, **popen_kwargs)
+            except PermissionError:
+                self.log.error("Permission denied trying to run %r", shutil.which(cmd[0]) or cmd[0])
+                raise
+
+        created = asyncio.ensure_future(asyncio.to_thread(create))
         try:
-            # LocalProcessSpawner.start reads self.cmd and calls Popen before its
-            # first await: nothing else ever sees the longer command.
-            url = await super().start()
-        finally:
-            self.cmd = command
+            self.proc = await asyncio.shield(created)
+        except asyncio.CancelledError:
+            # A start cancelled meanwhile (its timeout) may still have started the
+            # process: keep its handle, so that the stop that follows ends it.
+            await asyncio.wait([created])
+            if not created.cancelled() and created.exception() is None:
+                self.proc = created.result()
+                self.pid = self.proc.pid
+            raise
+        self.pid = self.proc.pid
         self._watch_exit(self.proc)
-        return url
+        return (self.ip or "127.0.0.1", self.port)
 
     def _home(self) -> str:
         return self.home_dir_template.format(username=self.user.name)
@@ -282,8 +320,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     def make_preexec_fn(self, name: str) -> Any:
         if not self.shared_account:
             return super().make_preexec_fn(name)
-        home = self._home()
-        make_home(Path(home), self._runs_as())
+        home = self._home()  # made by start, just before the process
         if self.popen_kwargs.get("cwd") == home:
             return None  # entered through Popen's cwd
 

@@ -1,0 +1,128 @@
+"""The local launcher's start: the process is made off the hub's loop, files first.
+
+A real process each time (a short Python sleep); ``Popen`` is wrapped, not
+replaced, to see from which thread it is called and what exists by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import User
+
+from composespawner.launchers import local
+from composespawner.launchers.local import LocalLauncher
+
+SLEEP = [sys.executable, "-I", "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture
+def user() -> Iterator[User]:
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    orm_user = orm.User(name="student1")
+    db.add(orm_user)
+    db.commit()
+    yield User(orm_user, {})
+    db.close()
+
+
+def launcher(user: User, homes: Path) -> LocalLauncher:
+    spawner: LocalLauncher = user._new_spawner(
+        "",
+        spawner_class=LocalLauncher,
+        cmd=SLEEP,
+        hub=Hub(),
+        shared_account=True,
+        notebook_account="",  # the test's own account: nothing to switch to
+        home_dir_template=str(homes / "{username}"),
+        interrupt_timeout=1,
+        term_timeout=1,
+        kill_timeout=1,
+    )
+    return spawner
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What each Popen call of the launcher saw; the real Popen still runs."""
+    calls: list[dict[str, Any]] = []
+    real = subprocess.Popen
+
+    def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        home = Path(kwargs["cwd"])
+        calls.append(
+            {
+                "thread": threading.current_thread(),
+                "home": home.is_dir(),
+                "manifest": (home / ".composespawner" / "default.run.json").is_file(),
+            }
+        )
+        return real(cmd, **kwargs)
+
+    monkeypatch.setattr(local, "Popen", popen)
+    return calls
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_the_process_is_made_in_a_worker_thread_after_its_home_and_manifest(
+    user: User, tmp_path: Path, seen: list[dict[str, Any]]
+) -> None:
+    spawner = launcher(user, tmp_path)
+    path = await spawner.deliver_run_manifest({"version": 1})
+    assert path == str(tmp_path / "student1" / ".composespawner" / "default.run.json")
+    try:
+        await spawner.start()
+        pid = spawner.pid
+        assert alive(pid)
+        assert seen == [{"thread": seen[0]["thread"], "home": True, "manifest": True}]
+        assert seen[0]["thread"] is not threading.main_thread()
+        written = Path(path)
+        assert await asyncio.to_thread(written.read_text) == '{\n  "version": 1\n}\n'
+        assert (await asyncio.to_thread(written.stat)).st_mode & 0o777 == 0o444
+    finally:
+        await spawner.stop()
+    assert not alive(pid)
+
+
+async def test_a_start_cancelled_while_its_process_is_made_keeps_it_for_the_stop(
+    user: User, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start timeout cancels start(); the stop that follows must find the process."""
+    creating, go_on = threading.Event(), threading.Event()
+    real = subprocess.Popen
+
+    def slow_popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        creating.set()
+        go_on.wait(timeout=10)
+        return real(cmd, **kwargs)
+
+    monkeypatch.setattr(local, "Popen", slow_popen)
+    spawner = launcher(user, tmp_path)
+    start = asyncio.ensure_future(spawner.start())
+    await asyncio.to_thread(creating.wait, 10)
+    start.cancel()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    pid = spawner.pid
+    assert pid
+    assert alive(pid)
+    await spawner.stop()
+    assert not alive(pid)
