@@ -30,19 +30,15 @@ from tests.support.simulator import SimulatorProcess, SimulatorSwitches
 pytestmark = pytest.mark.e2e
 SLOW_NOTEBOOK = Path(__file__).with_name("slow_notebook.py")
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
-# A launcher slow to start (a boundary fake): holds a spawn between compose and launch.
+# A launch slow to begin (a boundary fake): holds a spawn between compose and launch.
 SLOW_LAUNCHER = """
 import asyncio
-from jupyterhub.spawner import LocalProcessSpawner
 from composespawner.spawner import ComposeSpawner
 
-class SlowLauncher(LocalProcessSpawner):
-    async def start(self):
+class SlowLaunchComposeSpawner(ComposeSpawner):
+    async def prepare_launch(self):
         await asyncio.sleep(4)  # the step under test lasts this long
-        return await super().start()
-
-class SlowLaunchComposeSpawner(ComposeSpawner, SlowLauncher):
-    pass
+        await super().prepare_launch()
 
 c.JupyterHub.spawner_class = SlowLaunchComposeSpawner
 """
