@@ -45,6 +45,7 @@ from ..accounts import (
     useradd_command,
 )
 from ..catalog import Kit, Stack
+from ..ledger.runner import whole_in_thread
 from ..refusal import ComposeRefusal
 from .base import KitNotDelivered, Launcher
 from .environments import (
@@ -251,7 +252,8 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         command = self._in_stack([*self.cmd, *self.get_args()])
         if self.shell_cmd:
             command = [*self.shell_cmd, shlex.join(command)]
-        cmd = [*switch_account_command(self._runs_as()), *command]
+        owner = self._runs_as()
+        cmd = [*switch_account_command(owner), *command]
         self.log.info("Spawning %s", shlex.join(cmd))
         popen_kwargs = {
             "preexec_fn": self.make_preexec_fn(self.user.name),
@@ -260,31 +262,28 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             "env": env,  # config does not override it
         }
         home = Path(self._home()) if self.shared_account else None
-        owner, manifest, self._manifest_file = self._runs_as(), self._manifest_file, None
+        manifest, self._manifest_file = self._manifest_file, None
+        started: list[Popen[bytes]] = []
 
-        def create() -> Popen[bytes]:
+        def create() -> None:
             if home is not None:
                 make_home(home, owner)
             if manifest is not None:
                 write_for_notebook(*manifest)
             try:
-                return Popen(cmd, **popen_kwargs)
+                started.append(Popen(cmd, **popen_kwargs))
             except PermissionError:
                 self.log.error("Permission denied trying to run %r", shutil.which(cmd[0]) or cmd[0])
                 raise
 
-        created = asyncio.ensure_future(asyncio.to_thread(create))
         try:
-            self.proc = await asyncio.shield(created)
-        except asyncio.CancelledError:
-            # A start cancelled meanwhile (its timeout) may still have started the
-            # process: keep its handle, so that the stop that follows ends it.
-            await asyncio.wait([created])
-            if not created.cancelled() and created.exception() is None:
-                self.proc = created.result()
+            await whole_in_thread(create)
+        finally:
+            # Also when the start was cancelled meanwhile (its timeout): the process
+            # may have started, and the stop that follows must find it to end it.
+            if started:
+                self.proc = started[0]
                 self.pid = self.proc.pid
-            raise
-        self.pid = self.proc.pid
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
 
