@@ -387,10 +387,10 @@ class Ledger:
     ) -> Machine:
         """Take several non-terminal steps (state, message) in one transaction.
 
-        Each step is checked and recorded as :meth:`transition` does it, with its
-        own event; either all are taken or none. For steps that follow each
-        other with nothing in between (``composed``, then ``launching``), this
-        is one commit instead of one per step.
+        Each step is checked as :meth:`transition` checks it and gets its own
+        event; either all are taken or none. For steps that follow each other
+        with nothing in between (``composed``, then ``launching``), this is one
+        commit (and one update of the machine's row) instead of one per step.
         """
         if not steps:
             raise ValueError("advance needs at least one step")
@@ -400,10 +400,7 @@ class Ledger:
         now = self._now()
         with self._write() as connection:
             machine = _machine_row(connection, machine_id)
-            at = machine.state
-            for to, message in steps:
-                _move(connection, machine, to, now, message, at=at, **_failure(failure))
-                at = to
+            at = _move_through(connection, machine, steps, now, **_failure(failure))
             if manifest is not None:
                 connection.execute(
                     insert(RUN_MANIFESTS).values(
@@ -837,35 +834,41 @@ def _take_devices(
 
 
 def _move(
+    connection: Connection, machine: Row[Any], to: str, now: datetime, message: str, **values: Any
+) -> None:
+    """Compare-and-set the machine's state and append the event for it."""
+    _move_through(connection, machine, [(to, message)], now, **values)
+
+
+def _move_through(
     connection: Connection,
     machine: Row[Any],
-    to: str,
+    steps: Sequence[tuple[str, str]],
     now: datetime,
-    message: str,
-    *,
-    at: str | None = None,
     **values: Any,
-) -> None:
-    """Compare-and-set the machine's state and append the event for it.
-
-    ``at``: the state this transaction already moved the machine to, if any
-    (the row was read before).
-    """
-    from_state = machine.state if at is None else at
-    check_transition(from_state, to)
+) -> str:
+    """Compare-and-set the machine through ``steps`` (state, message), each checked and
+    given its event; one UPDATE however many steps. Returns the state it ends in."""
+    at = machine.state
+    events = []
+    for to, message in steps:
+        check_transition(at, to)
+        events.append(_event(machine.id, now, at, to, message))
+        at = to
     result = connection.execute(
         _MOVE_MACHINE,
         {
             "b_machine_id": machine.id,
-            "b_from_state": from_state,
-            "state": to,
+            "b_from_state": machine.state,
+            "state": at,
             "updated_at": now,
             **values,
         },
     )
     if _rowcount(result) != 1:
-        raise IllegalTransition(from_state, to, "the machine changed state meanwhile")
-    connection.execute(_INSERT_EVENT, _event(machine.id, now, from_state, to, message))
+        raise IllegalTransition(machine.state, at, "the machine changed state meanwhile")
+    connection.execute(_INSERT_EVENT, events)
+    return at
 
 
 def _end(
