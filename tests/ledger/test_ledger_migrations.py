@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -12,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from composespawner.ledger import Ledger, migrate
-from composespawner.ledger.database import writing
+from composespawner.ledger.database import SQLITE_PAGE_SIZE, writing
 from composespawner.ledger.models import Base
 
 TABLES = {
@@ -138,3 +140,34 @@ def test_the_package_never_creates_tables_by_itself(empty: Ledger) -> None:
 def _config(ledger: Ledger) -> Config:
     with ledger.engine.connect() as connection:
         return migrate.alembic_config(connection)
+
+
+def _pragma(ledger: Ledger, name: str) -> object:
+    with ledger.engine.connect() as connection:
+        return connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+
+
+def test_a_new_sqlite_ledger_has_small_pages_and_a_write_ahead_log(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        ledger.upgrade()
+        assert _pragma(ledger, "page_size") == SQLITE_PAGE_SIZE
+        assert _pragma(ledger, "journal_mode") == "wal"
+    finally:
+        ledger.close()
+
+
+def test_an_older_sqlite_ledger_keeps_its_page_size(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with sqlite3.connect(path) as made_before:  # a file an earlier release created
+        made_before.execute("PRAGMA page_size = 4096")
+        made_before.execute("PRAGMA journal_mode = WAL")
+    made_before.close()
+    ledger = Ledger(f"sqlite:///{path}")
+    try:
+        ledger.upgrade()
+        machine_id = ledger.request_machine("alice", "", {"gpu_count": 1})
+        assert _pragma(ledger, "page_size") == 4096
+        assert ledger.machine(machine_id) is not None
+    finally:
+        ledger.close()
