@@ -403,13 +403,14 @@ class Ledger:
             at = _move_through(connection, machine, steps, now, **_failure(failure))
             if manifest is not None:
                 connection.execute(
-                    insert(RUN_MANIFESTS).values(
-                        machine_id=machine_id,
-                        user_name=machine.user_name,
-                        server_name=machine.server_name,
-                        started_at=now,
-                        manifest=manifest,
-                    )
+                    _INSERT_RUN_MANIFEST,
+                    {
+                        "machine_id": machine_id,
+                        "user_name": machine.user_name,
+                        "server_name": machine.server_name,
+                        "started_at": now,
+                        "manifest": manifest,
+                    },
                 )
             return _moved(machine, at, now, _held_by(connection, machine_id), **_failure(failure))
 
@@ -625,6 +626,7 @@ _MOVE_MACHINE = update(MACHINES).where(
 _INSERT_MACHINE = insert(MACHINES)
 _INSERT_EVENT = insert(EVENTS)
 _INSERT_USAGE = insert(USAGE)
+_INSERT_RUN_MANIFEST = insert(RUN_MANIFESTS)
 _DEVICES_HELD_BY = (
     select(DEVICES)
     .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
