@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -148,26 +149,19 @@ def _pragma(ledger: Ledger, name: str) -> object:
 
 
 def test_a_new_sqlite_ledger_has_small_pages_and_a_write_ahead_log(tmp_path: Path) -> None:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    try:
+    with closing(Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")) as ledger:
         ledger.upgrade()
         assert _pragma(ledger, "page_size") == SQLITE_PAGE_SIZE
         assert _pragma(ledger, "journal_mode") == "wal"
-    finally:
-        ledger.close()
 
 
 def test_an_older_sqlite_ledger_keeps_its_page_size(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
-    with sqlite3.connect(path) as made_before:  # a file an earlier release created
+    with closing(sqlite3.connect(path)) as made_before:  # as an earlier release made it
         made_before.execute("PRAGMA page_size = 4096")
         made_before.execute("PRAGMA journal_mode = WAL")
-    made_before.close()
-    ledger = Ledger(f"sqlite:///{path}")
-    try:
+    with closing(Ledger(f"sqlite:///{path}")) as ledger:
         ledger.upgrade()
         machine_id = ledger.request_machine("alice", "", {"gpu_count": 1})
         assert _pragma(ledger, "page_size") == 4096
         assert ledger.machine(machine_id) is not None
-    finally:
-        ledger.close()
