@@ -29,12 +29,12 @@ import pwd
 import shlex
 import shutil
 import sys
+import weakref
 from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
-from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Unicode, default
 
 from ..accounts import (
@@ -55,6 +55,7 @@ from .environments import (
     StackEnvironments,
     default_root,
 )
+from .ports import NoFreePort, notebook_port
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
@@ -100,6 +101,10 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     @default("stack_environments_dir")
     def _default_stack_environments_dir(self) -> str:
         return str(default_root())
+
+    # Every launcher of this hub, so that no two of its notebooks get one port.
+    _launchers: ClassVar[weakref.WeakSet[LocalLauncher]] = weakref.WeakSet()
+    _assigned_port = 0  # the port start chose (not configured), chosen afresh each start
 
     # One builder per folder in a hub: two first starts on a stack share one build.
     _builders: ClassVar[dict[tuple[str, Path, float], StackEnvironments]] = {}
@@ -246,8 +251,8 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         manifest, are made there too, just before: they wait on the
         filesystem's journal, which the hub's own database commits keep busy.
         """
-        if self.port == 0:  # type: ignore[has-type]  # an untyped trait
-            self.port = random_port()
+        if self.port in (0, self._assigned_port):  # type: ignore[has-type]  # an untyped trait
+            self.port = self._assigned_port = self._free_port()
         env = self.get_env()
         command = self._in_stack([*self.cmd, *self.get_args()])
         if self.shell_cmd:
@@ -286,6 +291,20 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
                 self.pid = self.proc.pid
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
+
+    def _free_port(self) -> int:
+        self._launchers.add(self)
+        others = {launcher.port for launcher in self._launchers if launcher is not self}
+        try:
+            return notebook_port(self.ip, others)
+        except NoFreePort as e:
+            self.log.error("Cannot start %s's notebook: %s", self._log_name, e)
+            raise ComposeRefusal(
+                "This machine has no free port for another notebook. "
+                "Try again in a few minutes, or tell the hub's administrators.",
+                reason="no-port",
+                status_code=503,
+            ) from e
 
     def _home(self) -> str:
         return self.home_dir_template.format(username=self.user.name)

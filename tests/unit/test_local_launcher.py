@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 
-from composespawner.launchers import local
+from composespawner.launchers import local, ports
 from composespawner.launchers.local import LocalLauncher
 
 SLEEP = [sys.executable, "-I", "-c", "import time; time.sleep(60)"]
@@ -126,3 +128,45 @@ async def test_a_start_cancelled_while_its_process_is_made_keeps_it_for_the_stop
     assert alive(pid)
     await spawner.stop()
     assert not alive(pid)
+
+
+async def test_notebooks_started_at_once_get_distinct_ports_outside_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pick draws the same random sequence: only the hub's record keeps them apart."""
+    real = ports.notebook_port
+
+    def same_sequence(ip: str, avoid: Container[int]) -> int:
+        return real(ip, avoid, rng=random.Random(7))
+
+    monkeypatch.setattr(local, "notebook_port", same_sequence)
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    db.add_all(orm.User(name=f"student{i}") for i in range(8))
+    db.commit()
+    users = [User(u, {}) for u in db.query(orm.User)]
+    spawners = [launcher(u, tmp_path) for u in users]
+    try:
+        await asyncio.gather(*(s.start() for s in spawners))
+        chosen = [s.port for s in spawners]
+        assert len(set(chosen)) == len(chosen)
+        assert not set(chosen) & set(ports.ephemeral_ports())
+        # A restart chooses afresh: meanwhile its old port may have been taken.
+        first = spawners[0]
+        await first.stop()
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", chosen[0]))
+            squatter.listen()
+            await first.start()
+        assert first.port not in chosen
+    finally:
+        await asyncio.gather(*(s.stop() for s in spawners))
+        db.close()
+
+
+async def test_a_configured_port_is_kept(user: User, tmp_path: Path) -> None:
+    spawner = launcher(user, tmp_path)
+    spawner.port = 47123
+    try:
+        assert await spawner.start() == ("127.0.0.1", 47123)
+    finally:
+        await spawner.stop()
