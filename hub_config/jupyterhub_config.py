@@ -31,6 +31,7 @@ from pathlib import Path
 from composespawner.embedded import (
     DEMO_FABRIC_PASSWORD,
     DEMO_FABRIC_USERNAME,
+    hub_database_kwargs,
     hub_templates_dir,
     simulator_command,
 )
@@ -71,7 +72,9 @@ c.ConfigurableHTTPProxy.command = [
     str(CHECKOUT_PROXY) if CHECKOUT_PROXY.exists() else "configurable-http-proxy"
 ]
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
-c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+HUB_DATABASE = STATE / "jupyterhub.sqlite"
+c.JupyterHub.db_url = f"sqlite:///{HUB_DATABASE}"
+c.JupyterHub.db_kwargs = hub_database_kwargs(HUB_DATABASE)
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.JupyterHub.template_paths = [str(hub_templates_dir())]
 # Cookies go only with requests from the hub's own pages and with top-level
