@@ -62,14 +62,15 @@ def notebook_port(
 ) -> int:
     """A port for a notebook on ``ip``: outside the ephemeral range, not in ``avoid``, free now.
 
-    Random rather than the lowest free one, so that a restarted notebook seldom
-    lands on a port a browser tab still points at for someone else's.
+    Random rather than the lowest free one: hubs (or a restarted hub and the
+    notebooks it left running) sharing a machine then seldom try the same port,
+    and each probe is likely to find one free.
     """
     ephemeral = ephemeral_ports() if ephemeral is None else ephemeral
     ranges = candidate_ports(ephemeral)
     total = sum(len(r) for r in ranges)
     pick = rng or random
-    for _ in range(ATTEMPTS):
+    for _ in range(ATTEMPTS if total else 0):
         port = _nth(ranges, pick.randrange(total))
         if port not in avoid and can_bind(ip or "0.0.0.0", port):
             return port

@@ -74,3 +74,5 @@ def test_an_avoided_port_is_passed_over() -> None:
 def test_no_free_port_says_where_it_looked() -> None:
     with pytest.raises(NoFreePort, match="outside the ephemeral range 1024-65534"):
         notebook_port("127.0.0.1", {65535}, range(1024, 65535))
+    with pytest.raises(NoFreePort, match="outside the ephemeral range 1024-65535"):
+        notebook_port("127.0.0.1", set(), range(1024, 65536))
