@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .ledger.database import log_ahead
+
 PACKAGE = Path(__file__).resolve().parent
 CONFIG_FILE = "jupyterhub_config.py"
 # The simulator and the spawner of the demo share these Redfish credentials.
@@ -42,11 +44,10 @@ def hub_database_kwargs(path: Path) -> dict[str, Any]:
 
     JupyterHub commits on its event loop, and in SQLite's default rollback mode
     each commit waits for two or three fsyncs: every page and API call of every
-    user waits with it. With a write-ahead log and ``synchronous = NORMAL``
-    (SQLite's advice for WAL, as the ledger has) a commit appends to the log and
-    syncs only at checkpoints. A crash of the hub loses nothing; a power cut may
-    lose its last commits, and on one machine it also ends every notebook those
-    commits were about. A 200-user spawn storm was ready about a fifth sooner.
+    user waits with it. On the ledger's write-ahead log (:func:`log_ahead`) a
+    commit syncs nothing until a checkpoint. A power cut that loses the last
+    commits also ends, on one machine, every notebook they were about. A
+    200-user spawn storm was ready about a fifth sooner.
     """
     return {"creator": _wal_connector(path)}
 
@@ -56,8 +57,7 @@ def _wal_connector(path: Path) -> Callable[[], sqlite3.Connection]:
         # What JupyterHub's own engine passes for SQLite (its pool hands a
         # connection to whichever thread runs the query).
         connection = sqlite3.connect(path, check_same_thread=False)
-        connection.execute("PRAGMA journal_mode = WAL")
-        connection.execute("PRAGMA synchronous = NORMAL")
+        log_ahead(connection)
         return connection
 
     return connect

@@ -15,6 +15,7 @@ checked by rowcount plus explicit row locks, which is correct there.
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -44,6 +45,18 @@ def writing(engine: Engine) -> Engine:
     return engine.execution_options(**{WRITE_OPTION: True})
 
 
+def log_ahead(db: sqlite3.Connection | sqlite3.Cursor) -> None:
+    """Put an SQLite connection on a write-ahead log that syncs only at checkpoints.
+
+    SQLite's advice for WAL: with ``synchronous = NORMAL`` a commit appends to
+    the log without an fsync. A crash of the process loses nothing; a power cut
+    may lose the last commits, never the file. The ledger and, in the embedded
+    default, JupyterHub's own database use it.
+    """
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+
+
 def _sqlite_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
     if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
         # Each pooled connection would see its own empty database (or all
@@ -69,12 +82,9 @@ def _sqlite_engine(url: URL, *, timeout: float, echo: bool) -> Engine:
             # with 1 KiB pages a spawn's commits write 43 KiB instead of 114 KiB,
             # and a storm of 200 spawns (benchmarks/spawn_storm) was ready sooner.
             cursor.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            # In WAL mode, NORMAL syncs the log at checkpoints, not at every
-            # commit (SQLite's advice for WAL). A crash of the hub loses
-            # nothing; a power cut may lose the last commits, and the
-            # reconciler then frees what our tags show but the ledger lacks.
-            cursor.execute("PRAGMA synchronous = NORMAL")
+            # A power cut may lose the last commits: the reconciler then frees
+            # what our tags show but the ledger lacks.
+            log_ahead(cursor)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
