@@ -102,6 +102,7 @@ class PoolView:
         self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
         # Co-located devices registered in the portal, read with each inventory.
         self._registrations: Mapping[str, Registration] = {}
+        self._chassis_owners_of: tuple[Inventory, Mapping[str, str]] | None = None
         # The ledger's holders as placement last read them, with the number of
         # our committed claims when that read began.
         self._holders = Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
@@ -172,12 +173,20 @@ class PoolView:
     ) -> dict[str, str]:
         """Co-located devices and the group that owns each: the catalog's, then the portal's
         (``registrations``, or those read with the inventory)."""
-        by_chassis = {}
-        for device in inventory.devices:
-            group = self.catalog.owner_of_chassis(device.chassis)
-            if group:
-                by_chassis[device.block_id] = group
-        return colocation.owners(by_chassis, self._registered(registrations))
+        return colocation.owners(self._chassis_owners(inventory), self._registered(registrations))
+
+    def _chassis_owners(self, inventory: Inventory) -> Mapping[str, str]:
+        """block → group, for devices in the catalog's co-located chassis: worked out once
+        per inventory, not on each of a rush's spawns (every device, every time)."""
+        known = self._chassis_owners_of
+        if known is None or known[0] is not inventory:
+            owned = {}
+            for device in inventory.devices:
+                group = self.catalog.owner_of_chassis(device.chassis)
+                if group:
+                    owned[device.block_id] = group
+            known = self._chassis_owners_of = (inventory, owned)
+        return known[1]
 
     def owners_for(
         self,
@@ -291,15 +300,22 @@ class PoolView:
         except TimeoutError as e:
             raise _no_inventory_within(budget) from e
 
-    async def visible_models(self, user: str, groups: frozenset[str]) -> frozenset[str]:
+    async def visible_models(
+        self,
+        user: str,
+        groups: frozenset[str],
+        registrations: Mapping[str, Registration] | None = None,
+    ) -> frozenset[str]:
         """Catalog ids of the GPU models this user may ask for, free or not.
 
         What request validation needs, without the ledger reads of :meth:`offer`:
         it runs on every spawn. The portal's registrations are read afresh (a small
-        table), so a GPU registered or lent a moment ago can be asked for at once.
+        table) unless the caller has just read them (``registrations``), so a GPU
+        registered or lent a moment ago can be asked for at once.
         """
         inventory = await self.inventory()
-        registrations = await self.runner.run(self.ledger.policy.registrations)
+        if registrations is None:
+            registrations = await self.runner.run(self.ledger.policy.registrations)
         owners = self.owners_for(inventory, user, groups, registrations)
         models = self._visible_catalog_models(inventory, owners, groups)
         return frozenset(m.id for m in models)

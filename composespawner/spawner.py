@@ -13,7 +13,7 @@ This module holds no allocation logic: it parses and renders, then asks the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -26,6 +26,7 @@ from traitlets import Float, Unicode, default
 
 from .admission import Admission
 from .catalog import Catalog, Kit, Stack
+from .colocation import Registration
 from .composer import Composer
 from .fabric.base import FabricError
 from .failures import ComposeFailed, ComposeRefused
@@ -216,9 +217,13 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             raise _refusal(e) from e
         return request.to_options()
 
-    async def _visible_model_ids(self) -> frozenset[str]:
+    async def _visible_model_ids(
+        self, registrations: Mapping[str, Registration] | None = None
+    ) -> frozenset[str]:
         try:
-            return await self.composer.pool.visible_models(self.user.name, self.groups)
+            return await self.composer.pool.visible_models(
+                self.user.name, self.groups, registrations
+            )
         except FabricError as e:
             # Nothing is claimed before this read, so there is nothing to undo.
             self.log.warning("Fabric unreadable for %s's spawn: %s", self._log_name, e)
@@ -236,8 +241,9 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         self._starting = True
         try:
             try:
-                request = await self._parse_request()
+                options = self._options_to_start()
                 admitted = await self.composer.admission_for(self.user.name, self.groups)
+                request = await self._parse_request(options, admitted)
                 request = self._settled(request, admitted)
                 self.stack = self.catalog.stack(request.stack) if request.stack else None
                 self.kit = self.catalog.kit(request.kit) if request.kit else None
@@ -259,13 +265,22 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             self._starting = False
             self._notify()
 
-    async def _parse_request(self) -> MachineRequest:
-        # Without options of its own a start reuses the last accepted ones.
+    def _options_to_start(self) -> dict[str, Any]:
+        """This start's options, their size and the server's name checked before anything
+        is read for them. Without options of its own a start reuses the last accepted ones."""
         options = self.user_options or self.accepted_options
         try:
             check_server_name(self.name)
-            check_size(options)  # before the fabric read: nothing big is worked on
-            return parse_options(options, self.catalog, await self._visible_model_ids())
+            check_size(options)
+        except RequestError as e:
+            raise _refusal(e) from e
+        return options
+
+    async def _parse_request(self, options: dict[str, Any], admitted: Admission) -> MachineRequest:
+        # The admission read brought the portal's registrations: not read again.
+        visible = await self._visible_model_ids(admitted.registrations)
+        try:
+            return parse_options(options, self.catalog, visible)
         except RequestError as e:
             raise _refusal(e) from e
 

@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock_time
 from pathlib import Path
@@ -445,6 +445,39 @@ async def test_colocated_devices_only_for_their_owner_group(rig: Rig) -> None:
     assert [g.chassis for g in machine.gpus] == ["expansion-1"] * 2
     assert set(rig.fabric.state.attached(machine.host)) == {g.block_id for g in machine.gpus}
     assert rig.machine(machine.machine_id).state == "composed"
+
+
+async def test_chassis_owners_are_worked_out_once_per_inventory(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    owner_of_chassis = Catalog.owner_of_chassis
+
+    def counted(catalog: Catalog, chassis: str) -> str | None:
+        asked.append(chassis)
+        return owner_of_chassis(catalog, chassis)
+
+    monkeypatch.setattr(Catalog, "owner_of_chassis", counted)
+    pool = rig.composer.pool
+    inventory = await pool.inventory(fresh=True)  # which syncs the owners into the ledger
+    owned = {d.block_id for d in inventory.devices if d.chassis == "expansion-1"}
+
+    for _ in range(3):  # as each spawn of a rush asks
+        assert {b: g for b, g in pool.owners(inventory).items() if b in owned} == {
+            b: "vision-lab" for b in owned
+        }
+    assert len(asked) == len(inventory.devices)
+
+    # Another inventory is worked out afresh: here the expansion chassis' GPUs moved.
+    moved = Inventory(
+        hosts=inventory.hosts,
+        devices=tuple(
+            replace(d, chassis="rack-1") if d.block_id in owned else d for d in inventory.devices
+        ),
+        zones=inventory.zones,
+    )
+    assert not owned & set(pool.owners(moved))
+    assert owned <= set(pool.owners(inventory))
 
 
 async def test_the_offer_counts_only_what_the_quota_left_allows(rig: Rig) -> None:

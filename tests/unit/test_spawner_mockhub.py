@@ -19,6 +19,7 @@ from jupyterhub.httpclient import JupyterHubHTTPClient
 from jupyterhub.tests.mocking import MockHub, MockSpawner
 from jupyterhub.tests.utils import add_user
 from jupyterhub.user import User
+from sqlalchemy import event
 
 from composespawner.settings import upgrade_ledger
 from composespawner.spawner import ComposeMixin
@@ -74,6 +75,8 @@ async def student(
                 "fabric_password": FABRIC_AUTH[1],
                 "catalog_file": str(HUB_CONFIG / "catalog.toml"),
                 "hub_id": "mockhub",
+                # One inventory read for the whole test: what a start reads is counted.
+                "inventory_cache_seconds": 600,
             },
         }
     )
@@ -123,3 +126,29 @@ async def test_a_notebook_found_dead_by_poll_releases_its_machine(student: User)
     assert await spawner.composer.wait_released(machine_id, within=10)
     assert spawner.composer.ledger.machine(machine_id).state == "released"
     assert spawner.composer.ledger.holders() == {}
+
+
+@pytest.mark.timeout(60)
+async def test_a_start_reads_the_portals_registrations_once(student: User) -> None:
+    """Admission brings them; checking the request against the models the user may
+    see reuses them instead of reading the table again (each spawn of a rush did)."""
+    spawner = student.spawner
+    await spawner.composer.pool.inventory()  # the inventory read reads them too
+    engine = spawner.composer.ledger.engine
+    reads: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM colocated" in statement:
+            reads.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        await student.spawn(options=ONE_T4)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+    assert spawner.machine is not None
+    assert len(reads) == 1, reads
+    machine_id = spawner.machine.machine_id
+    await student.stop()
+    assert await spawner.composer.wait_released(machine_id, within=10)
