@@ -100,7 +100,19 @@ def _quota_view(offer: Offer) -> dict[str, Any]:
         "left": offer.quota_left,
         "source": quota.gpus_held.source,
         "others": _other_limits(quota),
+        "no_gpus": _no_gpus(quota),
     }
+
+
+def _no_gpus(quota: Quota) -> str:
+    """What to tell a user whose quota allows no GPU model at all ("" when it allows some)."""
+    models = quota.models
+    if models.value is None or models.value:
+        return ""
+    return (
+        f"No GPU models are allowed by {models.source} for now, so there is no GPU"
+        " machine to start. Ask an admin if your work needs a GPU."
+    )
 
 
 def _other_limits(quota: Quota) -> list[str]:
@@ -114,8 +126,8 @@ def _other_limits(quota: Quota) -> list[str]:
     if quota.gpu_hours_week.value is not None:
         hours = quota.gpu_hours_week
         lines.append(f"{hours.value:g} GPU-hours per 7 days ({hours.source}).")
-    if quota.models.value is not None:
-        models = ", ".join(sorted(quota.models.value)) or "none"
+    if quota.models.value:  # none at all is said where the models would be
+        models = ", ".join(sorted(quota.models.value))
         lines.append(f"GPU models: {models} ({quota.models.source}).")
     return lines
 

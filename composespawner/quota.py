@@ -147,7 +147,9 @@ def _choose(rules: list[QuotaRule], name: str, most_generous: Callable[[list[T]]
         )
         if setting:
             value = most_generous([getattr(rule, name) for rule in setting])
-            givers = [rule for rule in setting if _gives(getattr(rule, name), value)]
+            # Every rule that set the limit gave it when none added to it: all
+            # of them allowing no GPU model at all is a choice, and theirs.
+            givers = [rule for rule in setting if _gives(getattr(rule, name), value)] or setting
             return Limit(value, _sources(givers))
     return Limit()
 

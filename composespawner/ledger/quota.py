@@ -40,7 +40,7 @@ def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
             user,
             "models",
             models.source,
-            f"{models.source.capitalize()} does not allow {model} GPUs. {choose}"
+            f"GPU model {model} is not allowed by {models.source}. {choose}"
             " Ask an admin if your work needs it.",
         )
     per_server = quota.gpus_per_server

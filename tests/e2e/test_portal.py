@@ -102,6 +102,27 @@ def test_an_admin_sets_a_cohort_quota_and_a_spawn_past_it_is_refused_naming_it(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
+def test_a_quota_that_allows_no_gpu_model_is_shown_and_refuses_gpus_naming_it(
+    hub: Hub, admin: Visitor, student: Visitor
+) -> None:
+    put = admin.call("PUT", "api/quotas/user/student1", json={"models": []})
+    assert put.status_code == 200, put.text
+    try:
+        me = student.call("GET", "api/me")
+        assert me.status_code == 200, me.text
+        assert me.json()["quota"]["models"] == {"value": [], "source": "student1's own quota"}
+        form = student.session.get(f"{hub.url}/hub/spawn", timeout=30)
+        assert form.status_code == 200, form.text
+        assert "No GPU models are allowed by student1&#39;s own quota for now" in form.text
+        refused = hub.spawn("student1", TWO_T4)
+        assert refused.status_code == 403, refused.text
+        assert "GPU model t4 is not allowed by student1's own quota" in refused.json()["message"]
+        assert hub.composed_hosts() == {}
+    finally:
+        assert admin.call("DELETE", "api/quotas/user/student1").status_code == 204
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [

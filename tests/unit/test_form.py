@@ -219,3 +219,16 @@ def test_a_cohorts_stacks_and_kit_shape_the_form() -> None:
     tf_only = read(render_form(CATALOG, replace(offer(inventory), stacks=other), {}))
     assert tf_only.choices["stack"] == ["tensorflow"]
     assert "kit" not in tf_only.choices  # every kit runs on PyTorch
+
+
+def test_a_quota_that_allows_no_gpu_model_says_so_where_the_models_would_be() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    rules = [QuotaRule("cohort", "cs-101", models=frozenset())]
+    quota = effective_quota(rules, "u", {"cs-101"})
+    closed = replace(offer(inventory), free={}, quota=quota)
+    html = " ".join(render_form(CATALOG, closed, {}).split())
+    form = read(render_form(CATALOG, closed, {}))
+    assert form.models == {}
+    assert "compose-no-gpus" in form.ids
+    assert "No GPU models are allowed by cohort cs-101 for now" in html
+    assert "compose-no-gpus" not in render_form(CATALOG, offer(inventory), {})

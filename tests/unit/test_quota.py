@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from composespawner.ledger import QuotaExceeded, ServerUse
 from composespawner.ledger.quota import Use, check_ask, check_use
@@ -97,7 +99,7 @@ def test_an_ask_outside_the_models_or_per_server_limit_is_refused() -> None:
     with pytest.raises(QuotaExceeded) as refused:
         check_ask("bob", course, "a100", 1)
     assert refused.value.user_message == (
-        "Cohort cs-101 does not allow a100 GPUs. Choose one of: t4."
+        "GPU model a100 is not allowed by cohort cs-101. Choose one of: t4."
         " Ask an admin if your work needs it."
     )
     with pytest.raises(QuotaExceeded) as refused:
@@ -130,3 +132,66 @@ def test_gpu_hours_used_up_refuse_gpus_but_not_a_cpu_server() -> None:
     )
     check_use("bob", quota, 0, Use([], gpu_hours_week=99.0))
     check_use("bob", quota, 1, Use([], gpu_hours_week=9.9))
+
+
+def test_a_rule_that_allows_no_gpu_model_is_named_as_where_that_comes_from() -> None:
+    nothing = frozenset[str]()
+    alone = QuotaRule("user", "alice", models=nothing)
+    assert effective_quota([SITE, alone], "alice", ()).models == Limit(nothing, "alice's own quota")
+    site = QuotaRule("site", models=nothing)
+    assert effective_quota([site], "zoe", ()).models == Limit(nothing, "the site default")
+    closed = [QuotaRule("cohort", g, models=nothing) for g in ("cs-101", "cs-102")]
+    quota = effective_quota(closed, "zoe", {"cs-101", "cs-102"})
+    assert quota.models == Limit(nothing, "cohorts cs-101, cs-102")
+    # A cohort that gives nothing is not named beside one that gives a model.
+    quota = effective_quota([closed[0], COURSE], "zoe", {"cs-101"})
+    assert quota.models == Limit(frozenset({"t4"}), "cohort cs-101")
+    quota = effective_quota([closed[1], COURSE], "zoe", {"cs-101", "cs-102"})
+    assert quota.models == Limit(frozenset({"t4"}), "cohort cs-101")
+
+
+def test_no_gpu_model_allowed_refuses_any_gpu_naming_the_rule() -> None:
+    quota = effective_quota([QuotaRule("cohort", "cs-101", models=frozenset())], "zoe", {"cs-101"})
+    with pytest.raises(QuotaExceeded) as refused:
+        check_ask("zoe", quota, "t4", 1)
+    assert refused.value.user_message.startswith(
+        "GPU model t4 is not allowed by cohort cs-101. You may not use GPUs at all."
+    )
+    check_ask("zoe", quota, None, 0)  # a server without GPUs is not a GPU model's
+
+
+_SUBJECTS = st.sampled_from(["alice", "bob", "cs-101", "vision-lab"])
+_COUNTS = st.none() | st.integers(0, 10_000)
+_PLACES = st.just(("site", "")) | st.tuples(st.sampled_from(["cohort", "user"]), _SUBJECTS)
+_RULES = _PLACES.flatmap(
+    lambda place: st.builds(
+        QuotaRule,
+        level=st.just(place[0]),
+        subject=st.just(place[1]),
+        gpus_held=_COUNTS,
+        gpus_per_server=_COUNTS,
+        models=st.none() | st.frozensets(st.sampled_from(["t4", "a100", "rtx6000"])),
+        gpu_hours_week=st.none() | st.floats(0, 1_000_000),
+        servers=_COUNTS,
+    )
+)
+
+
+@given(
+    rules=st.lists(_RULES, max_size=8),
+    user=_SUBJECTS,
+    groups=st.frozensets(_SUBJECTS),
+)
+def test_any_rules_that_can_be_stored_give_an_effective_quota(
+    rules: list[QuotaRule], user: str, groups: frozenset[str]
+) -> None:
+    quota = effective_quota(rules, user, groups)
+    applying = {rule.source for rule in rules if rule.applies_to(user, groups)}
+    for name, limit in quota.limits():
+        setting = [r for r in rules if r.applies_to(user, groups) and getattr(r, name) is not None]
+        assert (limit.value is None) == (not setting), name
+        sources = limit.source.removeprefix("cohorts ").split(", ")
+        assert limit.source == "no rule" or all(
+            s in applying or f"cohort {s}" in applying for s in sources
+        ), (name, limit.source)
+    assert quota.as_dict()  # what the portal answers with
