@@ -38,20 +38,14 @@ $(CHROMIUM):
 install: $(VENV)/.installed $(CHP)
 
 # As root, the demo's notebooks run as an unprivileged account (composespawner-nb),
-# which must be able to run this venv's Python: a Python under /root (pyenv) needs
-# an ACL that lets that account alone enter the closed folders on the way.
+# which must reach this venv's Python and this checkout (the kit merge runs from it):
+# a checkout in root's home, or a Python under it (pyenv), needs an ACL that lets
+# that account alone enter the closed folders on the way (setfacl, Debian's acl).
 notebook-account: $(VENV)/.installed
 	@if [ "$$(id -u)" = 0 ]; then \
-	  id -u composespawner-nb >/dev/null 2>&1 || useradd --system --user-group --no-create-home \
-	    --home-dir /nonexistent --shell /usr/sbin/nologin composespawner-nb; \
-	  closed=$$($(BIN)/python -c 'import sys; from pathlib import Path; \
-	    from composespawner.accounts import closed_dirs; \
-	    print(*closed_dirs(Path(sys.executable).resolve()))'); \
-	  if [ -n "$$closed" ]; then \
-	    command -v setfacl >/dev/null || (apt-get update -qq && \
-	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null); \
-	    for dir in $$closed; do setfacl -m u:composespawner-nb:x "$$dir"; done; \
-	  fi; \
+	  command -v setfacl >/dev/null || (apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null); \
+	  $(BIN)/composespawner notebook-account; \
 	fi
 
 # The OpenID Connect provider the login tests run (panva's oidc-provider).

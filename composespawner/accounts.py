@@ -3,8 +3,8 @@
 A notebook under root could read everything the hub holds: its environment in
 ``/proc``, the cookie secret, the databases, the fabric's password. Under one
 unprivileged system account it reads none of that, provided it can still reach
-the Python that runs it: a Python installed under ``/root`` (pyenv) is out of
-its reach until it is allowed to enter ``/root``.
+what it runs: a Python installed under ``/root`` (pyenv), or a checkout in
+root's home, is out of its reach until it is allowed to enter ``/root``.
 """
 
 from __future__ import annotations
@@ -92,16 +92,15 @@ def ensure_account(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
     except KeyError:
         pass
+    command = useradd_command(name)
     try:
-        done = subprocess.run(
-            useradd_command(name), capture_output=True, text=True, timeout=USERADD_TIMEOUT
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=USERADD_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise AccountError(f"Could not create the notebook account {name!r}: {e}") from e
+        raise AccountError(f"Could not create the account {name!r}: {e}") from e
     if done.returncode not in (0, _USERADD_EXISTS):  # another process may have just made it
         raise AccountError(
-            f"Could not create the notebook account {name!r} ({done.stderr.strip()}): "
-            f"create it yourself with `{' '.join(useradd_command(name))}`."
+            f"Could not create the account {name!r} ({done.stderr.strip()}): "
+            f"create it yourself with `{' '.join(command)}`."
         )
     return pwd.getpwnam(name)
 
@@ -112,6 +111,30 @@ def closed_dirs(path: Path, mode_of: Callable[[Path], int] | None = None) -> lis
     return [d for d in reversed(path.parents) if not mode_of(d) & stat.S_IXOTH]
 
 
+def let_in(account: pwd.struct_passwd, paths: Iterable[Path]) -> list[Path]:
+    """Let ``account`` enter the closed folders on the way to ``paths``; those it let in.
+
+    Only to enter (an ACL entry ``u:ACCOUNT:x``), never to list: the account can
+    open what it is given the path of, say a checkout under ``/root``, and learns
+    nothing else there. A folder the account can already enter is left alone.
+    """
+    closed = dict.fromkeys(d for path in paths for d in closed_dirs(path.resolve()))
+    opened = [d for d in closed if not _runs_as(account, ["test", "-x", str(d)])]
+    for folder in opened:
+        command = ["setfacl", "-m", f"u:{account.pw_name}:x", str(folder)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            done = subprocess.CompletedProcess(command, 1, "", str(e))
+        if done.returncode != 0:
+            raise AccountError(
+                f"Could not let {account.pw_name!r} enter {folder} ({done.stderr.strip()}):"
+                f" run `{' '.join(command)}` (Debian package acl), or move the checkout"
+                " where every account can enter."
+            )
+    return opened
+
+
 def reach_problem(account: pwd.struct_passwd, programs: Iterable[Path]) -> str | None:
     """Why ``account`` could not run ``programs``, or None if it can.
 
@@ -119,20 +142,23 @@ def reach_problem(account: pwd.struct_passwd, programs: Iterable[Path]) -> str |
     """
     for program in programs:
         real = program.resolve()
-        if _runs_as(account, ["test", "-x", str(real)]):
+        # Programs and folders are reached when they can be run or entered; other files
+        # (a module the account imports) when they can be read.
+        can = "-x" if real.is_dir() or real.stat().st_mode & 0o111 else "-r"
+        if _runs_as(account, ["test", can, str(real)]):
             continue
         closed = closed_dirs(real)
         folders = ", ".join(f"{d} (mode {stat.S_IMODE(d.stat().st_mode):04o})" for d in closed)
         fixes = " and ".join(f"`setfacl -m u:{account.pw_name}:x {d}`" for d in closed)
         return (
             f"Notebooks run as the unprivileged account {account.pw_name!r}, which cannot "
-            f"run {real}"
+            f"reach {real}"
             + (
                 f": it may not enter {folders}. Let it in ({fixes}, Debian package acl)"
                 if closed
                 else ""
             )
-            + ", or install Python where every account can read it."
+            + ", or keep it where every account can enter."
         )
     return None
 

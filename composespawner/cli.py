@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         "demo",
         help="start the fabric simulator and the embedded default hub at http://127.0.0.1:8000",
     )
+    commands.add_parser(
+        "notebook-account",
+        help="as root, create the account notebooks run as and let it reach this installation",
+    )
     with_hub = commands.add_parser(
         "with-hub",
         help="run a hub-managed service that ends when the hub does, even if it is killed",
@@ -64,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from . import supervise
 
+    if args.command == "notebook-account":
+        return supervise.notebook_account_main()
     if args.command == "with-hub":
         service = args.service[1:] if args.service[:1] == ["--"] else args.service
         if not service:

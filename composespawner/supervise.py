@@ -29,11 +29,18 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from .accounts import DEFAULT_NOTEBOOK_ACCOUNT, AccountError, ensure_account, reach_problem
+from .accounts import (
+    DEFAULT_NOTEBOOK_ACCOUNT,
+    AccountError,
+    ensure_account,
+    let_in,
+    reach_problem,
+)
 from .embedded import (
     CONFIG_FILE,
     DEMO_FABRIC_PASSWORD,
     DEMO_FABRIC_USERNAME,
+    PACKAGE,
     config_dir,
     simulator_command,
 )
@@ -121,8 +128,10 @@ def run_demo(plan: DemoPlan) -> int:
     """Run the simulator, then the hub until it exits; the hub's exit status."""
     plan.state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if os.geteuid() == 0:
-        _prepare_notebook_account(Path(plan.hub[0]).parent)
-    _check_port_free(plan.fabric_port)
+        homes = Path(plan.env["COMPOSE_HOMES_DIR"])
+        homes.mkdir(parents=True, exist_ok=True)
+        prepare_notebook_account(Path(plan.hub[0]).parent, homes)
+    check_port_free(plan.fabric_port)
     with _SignalsToHub() as signals:
         simulator = _start(plan.simulator, plan)
         try:
@@ -133,19 +142,30 @@ def run_demo(plan: DemoPlan) -> int:
             _stop(simulator)
 
 
-def _prepare_notebook_account(bin_dir: Path) -> None:
-    """As root, notebooks run as an unprivileged account: create it, check it can run them."""
+def prepare_notebook_account(bin_dir: Path, *homes: Path) -> None:
+    """As root, notebooks run as an unprivileged account: create it, and let it reach
+    what it runs (this Python, the kit merge from this package, the homes),
+    wherever the checkout is, root's private home included."""
+    needed = [Path(sys.executable), bin_dir / "jupyterhub-singleuser", PACKAGE, *homes]
     try:
         account = ensure_account(DEFAULT_NOTEBOOK_ACCOUNT)
+        let_in(account, needed)
     except AccountError as e:
         raise DemoError(str(e)) from e
-    problem = reach_problem(account, [Path(sys.executable), bin_dir / "jupyterhub-singleuser"])
+    problem = reach_problem(account, needed)
     if problem:
         raise DemoError(problem)
 
 
-def _check_port_free(port: int) -> None:
+def check_port_free(port: int) -> None:
+    """Refuse a port something listens on; a port held only by closing connections is free.
+
+    The probe binds as the simulator will (``SO_REUSEADDR``, asyncio's default for
+    servers), so the TIME_WAIT connections a demo stopped a moment ago leaves behind
+    do not stop the next one, while a live listener still does.
+    """
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as e:
@@ -220,6 +240,18 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def notebook_account_main() -> int:
+    """``composespawner notebook-account``: as root, what the demo and the tests need."""
+    if os.geteuid() != 0:
+        return 0  # notebooks run as the hub's own account
+    try:
+        prepare_notebook_account(Path(sys.executable).parent)
+    except DemoError as e:
+        print(f"composespawner notebook-account: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def demo_main(hub_args: Sequence[str]) -> int:

@@ -6,12 +6,14 @@ import os
 import pwd
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from composespawner.accounts import (
     closed_dirs,
+    let_in,
     notebook_account_for,
     reach_problem,
     switch_account_command,
@@ -65,5 +67,28 @@ def test_reach_problem_names_the_closed_folder_and_the_fix(tmp_path: Path) -> No
     assert reach_problem(nobody, [open_program]) is None
     problem = reach_problem(nobody, [open_program, program])
     assert problem is not None
-    assert f"cannot run {program}" in problem
+    assert f"cannot reach {program}" in problem
     assert f"`setfacl -m u:nobody:x {closed}`" in problem
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a command as another account")
+def test_let_in_lets_the_account_enter_a_checkout_in_a_private_folder() -> None:
+    with tempfile.TemporaryDirectory() as made:  # 0700, as `mktemp -d` makes it
+        base = Path(made)
+        private = base / "root-home"  # as root's home
+        package = private / "clone" / "composespawner"
+        package.mkdir(parents=True)
+        private.chmod(0o700)
+        module = package / "kits.py"
+        module.write_text("")
+        nobody = pwd.getpwnam("nobody")
+        assert reach_problem(nobody, [module]) is not None
+
+        assert let_in(nobody, [module, package]) == [base, private]
+        assert reach_problem(nobody, [module]) is None
+        assert let_in(nobody, [module]) == []  # nothing more to do
+        listing = subprocess.run(
+            [*switch_account_command(nobody), "ls", str(private)], capture_output=True, timeout=10
+        )
+        assert listing.returncode != 0  # to enter, not to list
+        assert private.stat().st_mode & 0o007 == 0  # nothing opened to all accounts

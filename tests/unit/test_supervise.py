@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from composespawner.embedded import config_dir
-from composespawner.supervise import demo_plan
+from composespawner.supervise import DemoError, check_port_free, demo_plan
 
 
 def test_the_demo_runs_the_fabric_beside_the_hub_with_one_set_of_credentials(
@@ -83,3 +84,35 @@ def test_a_service_started_with_sigint_ignored_gets_it_back_so_the_hub_can_stop_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def _leave_time_wait_on(port: int) -> None:
+    """Serve one connection on the port and close it server side first, as the simulator does."""
+    with (
+        socket.create_server(("127.0.0.1", port)) as server,
+        socket.create_connection(("127.0.0.1", port), timeout=5) as client,
+    ):
+        accepted, _ = server.accept()
+        accepted.close()  # the side that closes first keeps TIME_WAIT
+        client.recv(1)  # the close reached the client before it closes too
+
+
+@pytest.mark.timeout(30)
+def test_a_port_left_in_time_wait_by_a_stopped_demo_is_free() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+    _leave_time_wait_on(port)
+    # The condition the demo met after Ctrl-C: a plain bind is refused ...
+    with socket.socket() as plain, pytest.raises(OSError, match="in use"):
+        plain.bind(("127.0.0.1", port))
+    # ... but nothing listens, so the next demo may start.
+    check_port_free(port)
+
+
+@pytest.mark.timeout(30)
+def test_a_port_something_listens_on_is_refused_with_what_to_do() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with pytest.raises(DemoError, match=f"Port {port}.*COMPOSE_FABRIC_PORT"):
+            check_port_free(port)
