@@ -3,6 +3,8 @@
 import importlib
 import sys
 
+from benchmarks.gates import check
+
 BENCHMARKS = [
     "spawn_to_lab",
     "placement_speed",
@@ -23,9 +25,13 @@ def main(argv: list[str]) -> int:
             " (options go to one benchmark: python -m benchmarks.spawn_storm --rounds 2)"
         )
         return 2
+    failed = []
     for name in argv or BENCHMARKS:
         importlib.import_module(f"benchmarks.{name}").main()
-    return 0
+        failed += check(name)
+    for line in failed:
+        print(f"GATE NOT MET: {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

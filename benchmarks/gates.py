@@ -1,0 +1,53 @@
+"""What each benchmark's figures must keep, checked against the results it just wrote.
+
+On 2 cores a storm is CPU-bound, and composing does strictly more work than a
+spawner that composes nothing (claims, the fabric's requests, the run manifest),
+so the local storm's gate allows 1.2x; on Kubernetes the pods' start dominates
+and composing must cost nothing measurable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).with_name("results")
+
+# benchmark -> (figure, most it may be); counts of bad outcomes must be 0.
+GATES: dict[str, list[tuple[str, float]]] = {
+    "spawn_storm": [
+        ("p95_ratio", 1.2),
+        ("failures", 0),
+        ("double_holders", 0),
+        ("leaked_devices", 0),
+    ],
+    "spawn_storm_kubernetes": [
+        ("p95_ratio", 1.0),
+        ("failures", 0),
+        ("double_holders", 0),
+        ("leaked_devices", 0),
+    ],
+    "spawn_to_lab": [("median_ratio", 1.1)],
+    "release_latency": [("p95_ratio", 1.2), ("leaked_devices", 0)],
+}
+
+
+def unmet(name: str, result: dict[str, Any]) -> list[str]:
+    """The gates of benchmark ``name`` that ``result`` does not meet, as lines to print."""
+    missing = object()
+    lines = []
+    for figure, most in GATES.get(name, []):
+        value = result.get(figure, missing)
+        if value is missing or not isinstance(value, int | float) or value > most:
+            shown = "missing" if value is missing else value
+            lines.append(f"{name}: {figure} is {shown}, the gate is at most {most:g}")
+    return lines
+
+
+def check(name: str, results: Path = RESULTS) -> list[str]:
+    """:func:`unmet` for the result the benchmark wrote (none to check: no gate)."""
+    path = results / f"{name}.json"
+    if name not in GATES or not path.is_file():
+        return []
+    return unmet(name, json.loads(path.read_text()))

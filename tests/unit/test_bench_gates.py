@@ -1,0 +1,36 @@
+"""make bench says which gate a run did not meet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.gates import check, unmet
+
+STORM = {"p95_ratio": 1.18, "failures": 0, "double_holders": 0, "leaked_devices": 0}
+
+
+def test_a_storm_within_its_gates_meets_them() -> None:
+    assert unmet("spawn_storm", STORM) == []
+
+
+def test_each_gate_a_result_misses_is_named() -> None:
+    result = {**STORM, "p95_ratio": 1.21, "failures": 1}
+    assert unmet("spawn_storm", result) == [
+        "spawn_storm: p95_ratio is 1.21, the gate is at most 1.2",
+        "spawn_storm: failures is 1, the gate is at most 0",
+    ]
+    assert unmet("spawn_storm_kubernetes", STORM) == [
+        "spawn_storm_kubernetes: p95_ratio is 1.18, the gate is at most 1"
+    ]
+    assert unmet("spawn_to_lab", {}) == [
+        "spawn_to_lab: median_ratio is missing, the gate is at most 1.1"
+    ]
+
+
+def test_the_written_result_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "spawn_to_lab.json").write_text(json.dumps({"median_ratio": 1.12}))
+    assert check("spawn_to_lab", tmp_path) == [
+        "spawn_to_lab: median_ratio is 1.12, the gate is at most 1.1"
+    ]
+    assert check("placement_speed", tmp_path) == []  # no gate
