@@ -26,6 +26,7 @@ Modules, from the inside out:
 ``expand``       ``$expand=.($levels=N)``
 ``metadata``     ``$metadata`` and our OEM schema
 ``sessions``, ``tasks``, ``faults``   login sessions, task monitors, fault switches
+``quirks``       switches that answer like an older or looser service
 ``persistence``  the ``--state-file``
 ``app``          the tornado application
 ``__main__``     the command line

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from .app import Simulator, SimulatorConfig, make_app
 from .inventory import InventoryError, load_inventory
 from .persistence import StateFile
+from .quirks import ERROR_BODIES, ServiceQuirks
 from .state import COMPOSITION_MODES, FabricState, StateFileError
 
 log = logging.getLogger("fabricsim")
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         simulator = build_simulator(args)
         tls = tls_context(args.tls_cert, args.tls_key)
-    except (InventoryError, StateFileError, TLSOptionError) as err:
+    except (InventoryError, StateFileError, TLSOptionError, SwitchError) as err:
         log.error("%s", err)
         return 2
     asyncio.run(serve(simulator, ip, port, tls))
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
 class TLSOptionError(ValueError):
     """``--tls-cert`` / ``--tls-key`` given alone, or not a usable certificate and key."""
+
+
+class SwitchError(ValueError):
+    """A switch given with a composition mode it does not apply to."""
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -76,8 +81,15 @@ def bind_address(ip: str | None, port: int | None, service_url: str | None) -> t
 
 
 def build_simulator(args: argparse.Namespace) -> Simulator:
+    if args.zone_capabilities and args.composition != "specific":
+        raise SwitchError(
+            "--zone-capabilities needs --composition specific: only there is POST to Systems"
+        )
     state = FabricState(
-        load_inventory(args.inventory), epoch=secrets.token_hex(4), composition=args.composition
+        load_inventory(args.inventory),
+        epoch=secrets.token_hex(4),
+        composition=args.composition,
+        not_expandable=args.not_expandable,
     )
     state_file = StateFile(args.state_file) if args.state_file else None
     if state_file is not None:
@@ -91,6 +103,11 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
         async_tasks=args.async_tasks,
         task_duration_s=args.task_duration,
         faults_api=args.faults_api,
+        quirks=ServiceQuirks(
+            zone_capabilities=args.zone_capabilities,
+            stale_block_status=args.stale_block_status,
+            error_bodies=args.error_bodies,
+        ),
     )
     return Simulator(state, config, state_file=state_file)
 
@@ -104,7 +121,7 @@ async def serve(simulator: Simulator, ip: str, port: int, tls: ssl.SSLContext | 
     server = make_app(simulator).listen(port, address=ip, ssl_options=tls)
     inventory = simulator.state.inventory
     log.info(
-        "Redfish fabric simulator on %s://%s:%d/redfish/v1/ (%d hosts, %d devices%s%s%s)",
+        "Redfish fabric simulator on %s://%s:%d/redfish/v1/ (%d hosts, %d devices%s%s%s%s)",
         "https" if tls else "http",
         ip,
         port,
@@ -113,6 +130,7 @@ async def serve(simulator: Simulator, ip: str, port: int, tls: ssl.SSLContext | 
         ", async tasks" if simulator.config.async_tasks else "",
         f", {simulator.state.composition} composition",
         ", faults API" if simulator.config.faults_api else "",
+        "".join(f", {quirk}" for quirk in simulator.describe_quirks()),
     )
     await stop.wait()
     log.info("stopping")
@@ -143,6 +161,37 @@ def _parser() -> argparse.ArgumentParser:
         help="how systems are composed: devices added to standing hosts (expandable), "
         "POST of whole systems to Systems (specific), or CompositionService.Compose "
         "manifests (action); default expandable",
+    )
+    parser.add_argument(
+        "--zone-capabilities",
+        action="store_true",
+        help="with --composition specific: advertise POST of composed systems the way older "
+        "services do, on each ResourceZone's Links.CapabilitiesObjects, not by "
+        "@Redfish.CollectionCapabilities on Systems",
+    )
+    parser.add_argument(
+        "--not-expandable",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="with --composition expandable: this host's system is no expandable system (no "
+        "ExpandableSystem use case, no Add/RemoveResourceBlock actions; its Oem can still be "
+        "patched), like a service's fixed servers; repeatable",
+    )
+    parser.add_argument(
+        "--stale-block-status",
+        action="store_true",
+        help="composed blocks keep reading CompositionState Unused with no "
+        "Links.ComputerSystems, as services that update only the system do; a second claim "
+        "is still refused",
+    )
+    parser.add_argument(
+        "--error-bodies",
+        choices=ERROR_BODIES,
+        default="redfish",
+        help="what error answers carry: a Redfish error object (redfish, the default), or, as "
+        "looser services and the web servers in front of them answer, plain text, an HTML "
+        "page, or JSON that is no Redfish error",
     )
     parser.add_argument(
         "--async-tasks",

@@ -48,6 +48,7 @@ from .errors import (
 from .faults import FaultSettings, FaultSettingsError, FaultSwitch
 from .metadata import OEM_SCHEMA_DOCUMENT, json_schema_uri, metadata_document
 from .persistence import StateFile
+from .quirks import NO_QUIRKS, ServiceQuirks, loose_error_answer
 from .sessions import SessionStore
 from .state import CompositionRequest, FabricState, if_none_match_matches
 from .tasks import Outcome, Task, TaskStore
@@ -71,6 +72,7 @@ class SimulatorConfig:
     task_duration_s: float = 0.2
     faults_api: bool = False  # serve /sim/faults and /sim/state
     session_timeout_s: int = 1800
+    quirks: ServiceQuirks = NO_QUIRKS  # answer like an older or looser service
 
 
 class Simulator:
@@ -94,8 +96,20 @@ class Simulator:
     @property
     def view(self) -> resources.ServiceView:
         return resources.ServiceView(
-            self.state, self.sessions, self.tasks, self.config.session_timeout_s
+            self.state, self.sessions, self.tasks, self.config.session_timeout_s, self.config.quirks
         )
+
+    def describe_quirks(self) -> list[str]:
+        """How this service departs from DMTF's current mockups, for its log."""
+        quirks = self.config.quirks
+        described = [f"not expandable: {h}" for h in sorted(self.state.not_expandable)]
+        if quirks.zone_capabilities:
+            described.append("composition advertised on resource zones")
+        if quirks.stale_block_status:
+            described.append("stale block status")
+        if quirks.error_bodies != "redfish":
+            described.append(f"{quirks.error_bodies} error bodies")
+        return described
 
     def check_credentials(self, username: str, password: str) -> bool:
         user_ok = secrets.compare_digest(username.encode(), self.config.username.encode())
@@ -298,6 +312,10 @@ class RedfishHandler(tornado.web.RequestHandler):
         if outcome.body is None:
             self.set_status(outcome.status)
             self.finish()
+        elif not outcome.succeeded and self.loose_errors:
+            self.set_status(outcome.status)
+            self.set_header("Allow", self.ALLOW)
+            self.finish_loose_error(outcome.body)
         else:
             self.send_json(outcome.body, status=outcome.status)
 
@@ -336,8 +354,24 @@ class RedfishHandler(tornado.web.RequestHandler):
             self.set_header("Allow", self.ALLOW)
         if isinstance(error, ServiceTemporarilyUnavailable):
             self.set_header("Retry-After", error.message_args[0])
+        if self.loose_errors:
+            self.finish_loose_error(error.body())
+            return
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps(error.body()))
+
+    @property
+    def loose_errors(self) -> bool:
+        """Whether error answers carry something else than a Redfish error (--error-bodies)."""
+        return self.sim.config.quirks.error_bodies != "redfish"
+
+    def finish_loose_error(self, redfish_error: Mapping[str, Any]) -> None:
+        """Finish an error answer with what --error-bodies says instead of ``redfish_error``."""
+        message = str(redfish_error.get("error", {}).get("message", ""))
+        shape = self.sim.config.quirks.error_bodies
+        content_type, body = loose_error_answer(shape, self.get_status(), message)
+        self.set_header("Content-Type", content_type)
+        self.finish(body)
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # A refusal is an answer, not a crash: the access log line says enough.

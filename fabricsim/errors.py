@@ -64,6 +64,7 @@ MESSAGES: dict[str, RegistryMessage] = {m.key: m for m in (
     _m("Base", "InternalError", "The request failed due to an internal service error.  The service is still operational.", "Critical", "Resubmit the request.  If the problem persists, consider resetting the service."),  # noqa: E501
     _m("Base", "NoValidSession", "There is no valid session established with the implementation.", "Critical", "Establish a session before attempting any operations."),  # noqa: E501
     _m("Base", "AccessUnauthorized", "Unauthorized.", "Critical", "Resubmit the request with valid credentials."),  # noqa: E501
+    _m("Base", "ActionNotSupported", "The action %1 is not supported by the resource.", "Critical", "Check the Actions property in the resource for the supported actions."),  # noqa: E501
     _m("Base", "OperationNotAllowed", "The HTTP method is not allowed on this resource.", "Critical", "None."),  # noqa: E501
     _m("Base", "HeaderInvalid", "Header '%1' is invalid.", "Critical", "Resubmit the request with a valid request header."),  # noqa: E501
     _m("Base", "QueryParameterUnsupported", "Query parameter '%1' is not supported.", "Warning", "Correct or remove the query parameter and resubmit the request."),  # noqa: E501
@@ -161,6 +162,12 @@ class NotADeviceBlock(SimulatorError):
     """A ComputerSystem block where a device block belongs. Args: parameter, action."""
 
     message_key = "ActionParameterValueError"
+
+
+class ActionNotSupported(SimulatorError):
+    """A block action on a system that is not expandable. Args: the action's name."""
+
+    message_key = "ActionNotSupported"
 
 
 class NotOneComputeBlock(SimulatorError):

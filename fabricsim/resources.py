@@ -20,6 +20,7 @@ from . import uris
 from .commands import COMPOSE_REQUEST_TYPES
 from .expand import expand_subordinates
 from .inventory import DeviceSpec, HostSpec
+from .quirks import NO_QUIRKS, ServiceQuirks
 from .sessions import Session, SessionStore
 from .state import FabricState
 from .tasks import Task, TaskStore
@@ -54,6 +55,12 @@ class ServiceView:
     sessions: SessionStore
     tasks: TaskStore
     session_timeout_s: int = 1800
+    quirks: ServiceQuirks = NO_QUIRKS
+
+    @property
+    def zone_capabilities(self) -> bool:
+        """Whether POST to Systems is advertised on the zones (an older service), not Systems."""
+        return self.state.composition == "specific" and self.quirks.zone_capabilities
 
 
 Renderer = Callable[..., dict[str, Any] | None]
@@ -228,7 +235,7 @@ def system_collection(view: ServiceView) -> dict[str, Any]:
     systems = collection(
         uris.SYSTEMS, "ComputerSystemCollection", "Computer System Collection", members
     )
-    if view.state.composition == "specific":
+    if view.state.composition == "specific" and not view.zone_capabilities:
         # How a service says it takes POST to the collection (DMTF's mockup does the same).
         systems["@Redfish.CollectionCapabilities"] = {
             "@odata.type": "#CollectionCapabilities.v1_4_1.CollectionCapabilities",
@@ -290,13 +297,17 @@ def zone(view: ServiceView, zone_id: str) -> dict[str, Any] | None:
     if spec is None:
         return None
     blocks = [b for b in inventory.block_ids() if zone_id in inventory.block_zones(b)]
+    links: dict[str, Any] = {"ResourceBlocks": [link(uris.block_uri(b)) for b in blocks]}
+    if view.zone_capabilities:
+        # Where older services say that systems of this zone's blocks are composed by POST.
+        links["CapabilitiesObjects"] = [link(uris.SYSTEM_CAPABILITIES)]
     return {
         **_header(uris.zone_uri(zone_id), "Zone.v1_6_3.Zone"),
         "Id": zone_id,
         "Name": spec.name,
         "ZoneType": "ZoneOfResourceBlocks",
         "Status": _status(True),
-        "Links": {"ResourceBlocks": [link(uris.block_uri(b)) for b in blocks]},
+        "Links": links,
     }
 
 
@@ -310,14 +321,16 @@ def resource_block(view: ServiceView, block_id: str) -> dict[str, Any] | None:
         parts = _device_block_parts(device)
     else:
         return None
+    # A service with stale block status never tells a block that a system took it.
+    holder = None if view.quirks.stale_block_status else view.state.holder(block_id)
     return {
         **_header(uris.block_uri(block_id), "ResourceBlock.v1_4_3.ResourceBlock"),
         "@odata.etag": view.state.block_etag(block_id),
         "Id": block_id,
         "Status": _status(view.state.is_enabled(block_id)),
-        "CompositionStatus": _composition_status(view.state.holder(block_id)),
+        "CompositionStatus": _composition_status(holder),
         **parts,
-        "Links": _block_links(view.state, block_id),
+        "Links": _block_links(view.state, block_id, holder),
     }
 
 
@@ -331,9 +344,8 @@ def _composition_status(holder: str | None) -> dict[str, Any]:
     }
 
 
-def _block_links(state: FabricState, block_id: str) -> dict[str, Any]:
+def _block_links(state: FabricState, block_id: str, holder: str | None) -> dict[str, Any]:
     inventory = state.inventory
-    holder = state.holder(block_id)
     return {
         "Chassis": [link(uris.chassis_uri(inventory.block_chassis(block_id)))],
         "Zones": [link(uris.zone_uri(z)) for z in inventory.block_zones(block_id)],
@@ -449,7 +461,15 @@ def system(view: ServiceView, system_id: str) -> dict[str, Any] | None:
     composed = state.composed(system_id)
     if composed is not None:
         return _composed_system(view, system_id, composed.name, host, blocks)
-    return {
+    return _host_system(view, system_id, host, blocks)
+
+
+def _host_system(
+    view: ServiceView, system_id: str, host: HostSpec, blocks: tuple[str, ...]
+) -> dict[str, Any]:
+    """A standing host's system: expandable (with block actions) unless switched off."""
+    state = view.state
+    system: dict[str, Any] = {
         **_header(uris.system_uri(system_id), "ComputerSystem.v1_27_0.ComputerSystem"),
         "@odata.etag": state.system_etag(system_id),
         "Id": system_id,
@@ -472,6 +492,10 @@ def system(view: ServiceView, system_id: str) -> dict[str, Any] | None:
         },
         "Oem": oem(state.tag(system_id)),
     }
+    if not state.is_expandable_host(system_id):
+        # A fixed server: it says nothing of composition and offers no block actions.
+        del system["Composition"], system["Actions"]
+    return system
 
 
 def _composed_system(

@@ -10,6 +10,8 @@ Rules, as a composable PCIe fabric has them:
 * it may join a system only if they share a resource zone, and only while
   it is Enabled;
 * a host's own ComputerSystem block is never added or removed;
+* a host that is not expandable (``not_expandable``, like a service's fixed
+  servers) takes no blocks at all: its system offers no block actions;
 * add and remove are idempotent: repeating one that already took effect
   changes nothing and succeeds, *before* any ETag is checked, so a client
   retrying after a lost answer is not refused for the ETag its own first
@@ -34,6 +36,7 @@ from typing import Any, Literal
 
 from . import uris
 from .errors import (
+    ActionNotSupported,
     BlockInUse,
     BlockNotEnabled,
     BlockNotFound,
@@ -45,7 +48,7 @@ from .errors import (
     SimulatorError,
     ZoneMismatch,
 )
-from .inventory import HostSpec, InventorySpec
+from .inventory import HostSpec, InventoryError, InventorySpec
 from .wire import CompositionTag, TagShape
 
 STATE_FORMAT = 1
@@ -85,9 +88,11 @@ class FabricState:
         *,
         epoch: str,
         composition: CompositionMode = "expandable",
+        not_expandable: Iterable[str] = (),
     ) -> None:
         self.inventory = inventory
         self.composition = composition
+        self.not_expandable = _fixed_hosts(inventory, composition, not_expandable)
         # Part of every ETag, so ETags from a previous run without a state
         # file never match by accident.
         self.epoch = epoch
@@ -111,6 +116,10 @@ class FabricState:
         if host is None:
             raise ResourceMissing(uris.system_uri(system_id))
         return host
+
+    def is_expandable_host(self, system_id: str) -> bool:
+        """Whether a host's system takes devices (only standing hosts of expandable mode)."""
+        return self.expandable and system_id not in self.not_expandable
 
     def system_ids(self) -> list[str]:
         """The ComputerSystems the service shows now."""
@@ -176,6 +185,8 @@ class FabricState:
     def check_target(self, system_id: str, block_id: str, action: str) -> HostSpec:
         """The host, if ``block_id`` is a device block that ``action`` may name for it."""
         host = self.host(system_id)
+        if not self.is_expandable_host(system_id):
+            raise ActionNotSupported(f"ComputerSystem.{action}")
         self.require_block(block_id)
         if self.is_host_block(block_id):
             raise NotADeviceBlock("ResourceBlock", f"ComputerSystem.{action}")
@@ -430,11 +441,29 @@ class FabricState:
     def _restore_attachment(self, system_id: str, block_id: str) -> str | None:
         if self.inventory.device(block_id) is None:
             return f"dropped attachment of unknown block {block_id!r} to {system_id}"
+        if not self.is_expandable_host(system_id):
+            return f"dropped attachment of {block_id!r} to {system_id}: it is not expandable"
         if block_id in self._holder:
             return f"dropped second attachment of {block_id!r} (to {system_id})"
         self._holder[block_id] = system_id
         self._attached[system_id].append(block_id)
         return None
+
+
+def _fixed_hosts(
+    inventory: InventorySpec, composition: CompositionMode, host_ids: Iterable[str]
+) -> frozenset[str]:
+    """Hosts whose systems are not expandable: known hosts, and only where hosts are systems."""
+    fixed = frozenset(host_ids)
+    unknown = sorted(h for h in fixed if inventory.host(h) is None)
+    if unknown:
+        raise InventoryError(f"not-expandable hosts not in the inventory: {', '.join(unknown)}")
+    if fixed and composition != "expandable":
+        raise InventoryError(
+            "not-expandable hosts need expandable composition: "
+            f"under {composition} composition no host is a standing system"
+        )
+    return fixed
 
 
 def etags_equal(given: str, current: str) -> bool:

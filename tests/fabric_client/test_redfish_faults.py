@@ -160,6 +160,19 @@ async def test_attach_and_detach(fake_service: FakeRedfishServer, fabric: Redfis
     assert fake_service.service.attached["host-1"] == ["gpu-2"]
 
 
+async def test_a_service_without_resource_zones_still_attaches(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
+    # Discovery looks for composition advertised on the zones (older services do
+    # that): a service without a zones collection still has expandable hosts.
+    zones = "/redfish/v1/CompositionService/ResourceZones"
+    missing = Reply(404, error_body("Base.1.22.1.ResourceMissingAtURI", zones))
+    fake_service.service.fail(Fault("GET", zones, "status", reply=missing))
+    await fabric.attach("host-1", "gpu-1")
+    assert fake_service.service.attached["host-1"] == ["gpu-1"]
+    assert count(fake_service.service, "GET", zones) == 1
+
+
 async def test_attach_sends_the_system_etag(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:

@@ -18,8 +18,14 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishRetry
-from composespawner.fabric.redfish.errors import refusal, short_message_id
+from composespawner.fabric.redfish.errors import (
+    BODY_EXCERPT_CHARS,
+    parse_body,
+    refusal,
+    short_message_id,
+)
 from composespawner.fabric.redfish.mapping import (
+    build_inventory,
     composition_tag,
     deep_expand_query,
     device_from_block,
@@ -30,6 +36,7 @@ from composespawner.fabric.redfish.mapping import (
     host_from_system,
     inline_parts,
     nvme_drives,
+    zones_create_systems,
 )
 from composespawner.fabric.redfish.transport import (
     backoff_delay,
@@ -78,6 +85,51 @@ def test_refusal_keeps_message_ids_and_text() -> None:
     assert mapped.message_ids == ("Base.1.22.1.Foo", "Composition.1.1.3.IncompatibleZone")
     assert "said Composition.1.1.3.IncompatibleZone" in str(mapped)
     assert isinstance(mapped, IncompatibleZone)
+
+
+ZONE_ERROR = "The requested resource blocks span multiple resource zones."
+ERROR_PAGE = f"""<!DOCTYPE html>
+<html><head><title>400 Bad Request</title>
+<style>body {{ font-family: sans-serif; }} h1 {{ color: #333; }}</style></head>
+<body><h1>400 Bad Request</h1>
+<p>{ZONE_ERROR}</p>
+<hr><address>a &amp; b proxy</address></body></html>
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        (f"400 Bad Request: {ZONE_ERROR}\n".encode(), f"400 Bad Request: {ZONE_ERROR}"),
+        (
+            ERROR_PAGE.encode(),
+            f"400 Bad Request {ZONE_ERROR} a & b proxy",
+        ),
+        (
+            f'{{"title": "Bad Request", "status": 400, "detail": "{ZONE_ERROR}"}}'.encode(),
+            f'{{"title": "Bad Request", "status": 400, "detail": "{ZONE_ERROR}"}}',
+        ),
+        (b'{"error": {}}', '{"error": {}}'),  # a Redfish error without a word in it
+    ],
+    ids=["text", "html", "json", "empty-redfish-error"],
+)
+def test_an_error_body_that_is_no_redfish_error_is_shown(body: bytes, shown: str) -> None:
+    mapped = refusal(400, parse_body(body), "POST /x", body)
+    assert str(mapped) == f"POST /x: HTTP 400: {shown}"
+    assert type(mapped) is FabricRefused
+
+
+def test_a_long_error_body_is_cut_short() -> None:
+    body = b"<html><body>" + b"proxy says no; " * 1000 + b"</body></html>"
+    message = str(refusal(502, None, "GET /x", body))
+    detail = message.removeprefix("GET /x: HTTP 502: ")
+    assert detail.startswith("proxy says no; proxy says no;")
+    assert detail.endswith("\u2026")
+    assert len(detail) == BODY_EXCERPT_CHARS
+
+
+def test_an_error_without_a_body_has_no_details() -> None:
+    assert str(refusal(500, None, "GET /x", b"")) == "GET /x: HTTP 500: no details"
 
 
 def test_short_message_id() -> None:
@@ -353,3 +405,112 @@ def test_a_system_without_a_block_of_its_own_is_no_host() -> None:
 )
 def test_composition_tag(oem: dict[str, Any], expected: CompositionTag | None) -> None:
     assert composition_tag({"Oem": oem}) == expected
+
+
+BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
+ZONES = "/redfish/v1/CompositionService/ResourceZones"
+SYSTEM_CAPABILITIES = "/redfish/v1/Systems/Capabilities"
+
+
+def zone(**extra: Any) -> dict[str, Any]:
+    links = {"ResourceBlocks": [{"@odata.id": f"{BLOCKS}/b1"}]}
+    return {"@odata.id": f"{ZONES}/1", "Id": "1", "Links": links, **extra}
+
+
+COLLECTION_CAPABILITIES = {
+    "Capabilities": [
+        {
+            "CapabilitiesObject": {"@odata.id": SYSTEM_CAPABILITIES},
+            "UseCase": "ComputerSystemComposition",
+            "Links": {"TargetCollection": {"@odata.id": "/redfish/v1/Systems"}},
+        }
+    ]
+}
+LINKED = {"ResourceBlocks": [], "CapabilitiesObjects": [{"@odata.id": SYSTEM_CAPABILITIES}]}
+A_SYSTEM_TO_CREATE = {
+    SYSTEM_CAPABILITIES: {
+        "@odata.id": SYSTEM_CAPABILITIES,
+        "@odata.type": "#ComputerSystem.v1_5_0.ComputerSystem",
+        "Links": {"ResourceBlocks@Redfish.RequiredOnCreate": True},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("zones", "capabilities", "expected"),
+    [
+        ([zone(), zone(Links=LINKED)], A_SYSTEM_TO_CREATE, True),
+        ([zone(**{"@Redfish.CollectionCapabilities": COLLECTION_CAPABILITIES})], {}, True),
+        # A link to capabilities we could not read, or that are not a system's: no.
+        ([zone(Links=LINKED)], {}, False),
+        ([zone(Links=LINKED)], {SYSTEM_CAPABILITIES: {"@odata.type": "#Zone.v1_0_0.Zone"}}, False),
+        ([zone(), zone()], {}, False),
+        ([], {}, False),
+    ],
+    ids=["links", "annotation", "unread", "not-a-system", "none", "no-zones"],
+)
+def test_zones_that_advertise_composing_whole_systems(
+    zones: list[dict[str, Any]], capabilities: dict[str, Any], expected: bool
+) -> None:
+    assert zones_create_systems(zones, capabilities) is expected
+
+
+GPU_PART = {"/p/gpu": {"ProcessorType": "GPU", "Model": "X100"}}
+
+
+def unused_block(block_id: str, types: list[str]) -> dict[str, Any]:
+    """A block that reads Unused and names no system, whatever holds it."""
+    return {
+        "@odata.id": f"{BLOCKS}/{block_id}",
+        "Id": block_id,
+        "ResourceBlockType": types,
+        "Status": {"State": "Enabled"},
+        "CompositionStatus": {"CompositionState": "Unused", "Reserved": False},
+        "Processors": [{"@odata.id": "/p/gpu"}] if types == ["Processor"] else [],
+        "Links": {"ComputerSystems": []},
+    }
+
+
+def system_of(system_id: str, *block_ids: str, **extra: Any) -> dict[str, Any]:
+    links = {"ResourceBlocks": [{"@odata.id": f"{BLOCKS}/{b}"} for b in block_ids]}
+    return {
+        "@odata.id": f"/redfish/v1/Systems/{system_id}",
+        "Id": system_id,
+        "Links": links,
+        **extra,
+    }
+
+
+def test_a_device_a_system_links_is_in_use_whatever_its_block_says() -> None:
+    blocks = [
+        unused_block("h1-block", ["ComputerSystem"]),
+        unused_block("gpu-1", ["Processor"]),
+        unused_block("gpu-2", ["Processor"]),
+    ]
+    host = system_of("h1", "h1-block", "gpu-1", Composition={"UseCases": ["ExpandableSystem"]})
+    inventory = build_inventory(blocks=blocks, zones=[], systems=[host], parts=GPU_PART)
+    held, free = inventory.device("gpu-1"), inventory.device("gpu-2")
+    assert held is not None
+    assert free is not None
+    assert (held.state, held.attached_to) == ("attached", "h1")
+    assert (free.state, free.attached_to) == ("free", None)
+
+
+def test_a_compute_block_a_system_links_is_in_use_whatever_it_says() -> None:
+    blocks = [
+        unused_block("c1", ["Compute"]),
+        unused_block("c2", ["Compute"]),
+        unused_block("gpu-1", ["Processor"]),
+    ]
+    theirs = system_of("composed-1", "c1", "gpu-1", Status={"State": "Enabled"})
+    inventory = build_inventory(
+        blocks=blocks, zones=[], systems=[theirs], parts=GPU_PART, whole_systems=True
+    )
+    taken, free = inventory.host("c1"), inventory.host("c2")
+    assert taken is not None
+    assert free is not None
+    assert (taken.state, taken.tag, taken.attached) == ("unavailable", None, ("gpu-1",))
+    assert free.state == "enabled"
+    device = inventory.device("gpu-1")
+    assert device is not None
+    assert (device.state, device.attached_to) == ("attached", "c1")

@@ -7,7 +7,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -260,32 +260,41 @@ class RedfishFabric:
             if not isinstance(composition_uri, str) or not isinstance(systems_uri, str):
                 raise FabricRefused("the Redfish service has no CompositionService or Systems")
             composition = await self._document(composition_uri, deadline)
-            mode, compose_target = await self._composition_mode(composition, systems_uri, deadline)
-            self._service = ServiceMap(
+            service = ServiceMap(
                 systems=systems_uri,
                 resource_blocks=_link(composition, "ResourceBlocks"),
                 resource_zones=_link(composition, "ResourceZones"),
                 expand=mapping.expand_query(root),
                 expand_parts=mapping.deep_expand_query(root),
-                composition=mode,
-                compose_target=compose_target,
             )
+            mode, compose_target = await self._composition_mode(composition, service, deadline)
+            self._service = replace(service, composition=mode, compose_target=compose_target)
             self._log.info("Redfish service composes by %s", _MODE_WORDS[mode])
         return self._service
 
     async def _composition_mode(
-        self, composition: Document, systems_uri: str, deadline: Deadline
+        self, composition: Document, service: ServiceMap, deadline: Deadline
     ) -> tuple[CompositionMode, str | None]:
         """How the service composes, from what it advertises: the Compose action
-        (if it applies manifests), else POST to Systems, else expandable hosts."""
+        (if it applies manifests), else POST to Systems (said on the collection,
+        or by older services on each resource zone), else expandable hosts."""
         action = dig(composition, "Actions", "#CompositionService.Compose")
         target = dig(action, "target")
         if isinstance(target, str) and await self._applies_manifests(action, deadline):
             return "action", target
-        systems = await self._document(systems_uri, deadline)
-        if mapping.creates_systems(systems):
+        systems = await self._document(service.systems, deadline)
+        if mapping.creates_systems(systems) or await self._zones_create_systems(service, deadline):
             return "specific", None
         return "expandable", None
+
+    async def _zones_create_systems(self, service: ServiceMap, deadline: Deadline) -> bool:
+        """Whether the resource zones advertise POST of composed systems (older services)."""
+        try:
+            zones = await self._members(service.resource_zones, service.expand, deadline)
+        except DeviceNotFound:
+            return False  # no zones to say anything: attach and tag need none
+        linked = await self._fetch_existing(mapping.zone_capabilities_uris(zones), deadline)
+        return mapping.zones_create_systems(zones, linked)
 
     async def _applies_manifests(self, action: Document, deadline: Deadline) -> bool:
         info_uri = dig(action, "@Redfish.ActionInfo")
@@ -399,7 +408,11 @@ class RedfishFabric:
         what = f"{change.verb} {block_id} / {system_id}"
 
         def done(system: _Seen | Response) -> bool:
-            return (block_id in mapping.system_block_ids(system.document())) == change.attach
+            document = system.document()
+            if (block_id in mapping.system_block_ids(document)) == change.attach:
+                return True
+            _refuse_unless_takes_devices(system_id, document, what)
+            return False
 
         async def request(path: str, system: _Seen | Response) -> None:
             try:
@@ -619,6 +632,9 @@ class RedfishFabric:
             if dig(document, "Oem", OEM_KEY) == wanted:
                 return True
             if tag is not None:
+                # Check first, write second: a mark on a host that takes no devices
+                # would stand for a machine that can never be composed there.
+                _refuse_unless_takes_devices(system_id, document, f"tag {system_id}")
                 _refuse_if_taken(system_id, document, tag)
             return False
 
@@ -782,6 +798,16 @@ def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> N
     )
     if holder:
         raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+
+
+def _refuse_unless_takes_devices(system_id: str, system: Document, what: str) -> None:
+    """NotExpandable, before anything is written, unless the system is an expandable one."""
+    if not mapping.is_expandable(system):
+        raise NotExpandable(
+            f"{what}: system {system_id} is not expandable (its Composition.UseCases do not"
+            " list ExpandableSystem): devices cannot be added to it or taken from it, so"
+            " nothing was written to it"
+        )
 
 
 def _describe_tag(tag: CompositionTag | None) -> str:

@@ -8,12 +8,16 @@ A Redfish error answer looks like::
 
 We match on the part of a MessageId after its registry prefix and version
 (``IncompatibleZone``), because registries get new versions and vendors copy
-them under their own prefixes.
+them under their own prefixes. Looser services (and the web servers and
+proxies in front of them) answer errors with plain text, an HTML page or JSON
+of their own: then the body itself, cut short, is the only detail there is.
 """
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +54,12 @@ _REFUSAL_BY_STATUS: Mapping[int, type[FabricRefused]] = {
     412: StaleETag,
     428: StaleETag,
 }
+
+# How much of an error body that is no Redfish error goes into a message: enough
+# for a proxy's or framework's one-line reason, never a whole page in a log line.
+BODY_EXCERPT_CHARS = 240
+_HTML_HIDDEN = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+_HTML_TAG = re.compile(r"<[^>]*>")
 
 # Message ids that say "this block is not attached here" when detaching.
 NOT_ATTACHED_IDS = frozenset({"ResourceBlockNotFound", "ResourceNotFound", "ResourceBlockInvalid"})
@@ -98,10 +108,12 @@ def _append_message(message_id: Any, text: Any, ids: list[str], texts: list[str]
         texts.append(text)
 
 
-def refusal(status: int, document: Any, what: str) -> FabricRefused:
+def refusal(status: int, document: Any, what: str, body: bytes = b"") -> FabricRefused:
     """The typed exception for an error answer ``status`` with body ``document``.
 
-    The most specific MessageId wins over the status: a 400 carrying
+    ``document`` is the body's JSON (None when it is none), ``body`` the body
+    as sent: where it holds no Redfish messages the message shows the body,
+    cut short. The most specific MessageId wins over the status: a 400 carrying
     ``IncompatibleZone`` is an :class:`IncompatibleZone`. 5xx answers map to a
     plain :class:`FabricRefused`: the fabric answered, so it is not
     unreachable; whether to try again later is the caller's decision (this
@@ -109,8 +121,26 @@ def refusal(status: int, document: Any, what: str) -> FabricRefused:
     """
     ids, texts = error_messages(document)
     kind = refusal_class(status, ids)
-    detail = "; ".join(texts) or "no details"
+    detail = "; ".join(texts) or body_excerpt(body) or "no details"
     return kind(f"{what}: HTTP {status}: {detail}", status=status, message_ids=ids)
+
+
+def body_excerpt(body: bytes, limit: int = BODY_EXCERPT_CHARS) -> str:
+    """An answer's body as one line of text, cut short ("" when it has none).
+
+    An HTML page is reduced to its text (a web server's error page says its
+    reason in the title and a paragraph, under a head of styles).
+    """
+    text = body.decode("utf-8", errors="replace")
+    if _looks_like_html(text):
+        text = html.unescape(_HTML_TAG.sub(" ", _HTML_HIDDEN.sub(" ", text)))
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _looks_like_html(text: str) -> bool:
+    start = text.lstrip()[:100].lower()
+    return start.startswith(("<!doctype html", "<html")) or "<body" in start
 
 
 def refusal_class(status: int, message_ids: Sequence[str]) -> type[FabricRefused]:

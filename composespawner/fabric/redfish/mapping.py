@@ -419,14 +419,16 @@ def host_from_compute_block(
     """Where whole systems are composed, a free compute block is a host, named by its Id.
 
     Its tag and devices are those of the system composed of it, if any. A
-    block composed without our mark (or into a system we cannot read) is
-    someone else's: "unavailable".
+    block composed without our mark (or into a system we cannot read, or one
+    whose block still reads Unused) is someone else's: "unavailable".
     """
     block_id = resource_id(block)
-    system = system_holding(block_id, systems) or {}
+    holding = system_holding(block_id, systems)
+    system = holding or {}
     tag = composition_tag(system)
     state = _host_state(system, block)
-    if tag is None and device_state(block) == "attached":
+    # A system that links the block holds it, whatever the block's own status says.
+    if tag is None and (holding is not None or device_state(block) == "attached"):
         state = "unavailable"
     return Host(
         system_id=block_id,
@@ -456,6 +458,7 @@ def build_inventory(
     membership = zone_membership(zones)
     blocks_by_uri = {uri: b for b in blocks if (uri := uri_of(b))}
     devices = [device_from_block(b, parts, block_zones(b, membership)) for b in blocks]
+    devices = held_by_systems(devices, systems)
     hosts = [host_from_system(s, blocks_by_uri, membership) for s in systems]
     if whole_systems:
         # Expandable systems stay hosts; every other compute block is one too.
@@ -468,6 +471,25 @@ def build_inventory(
         devices=tuple(d for d in devices if d is not None),
         zones=tuple(resource_id(z) for z in zones),
     )
+
+
+def held_by_systems(
+    devices: Sequence[Device | None], systems: Sequence[Document]
+) -> list[Device | None]:
+    """Devices that a system's ``Links.ResourceBlocks`` lists are in use by that system.
+
+    Whatever their blocks say: some services never update a block's
+    ``CompositionStatus`` (it keeps reading Unused) or its
+    ``Links.ComputerSystems`` when a system takes it. The system is the truth
+    about what it holds; a block that names its holder itself keeps that name.
+    """
+    holder = {block: resource_id(s) for s in systems for block in system_block_ids(s)}
+    return [
+        replace(d, state="attached", attached_to=d.attached_to or holder[d.block_id])
+        if d is not None and d.block_id in holder
+        else d
+        for d in devices
+    ]
 
 
 def _attached_to_hosts(
@@ -493,6 +515,28 @@ def creates_systems(systems: Document) -> bool:
     if not isinstance(capabilities, list):
         return False
     return any(dig(c, "UseCase") == "ComputerSystemComposition" for c in capabilities)
+
+
+def zone_capabilities_uris(zones: Iterable[Document]) -> list[str]:
+    """Capabilities objects that older services link from each zone, once each."""
+    uris = (uri for zone in zones for uri in link_uris(dig(zone, "Links", "CapabilitiesObjects")))
+    return list(dict.fromkeys(uris))
+
+
+def zones_create_systems(zones: Iterable[Document], capabilities: Mapping[str, Document]) -> bool:
+    """Whether resource zones say their blocks compose by POST of whole systems.
+
+    Older services say so on each zone rather than on the Systems collection:
+    with ``Links.CapabilitiesObjects`` naming the Systems collection's
+    Capabilities object (``capabilities``: those read, by URI), a template of
+    a ComputerSystem to create; or with the collection's own annotation,
+    ``@Redfish.CollectionCapabilities``, put on the zone.
+    """
+    zones = list(zones)
+    linked = [capabilities[uri] for uri in zone_capabilities_uris(zones) if uri in capabilities]
+    return any(creates_systems(zone) for zone in zones) or any(
+        _is_type(c, "ComputerSystem") or creates_systems(c) for c in linked
+    )
 
 
 def action_allows(info: Document, parameter: str, value: str) -> bool:

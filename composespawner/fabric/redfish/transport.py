@@ -144,7 +144,7 @@ class Response:
         return tag if isinstance(tag, str) else None
 
     def refusal(self) -> FabricRefused:
-        return refusal(self.status, parse_body(self.body), self.what)
+        return refusal(self.status, parse_body(self.body), self.what, self.body)
 
 
 @dataclass(frozen=True, slots=True)
