@@ -1,4 +1,9 @@
-"""The unprivileged account that shared-account notebooks run as when the hub is root.
+"""The accounts notebooks run as when the hub is root.
+
+In production each person has an account of their own (:func:`ensure_user_account`,
+made at their first login), so one user's notebook cannot read, change or signal
+another's. The embedded demo has no system accounts for its users and runs every
+notebook under one unprivileged account (``shared_account``).
 
 A notebook under root could read everything the hub holds: its environment in
 ``/proc``, the cookie secret, the databases, the fabric's password. Under one
@@ -12,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
+import shutil
 import stat
 import subprocess
 from collections.abc import Callable, Iterable
@@ -20,6 +27,8 @@ from pathlib import Path
 DEFAULT_NOTEBOOK_ACCOUNT = "composespawner-nb"
 USERADD_TIMEOUT = 30.0  # seconds
 _USERADD_EXISTS = 9  # useradd's exit status for "the account already exists"
+# What useradd takes on every Linux without --badname (shadow's is_valid_user_name).
+_ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
 
 class AccountError(Exception):
@@ -74,7 +83,7 @@ def make_home(home: Path, owner: pwd.struct_passwd | None) -> None:
 def useradd_command(name: str) -> list[str]:
     """A system account with its own group, no login shell and no home of its own."""
     return [
-        "useradd",
+        _useradd(),
         "--system",
         "--user-group",
         "--no-create-home",
@@ -86,13 +95,45 @@ def useradd_command(name: str) -> list[str]:
     ]
 
 
-def ensure_account(name: str) -> pwd.struct_passwd:
-    """The account ``name``, created with ``useradd`` if missing (root, Debian and kin)."""
+def user_account_command(name: str, homes: Path) -> list[str]:
+    """A person's own account: its own group, a home under ``homes``, no password."""
+    return [
+        _useradd(),
+        "--create-home",
+        "--base-dir",
+        str(homes),
+        "--user-group",
+        "--shell",
+        "/bin/bash",  # for JupyterLab's terminals; with no password, no login
+        name,
+    ]
+
+
+def is_account_name(name: str) -> bool:
+    """Whether ``name`` can be a system account's name everywhere useradd runs."""
+    return bool(_ACCOUNT_NAME.fullmatch(name)) and not name.isdigit()
+
+
+def ensure_user_account(name: str, homes: Path) -> pwd.struct_passwd:
+    """``name``'s own account, created at first need with a home only it may enter."""
+    if not is_account_name(name):
+        raise AccountError(
+            f"{name!r} cannot be a system account's name: use lower-case letters, digits,"
+            " '_', '.' or '-', at most 32, starting with a letter or '_'."
+        )
+    account = ensure_account(name, user_account_command(name, homes))
+    make_home(Path(account.pw_dir), account)
+    return account
+
+
+def ensure_account(name: str, command: list[str] | None = None) -> pwd.struct_passwd:
+    """The account ``name``, created with ``command`` (a system account's ``useradd``
+    by default) if missing (root, Debian and kin)."""
     try:
         return pwd.getpwnam(name)
     except KeyError:
         pass
-    command = useradd_command(name)
+    command = command or useradd_command(name)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=USERADD_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -161,6 +202,11 @@ def reach_problem(account: pwd.struct_passwd, programs: Iterable[Path]) -> str |
             + ", or keep it where every account can enter."
         )
     return None
+
+
+def _useradd() -> str:
+    """useradd, also where root's PATH leaves out the sbin folders (`su`, a bare chroot)."""
+    return shutil.which("useradd") or shutil.which("useradd", path="/usr/sbin:/sbin") or "useradd"
 
 
 def _runs_as(account: pwd.struct_passwd, command: list[str]) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -31,7 +32,9 @@ from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthLoginHandler
 from tornado import web
 from tornado.httpclient import HTTPClientError
-from traitlets import Set, Unicode
+from traitlets import Bool, Set, Unicode
+
+from .accounts import AccountError, ensure_user_account, is_account_name
 
 DISCOVERY_TIMEOUT = 10.0  # seconds
 CLOCK_SKEW = 60  # seconds of leeway on the ID token's times
@@ -129,6 +132,21 @@ class CampusAuthenticator(GenericOAuthenticator):
         help="""Allow anyone whose e-mail address, verified by the provider, is at
         one of these domains (e.g. {"example.edu"}); subdomains are not included.
         Beside allowed_users and allowed_groups.""",
+    )
+
+    create_system_users = Bool(
+        False,
+        config=True,
+        help="""Give each user a system account of their own at their first login (and
+        at the hub's start, for users it knows), with a home under system_user_homes
+        that only they may enter: the local launcher runs their notebooks as that
+        account, so no user can read or signal another's. Needs a root hub. Names
+        that cannot be account names are refused at login.""",
+    )
+    system_user_homes = Unicode(
+        "/home",
+        config=True,
+        help="Where create_system_users makes the users' homes (useradd --base-dir).",
     )
 
     _endpoints: ProviderEndpoints | None = None
@@ -229,3 +247,25 @@ class CampusAuthenticator(GenericOAuthenticator):
             return False
         user_info = (auth_model.get("auth_state") or {}).get(self.user_auth_state_key) or {}
         return email_domain(user_info) in {d.lower() for d in self.allowed_domains}
+
+    def validate_username(self, username: str) -> bool:
+        if self.create_system_users and not is_account_name(username):
+            self.log.warning(
+                "Refused %r: it cannot be a system account's name; choose another"
+                " username_claim (or username_map) for this provider",
+                username,
+            )
+            return False
+        return bool(super().validate_username(username))
+
+    async def add_user(self, user: Any) -> None:
+        if self.create_system_users:
+            homes = Path(self.system_user_homes)
+            try:
+                await asyncio.to_thread(ensure_user_account, user.name, homes)
+            except AccountError as e:
+                self.log.error("No system account for %s: %s", user.name, e)
+                raise web.HTTPError(
+                    500, "Your account on this hub could not be set up: the admins are told why."
+                ) from e
+        super().add_user(user)

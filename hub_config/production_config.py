@@ -30,10 +30,8 @@
 #   COMPOSE_OIDC_SCOPES         scopes asked for (openid profile email groups)
 #   COMPOSE_FABRIC_CA_BUNDLE    CA bundle for the fabric manager
 #   COMPOSE_SPAWNER             compose (local processes) or compose-kubernetes (compose)
-#   COMPOSE_SHARED_ACCOUNT      1: local notebooks run as one unprivileged account
-#                               (composespawner-nb), homes under COMPOSE_HOMES_DIR;
-#                               else each user needs a system account
-#   COMPOSE_HOMES_DIR           homes with a shared account (/srv/composespawner/homes)
+#   COMPOSE_HOMES_DIR           where local notebooks' users get their homes (/home): each
+#                               user gets a system account of their own at first login
 #   COMPOSE_PROXY_COMMAND       configurable-http-proxy's path (found on PATH)
 #   COMPOSE_PROXY_API_PORT, COMPOSE_HUB_API_PORT, COMPOSE_PORTAL_PORT  (8001, 8081, 8002)
 #   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
@@ -116,11 +114,20 @@ c.ComposeMixin.fabric_ca_bundle = setting("COMPOSE_FABRIC_CA_BUNDLE", "")
 c.ComposeMixin.hub_id = setting("COMPOSE_HUB_ID")
 c.ComposeMixin.max_gpus_per_user = int(setting("COMPOSE_MAX_GPUS_PER_USER", "4"))
 c.ComposeMixin.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
-if setting("COMPOSE_SHARED_ACCOUNT", "0") == "1":
-    c.ComposeSpawner.shared_account = True
-    c.ComposeSpawner.home_dir_template = (
-        setting("COMPOSE_HOMES_DIR", "/srv/composespawner/homes") + "/{username}"
-    )
+# Local notebooks run as their user's own account, made at first login with a home
+# only that user may enter. One account for all (the demo's shared_account) would
+# let any student read, change or kill another's files and processes.
+SHARED_ACCOUNT_REFUSED = (
+    "composespawner: a production hub never runs notebooks under one shared account"
+    " (any user could read, change or kill another's files and processes). Unset"
+    " COMPOSE_SHARED_ACCOUNT and ComposeSpawner.shared_account: each user gets a system"
+    " account of their own at first login (CampusAuthenticator.create_system_users)."
+)
+if setting("COMPOSE_SHARED_ACCOUNT", "0") != "0":
+    raise SystemExit(SHARED_ACCOUNT_REFUSED)
+if c.JupyterHub.spawner_class == "compose":
+    c.CampusAuthenticator.create_system_users = True
+    c.CampusAuthenticator.system_user_homes = setting("COMPOSE_HOMES_DIR", "/home")
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 300
@@ -138,3 +145,5 @@ c.JupyterHub.load_roles = roles(admins={"groups": setting_list("COMPOSE_ADMIN_GR
 
 if os.environ.get("COMPOSE_EXTRA_CONFIG"):
     load_subconfig(os.environ["COMPOSE_EXTRA_CONFIG"])  # noqa: F821 (injected like get_config)
+if any(c[name].get("shared_account") for name in ("ComposeSpawner", "LocalLauncher")):
+    raise SystemExit(SHARED_ACCOUNT_REFUSED)

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import pwd
 import secrets
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
@@ -25,10 +30,12 @@ from tests.hubharness import (
     Hub,
     fabric_on_its_own,
     free_port,
+    notebook_pid,
     running_production_hub,
     wait_for,
 )
 from tests.paths import HUB_CONFIG, ROOT
+from tests.support.accounts import user_accounts
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
 from tests.support.postgres import connectable_admin_engine, scratch_database
 from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
@@ -71,6 +78,8 @@ def hub(
     provider: OIDCProvider,
 ) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("hub")
+    homes = Path(tempfile.mkdtemp(prefix="composespawner-homes-"))  # pytest's tmp is 0700
+    homes.chmod(0o755)
     secrets_dir = tmp / "secrets"
     secrets_dir.mkdir(mode=0o700)
     (secrets_dir / "oidc-client-secret").write_text(provider.client_secret + "\n")
@@ -81,6 +90,9 @@ def hub(
             scratch_database(server) as hub_db,
             scratch_database(server) as ledger_db,
             fabric_on_its_own(tmp) as fabric,
+            # The hub gives each user an account at first login; the users who start
+            # notebooks get theirs first, let in to this machine's Python.
+            user_accounts(homes, ["researcher1"], [Path(sys.executable)]),
         ):
             settings = {
                 "COMPOSE_PUBLIC_URL": public_url,
@@ -100,7 +112,7 @@ def hub(
                 "COMPOSE_FABRIC_PASSWORD_FILE": str(secrets_dir / "fabric-password"),
                 "COMPOSE_CATALOG_FILE": str(HUB_CONFIG / "catalog.toml"),
                 "COMPOSE_HUB_ID": "composespawner-production-test",
-                "COMPOSE_SHARED_ACCOUNT": "1",
+                "COMPOSE_HOMES_DIR": str(homes),
                 "COMPOSE_PROXY_COMMAND": str(
                     ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
                 ),
@@ -109,6 +121,7 @@ def hub(
                 yield hub
     finally:
         server[0].dispose()
+        shutil.rmtree(homes)
 
 
 @pytest.fixture
@@ -156,6 +169,8 @@ def test_a_lab_member_starts_jupyterlab_on_the_labs_gpu_over_https(hub: Hub, pag
     attached = hub.attached(host)  # the fabric manager
     assert len(attached) == 1
     assert attached[0].startswith("x1-rtx6000-")
+    notebook = Path(f"/proc/{notebook_pid(hub, 'researcher1')}")
+    assert notebook.stat().st_uid == pwd.getpwnam("researcher1").pw_uid  # their own account
 
     stopped = hub.api.delete(f"{hub.url}/hub/api/users/researcher1/server", timeout=60)
     assert stopped.status_code in (202, 204)

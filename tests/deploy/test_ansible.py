@@ -7,7 +7,8 @@ ExecStart, WorkingDirectory and EnvironmentFile). The converged hub then has
 to serve HTTPS with the given certificate, keep its state in PostgreSQL (the
 local server, on databases and a role the playbook created) and let a campus
 user log in through the OpenID Connect provider and start JupyterLab on a GPU
-of the simulated fabric. A second converge must change nothing.
+of the simulated fabric, each user's notebook under an account of their own.
+A second converge must change nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.hubharness import (
     Hub,
     fabric_on_its_own,
     free_port,
+    notebook_pid,
     serving,
     start_hub,
     wait_for,
@@ -50,7 +52,9 @@ from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.postgres]
 
 ARTIFACTS = ROOT / "test-artifacts"
-USERS = {"researcher1": Account("r1-secret", "researcher1@campus.example.edu", ("vision-lab",))}
+USERS = {
+    "researcher1": Account("r1-secret", "researcher1@campus.example.edu", ("vision-lab",)),
+}
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 
 
@@ -294,3 +298,63 @@ def postgres_tables(url: str) -> set[str]:
         return set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def as_account(root: Path, name: str, script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run by ``name``'s account in the converged root, as their notebook runs."""
+    account = dict(
+        (line.split(":")[0], line.split(":")) for line in (root / "etc/passwd").read_text().split()
+    )[name]
+    return subprocess.run(
+        [
+            *(shutil.which("chroot") or "/usr/sbin/chroot", str(root)),
+            *("setpriv", f"--reuid={account[2]}", f"--regid={account[3]}", "--clear-groups"),
+            *("--", "/bin/sh", "-c", script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_two_users_notebooks_run_as_their_own_accounts_and_cannot_touch_each_other(
+    deployment: Deployment, hub: Hub
+) -> None:
+    root = deployment.root
+    pids = {}
+    for name in ("researcher1", "researcher2"):
+        made = hub.request("POST", f"/users/{name}")  # an admin's way in: accounts made too
+        assert made.status_code in (201, 409), made.text
+        response = hub.spawn(name, {"gpu_model": "t4", "gpu_count": 1})
+        assert response.status_code in (201, 202), response.text
+    for name in ("researcher1", "researcher2"):
+        hub.wait_ready(name, timeout=180)
+        pids[name] = notebook_pid(hub, name)
+    try:
+        uids = {name: Path(f"/proc/{pid}").stat().st_uid for name, pid in pids.items()}
+        assert uids["researcher1"] != uids["researcher2"]
+        assert 0 not in uids.values()
+        home = "/home/researcher2"
+        assert (root / home.lstrip("/")).stat().st_mode & 0o777 == 0o700
+        own = as_account(
+            root,
+            "researcher2",
+            f"echo mine > {home}/notes && cat {home}/notes && kill -0 {pids['researcher2']}",
+        )
+        assert (own.returncode, own.stdout) == (0, "mine\n"), own.stderr  # what the others try
+        for attempt in (
+            f"cat {home}/notes",
+            f"ls {home}",
+            f"cat /proc/{pids['researcher2']}/environ",
+            f"kill -0 {pids['researcher2']}",
+            f"kill -TERM {pids['researcher2']}",
+        ):
+            other = as_account(root, "researcher1", attempt)
+            assert other.returncode != 0, attempt
+            assert "denied" in other.stderr or "not permitted" in other.stderr, other.stderr
+        assert Path(f"/proc/{pids['researcher2']}").exists()  # it lives
+    finally:
+        for name in pids:
+            hub.stop(name)
+            hub.wait_gone(name)

@@ -17,6 +17,8 @@ from composespawner.accounts import (
     notebook_account_for,
     reach_problem,
     switch_account_command,
+    user_account_command,
+    useradd_command,
 )
 
 
@@ -92,3 +94,10 @@ def test_let_in_lets_the_account_enter_a_checkout_in_a_private_folder() -> None:
         )
         assert listing.returncode != 0  # to enter, not to list
         assert private.stat().st_mode & 0o007 == 0  # nothing opened to all accounts
+
+
+def test_useradd_is_found_where_roots_path_leaves_out_sbin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # as `su` or a chroot gives it
+    assert Path(useradd_command("someone")[0]).name == "useradd"
+    assert Path(useradd_command("someone")[0]).is_file()
+    assert Path(user_account_command("someone", Path("/home"))[0]).is_file()

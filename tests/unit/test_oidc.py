@@ -7,7 +7,15 @@ login runs against a real provider in tests/browser/test_production_login.py.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
+import subprocess
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jwt
@@ -188,3 +196,40 @@ async def test_a_provider_away_at_login_is_a_503_and_the_next_login_tries_again(
     assert failed.value.status_code == 503
     endpoints = await authenticator.discovered()
     assert authenticator.token_url == endpoints.token_url == f"{ISSUER}/token"
+
+
+@pytest.fixture
+def new_account() -> Iterator[str]:
+    """A name no account has yet; its account, if made, is removed afterwards."""
+    name = f"cs-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=30, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a system account")
+async def test_a_new_user_gets_an_account_of_their_own_with_a_private_home(
+    tmp_path: Path, new_account: str
+) -> None:
+    homes = tmp_path / "homes"
+    authenticator = CampusAuthenticator(
+        issuer=ISSUER, client_id="hub", create_system_users=True, system_user_homes=str(homes)
+    )
+    await authenticator.add_user(SimpleNamespace(name=new_account))
+    account = pwd.getpwnam(new_account)
+    assert os.path.dirname(account.pw_dir) == str(homes)
+    home = os.stat(account.pw_dir)
+    assert (home.st_uid, home.st_mode & 0o777) == (account.pw_uid, 0o700)
+    assert grp.getgrgid(account.pw_gid).gr_name == new_account  # a group of its own
+    await authenticator.add_user(SimpleNamespace(name=new_account))  # at every hub start
+    assert pwd.getpwnam(new_account).pw_uid == account.pw_uid
+
+
+@pytest.mark.parametrize("name", ["alice@campus.edu", "ünal", "a b", "-x", "1234", "x" * 33])
+async def test_a_name_that_cannot_be_an_account_is_refused_at_login(name: str) -> None:
+    authenticator = CampusAuthenticator(issuer=ISSUER, client_id="hub", create_system_users=True)
+    assert not authenticator.validate_username(name)
+    with pytest.raises(web.HTTPError) as refused:
+        await authenticator.add_user(SimpleNamespace(name=name))
+    assert refused.value.status_code == 500
+    assert "could not be set up" in str(refused.value.log_message)
+    assert CampusAuthenticator(issuer=ISSUER, client_id="hub").validate_username(name)
