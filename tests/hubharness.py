@@ -514,8 +514,17 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _is_notebook(pid: int) -> bool:
-    line = _cmdline(pid)
-    return "singleuser" in line or "notebook_or_fail" in line
+    """Whether the hub started ``pid`` (or its parent) as a user's server, not a service.
+
+    Told by the environment the hub gave it, not by its command line: a notebook
+    may still be in a wrapper (a test's launch hold, a stack's shell) when the hub
+    dies, and it lives on as much as one that already answers.
+    """
+    try:
+        env = process_env(pid)
+    except OSError:
+        return False  # gone already
+    return "JUPYTERHUB_SERVER_NAME" in env and "JUPYTERHUB_SERVICE_NAME" not in env
 
 
 def alive(pid: int) -> bool:

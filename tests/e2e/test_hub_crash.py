@@ -13,7 +13,9 @@ reconciler (a hub-managed service, here with a short grace period) must leave:
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,8 +33,10 @@ pytestmark = pytest.mark.e2e
 SLOW_NOTEBOOK = Path(__file__).with_name("slow_notebook.py")
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
 # A launch slow to begin (a boundary fake): holds a spawn between compose and launch.
+# Its notebooks are told where the launch gate is (slow_notebook.py waits for it).
 SLOW_LAUNCHER = """
 import asyncio
+import os
 from composespawner.spawner import ComposeSpawner
 
 class SlowLaunchComposeSpawner(ComposeSpawner):
@@ -41,14 +45,49 @@ class SlowLaunchComposeSpawner(ComposeSpawner):
         await super().prepare_launch()
 
 c.JupyterHub.spawner_class = SlowLaunchComposeSpawner
+c.Spawner.environment = {"COMPOSE_TEST_LAUNCH_GATE": os.environ["COMPOSE_TEST_LAUNCH_GATE"]}
 """
 
 
+class LaunchGate:
+    """Notebooks (slow_notebook.py) start answering only while the gate is open.
+
+    A file in a folder of its own, which the account notebooks run as can reach
+    (pytest's tmp_path is private to the test's account).
+    """
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="composespawner-gate-"))
+        self.folder.chmod(0o755)
+        self.path = self.folder / "open"
+        self.open()
+
+    def open(self) -> None:
+        self.path.touch()
+
+    def shut(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder)
+
+
 @pytest.fixture
-def hub(tmp_path: Path, external_fabric: SimulatorProcess) -> Iterator[Hub]:
+def launch_gate() -> Iterator[LaunchGate]:
+    gate = LaunchGate()
+    try:
+        yield gate
+    finally:
+        gate.remove()
+
+
+@pytest.fixture
+def hub(
+    tmp_path: Path, external_fabric: SimulatorProcess, launch_gate: LaunchGate
+) -> Iterator[Hub]:
     env = {
         "COMPOSE_NOTEBOOK_CMD": f"{sys.executable} {SLOW_NOTEBOOK}",
-        "COMPOSE_TEST_LAUNCH_DELAY": "6",
+        "COMPOSE_TEST_LAUNCH_GATE": str(launch_gate.path),
         "COMPOSE_RECONCILE_EVERY": "1",
         "COMPOSE_RECONCILE_GRACE": "2",
     }
@@ -202,7 +241,8 @@ def _composed(hub: Hub) -> None:
 
 @_step("mid-launch")
 def _launching(hub: Hub) -> None:
-    # The notebook process runs (its state is saved) but does not answer yet.
+    # The notebook process runs (its state is saved) but does not answer: the
+    # launch gate is shut until the restarted hub has found it.
     wait_machine(hub, "student1", lambda m: m.state == "running", "the launch")
     wait_for(lambda: hub_saved_launch(hub, "student1"), 30, "the hub to store it", every=0.02)
     server = hub.server("student1")
@@ -212,25 +252,32 @@ def _launching(hub: Hub) -> None:
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("step", list(SPAWN_STEPS))
-def test_the_hub_dies_during_a_spawn(hub: Hub, step: str) -> None:
+def test_the_hub_dies_during_a_spawn(hub: Hub, launch_gate: LaunchGate, step: str) -> None:
     fabric(hub).faults(latency_s=0.6)  # each attach takes a while, so every step lasts long enough
+    launch_gate.shut()
     with ThreadPoolExecutor(1) as pool:
         spawn_in_background(hub, pool, "student1")
         SPAWN_STEPS[step](hub)
+        launched = machine_of(hub, "student1")
         crash_and_restart(hub)
 
+    if step == "mid-launch":
+        # The restarted hub found the notebook launched and waits for it to answer.
+        server = hub.server("student1")
+        assert server is not None, f"the launched server was dropped:\n{hub.log_tail()}"
+        assert server["pending"] == "check"
+    launch_gate.open()
     assert_all_agree(hub)
-    if step == "mid-launch" and hub.server("student1") is not None:
-        # The notebook was launched and its state saved: the restarted hub found
-        # it running, so it keeps its machine (agreement checked its devices).
+    if step == "mid-launch":
+        # Kept, ready, on the machine composed for it (agreement checked its devices).
         hub.wait_ready("student1")
+        machine = machine_of(hub, "student1")
+        assert launched is not None
+        assert machine is not None
+        assert (machine.id, machine.state) == (launched.id, "running")
         hub.stop("student1")
         wait_for(lambda: not fabric(hub).attached(), 30, "the devices to be free")
-    elif step == "mid-launch":
-        # The restarted hub gave up on a notebook not answering yet (seen in CI):
-        # then its machine must be released, as agreement already checked.
-        assert machine_of(hub, "student1") is None
-        assert not fabric(hub).attached()
+        hub.wait_released(machine.id)
     else:
         assert machine_of(hub, "student1") is None, "the half-made machine was released"
         assert not fabric(hub).attached()
