@@ -114,6 +114,9 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
     # What start() writes there, just before the notebook: (path, content, owner).
     _manifest_file: tuple[Path, bytes, pwd.struct_passwd | None] | None = None
+    # When the notebook's process started (clock ticks after boot): with its pid, which
+    # process is the notebook, so a restarted hub never takes a stranger for it.
+    _pid_started: int | None = None
 
     # -- the stack's environment -----------------------------------------------
 
@@ -289,8 +292,44 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             if started:
                 self.proc = started[0]
                 self.pid = self.proc.pid
+                self._pid_started = process_started(self.pid)
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
+
+    # -- after a hub restart -----------------------------------------------------
+
+    async def poll(self) -> int | None:
+        """LocalProcessSpawner's poll, which after a hub restart knows the notebook by
+        its pid alone: a zombie (the dead notebook of a crashed hub, not yet reaped)
+        or another process given the same pid since would pass for it, keep its
+        machine and get its stop's signals. The pid must name the process that
+        started when the notebook did."""
+        if self.proc is None and self.pid and not self._is_the_notebook():
+            self.log.info("%s: notebook process %d is gone", self._log_name, self.pid)
+            self.clear_state()
+            return 0
+        status: int | None = await super().poll()
+        return status
+
+    def _is_the_notebook(self) -> bool:
+        started = process_started(self.pid)
+        # A state saved before the start time was kept: the pid alone says.
+        return started is not None and self._pid_started in (None, started)
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.pid and self._pid_started is not None:
+            state["pid_started"] = self._pid_started
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        started = state.get("pid_started")
+        self._pid_started = started if isinstance(started, int) else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._pid_started = None
 
     def _free_port(self) -> int:
         self._launchers.add(self)
@@ -417,3 +456,21 @@ def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None)
             file.write(data)
     finally:
         os.close(where)
+
+
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot); None if it is gone or a zombie."""
+    try:
+        return started_from_stat(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return None
+
+
+def started_from_stat(stat: str) -> int | None:
+    """The start time in a ``/proc/PID/stat`` line; None for a zombie (proc(5))."""
+    # The command's name, in parentheses, may hold spaces and parentheses itself:
+    # the fields that follow start after the last ")".
+    fields = stat[stat.rfind(")") + 1 :].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
+        return None
+    return int(fields[19])  # field 22, starttime

@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Container, Iterator
+import time
+from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,65 @@ async def test_a_configured_port_is_kept(user: User, tmp_path: Path) -> None:
         assert await spawner.start() == ("127.0.0.1", 47123)
     finally:
         await spawner.stop()
+
+
+def restored(user: User, homes: Path, state: dict[str, Any]) -> LocalLauncher:
+    """A launcher as a restarted hub makes it: no process handle, the saved state."""
+    spawner = launcher(user, homes)
+    spawner.load_state(state)
+    return spawner
+
+
+async def test_a_restarted_hub_knows_its_notebook_by_pid_and_start_time(
+    user: User, tmp_path: Path
+) -> None:
+    spawner = launcher(user, tmp_path)
+    await spawner.start()
+    try:
+        state = spawner.get_state()
+        assert state["pid_started"] == local.process_started(spawner.pid)
+        assert await restored(user, tmp_path, state).poll() is None
+        # A state saved before start times were kept: the pid alone says.
+        assert await restored(user, tmp_path, {"pid": spawner.pid}).poll() is None
+
+        # The pid now names another process (pid reuse): not the notebook, and
+        # nothing signals that process.
+        stranger = restored(user, tmp_path, {**state, "pid_started": state["pid_started"] - 1})
+        assert await stranger.poll() == 0
+        assert (stranger.pid, stranger.get_state()) == (0, {})
+        await stranger.stop()
+        assert alive(spawner.pid)
+    finally:
+        await spawner.stop()
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    """A process that exited and was not reaped: what a crashed hub's notebook is a while."""
+    exited = subprocess.Popen([sys.executable, "-I", "-c", "pass"])
+    stat = Path(f"/proc/{exited.pid}/stat")
+    wait_until(lambda: stat.read_text().split(") ")[1][0] == "Z")
+    yield exited.pid
+    exited.wait(timeout=10)
+
+
+async def test_a_notebook_left_a_zombie_by_a_crashed_hub_is_gone(
+    user: User, tmp_path: Path, zombie: int
+) -> None:
+    assert alive(zombie)  # what a pid check alone sees
+    assert local.process_started(zombie) is None
+    assert await restored(user, tmp_path, {"pid": zombie}).poll() == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_start_time_is_read_after_a_command_name_with_spaces_and_parentheses() -> None:
+    rest = " ".join(str(n) for n in range(4, 53))  # fields 4-52: starttime is field 22
+    assert local.started_from_stat(f"42 (a) (b c) S {rest}\n") == 22
+    assert local.started_from_stat(f"42 (nb) Z {rest}\n") is None
+    assert local.started_from_stat("42 (cut short") is None
