@@ -115,7 +115,10 @@ def is_account_name(name: str) -> bool:
 
 
 def ensure_user_account(name: str, homes: Path) -> pwd.struct_passwd:
-    """``name``'s own account, created at first need with a home only it may enter."""
+    """``name``'s own account, created at first need with a home only it may enter
+    (an existing one is left as it is: its home's mode is the user's to choose)."""
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
     if not is_account_name(name):
         raise AccountError(
             f"{name!r} cannot be a system account's name: use lower-case letters, digits,"

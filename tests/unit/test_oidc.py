@@ -220,8 +220,10 @@ async def test_a_new_user_gets_an_account_of_their_own_with_a_private_home(
     home = os.stat(account.pw_dir)
     assert (home.st_uid, home.st_mode & 0o777) == (account.pw_uid, 0o700)
     assert grp.getgrgid(account.pw_gid).gr_name == new_account  # a group of its own
+    os.chmod(account.pw_dir, 0o750)  # the user shares their home with their group
     await authenticator.add_user(SimpleNamespace(name=new_account))  # at every hub start
     assert pwd.getpwnam(new_account).pw_uid == account.pw_uid
+    assert os.stat(account.pw_dir).st_mode & 0o777 == 0o750  # theirs to choose
 
 
 @pytest.mark.parametrize("name", ["alice@campus.edu", "ünal", "a b", "-x", "1234", "x" * 33])
