@@ -31,7 +31,7 @@ PODS = "/api/v1/namespaces/default/pods"
 # The notebook command: servers named fail* exit at once, others run the real notebook.
 WRAPPER = ROOT / "tests" / "e2e" / "notebook_or_fail.py"
 RELEASE_WITHIN = 5.0  # seconds from a pod's end to its devices back in the fabric
-START_TIMEOUT = 30  # seconds; servers here are ready in 2-5
+START_TIMEOUT = 20  # seconds; servers here are ready in 2-5
 
 
 @pytest.fixture(scope="module")
