@@ -146,9 +146,10 @@ def kube_apiserver(folder: Path) -> Iterator[KubeApiServer]:
         _write_kubeconfig(server)
         yield server
     finally:
+        # One after another, the API server before etcd: an API server whose etcd
+        # has gone waits out its graceful shutdown, and was killed after 15 s.
         for process in reversed(processes):
             process.terminate()
-        for process in processes:
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
