@@ -272,6 +272,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         home = Path(self._home()) if self.shared_account else None
         manifest, self._manifest_file = self._manifest_file, None
         started: list[Popen[bytes]] = []
+        start_times: list[int | None] = []
 
         def create() -> None:
             if home is not None:
@@ -280,6 +281,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
                 write_for_notebook(*manifest)
             try:
                 started.append(Popen(cmd, **popen_kwargs))
+                start_times.append(process_started(started[0].pid))  # a /proc read: here too
             except PermissionError:
                 self.log.error("Permission denied trying to run %r", shutil.which(cmd[0]) or cmd[0])
                 raise
@@ -292,7 +294,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             if started:
                 self.proc = started[0]
                 self.pid = self.proc.pid
-                self._pid_started = process_started(self.pid)
+                self._pid_started = start_times[0] if start_times else None
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
 
