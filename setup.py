@@ -14,7 +14,7 @@ setup(
     python_requires=">=3.11",
     # The embedded default's config, catalog and inventory (hub_config/) ship as
     # the data package composespawner.hub_config, so `composespawner demo` runs
-    # from a wheel; composespawner.embedded.config_dir() finds them either way.
+    # from a wheel; composespawner.commands.embedded.config_dir() finds them either way.
     packages=[
         *find_packages(include=["composespawner", "composespawner.*", "fabricsim"]),
         "composespawner.hub_config",
@@ -80,15 +80,15 @@ setup(
     },
     entry_points={
         "jupyterhub.spawners": [
-            "compose = composespawner.spawner:ComposeSpawner",
-            "compose-kubernetes = composespawner.kube:ComposeKubeSpawner",
+            "compose = composespawner.spawners.spawner:ComposeSpawner",
+            "compose-kubernetes = composespawner.spawners.kube:ComposeKubeSpawner",
         ],
         "jupyterhub.authenticators": [
-            "compose-demo = composespawner.demo:DemoAuthenticator",
-            "compose-oidc = composespawner.oidc:CampusAuthenticator",
+            "compose-demo = composespawner.auth.demo:DemoAuthenticator",
+            "compose-oidc = composespawner.auth.oidc:CampusAuthenticator",
         ],
         "console_scripts": [
-            "composespawner = composespawner.cli:main",
+            "composespawner = composespawner.commands.cli:main",
             "fabricsim = fabricsim.__main__:main",
         ],
     },

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from composespawner.hardware import Device, Host, Inventory
-from composespawner.placement import DeviceAsk, NoFit, Plan, place, pool_for
+from composespawner.domain.hardware import Device, Host, Inventory
+from composespawner.domain.placement import DeviceAsk, NoFit, Plan, place, pool_for
 
 RESULTS = Path(__file__).with_name("results")
 MODELS = ("NVIDIA A100 80GB PCIe", "NVIDIA H100 PCIe", "NVIDIA L40S", "NVIDIA T4")

@@ -41,7 +41,8 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from benchmarks.hubload import RESULTS, percentile
-from composespawner.cohorts import Cohort, Session
+from composespawner.domain.cohorts import Cohort, Session
+from composespawner.domain.quotas import QuotaRule
 from composespawner.ledger import Actor, DeviceRecord, Ledger
 from composespawner.ledger.models import (
     MachineRow,
@@ -49,8 +50,7 @@ from composespawner.ledger.models import (
     UsageModelDayRow,
     UsageRecordRow,
 )
-from composespawner.quota import QuotaRule
-from composespawner.settings import upgrade_ledger
+from composespawner.services.settings import upgrade_ledger
 from tests.hubharness import PORTAL, Hub, running_hub, wait_for_portal
 
 USAGE_DAYS = 120

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-from composespawner.catalog import Catalog
+from composespawner.domain.catalog import Catalog
 from composespawner.launchers.environments import StackEnvironments, default_root
 from composespawner.ledger import Ledger
 from tests.hubharness import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub, wait_for

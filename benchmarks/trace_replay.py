@@ -9,7 +9,7 @@ Two clusters from the same 1,213 nodes and 6,212 GPUs of the trace:
   runs on; hosts keep their own CPU and memory.
 
 Every decision is ``place(pool_for(view, ...), ask)`` from
-:mod:`composespawner.placement`, unchanged. Placement treats a host as taken
+:mod:`composespawner.domain.placement`, unchanged. Placement treats a host as taken
 once anything is attached to it; trace nodes are shared by many tasks, so
 each step builds a fresh :class:`Inventory` view: every node that still has
 the task's CPU and memory is offered as a free host, and the free GPUs of
@@ -44,8 +44,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from composespawner.hardware import Device, Host, Inventory
-from composespawner.placement import DeviceAsk, NoFit, Plan, place, pool_for
+from composespawner.domain.hardware import Device, Host, Inventory
+from composespawner.domain.placement import DeviceAsk, NoFit, Plan, place, pool_for
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACE = SHARED / "data" / "alibaba-openb-2023"

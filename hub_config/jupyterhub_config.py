@@ -1,6 +1,6 @@
 # The embedded default: one machine, SQLite, the simulated fabric, notebooks as
 # local processes. `composespawner demo` (`make demo`) starts JupyterHub with
-# this file; it ships inside the package (composespawner.embedded.config_dir()).
+# this file; it ships inside the package (composespawner.commands.embedded.config_dir()).
 #
 # Every value that differs between the demo, the tests and your own trial runs
 # comes from an environment variable, with the demo's value as default:
@@ -28,15 +28,15 @@ import os
 import sys
 from pathlib import Path
 
-from composespawner.embedded import (
+from composespawner.commands.embedded import (
     DEMO_FABRIC_PASSWORD,
     DEMO_FABRIC_USERNAME,
     hub_database_kwargs,
     hub_templates_dir,
     simulator_command,
 )
-from composespawner.hubconfig import CUSTOM_SCOPES, Services, roles
-from composespawner.settings import upgrade_ledger
+from composespawner.commands.hubconfig import CUSTOM_SCOPES, Services, roles
+from composespawner.services.settings import upgrade_ledger
 
 c = get_config()  # noqa: F821 (JupyterHub injects get_config)
 
@@ -122,7 +122,7 @@ upgrade_ledger(c.ComposeMixin.ledger_url)
 
 # --- hub-managed services --------------------------------------------------
 # The idle culler, the GPU portal and the reconciler, each ended by the kernel
-# when this hub process dies (composespawner.hubconfig, shared with production).
+# when this hub process dies (composespawner.commands.hubconfig, shared with production).
 SERVICES = Services(
     config_file=Path(__file__),
     portal_port=PORTAL_PORT,

@@ -45,8 +45,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from composespawner.embedded import hub_templates_dir
-from composespawner.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
+from composespawner.commands.embedded import hub_templates_dir
+from composespawner.commands.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
 
 c = get_config()  # noqa: F821 (JupyterHub injects get_config)
 

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT, reach_problem
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT, reach_problem
 from composespawner.ledger import Ledger
 from tests.paths import HUB_CONFIG, ROOT
 from tests.support.ports import free_port, free_ports

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from composespawner.hardware import CompositionTag, Device, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, Inventory
 
 # The key under ComputerSystem.Oem that marks a host as composed by a hub.
 OEM_KEY = "ComposeSpawner"

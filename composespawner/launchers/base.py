@@ -2,7 +2,7 @@
 
 A launcher runs the notebook: JupyterHub's own ``start``/``stop``/``poll`` of
 some spawner class (the local process one, KubeSpawner). :class:`ComposeMixin
-<composespawner.spawner.ComposeMixin>` composes the machine around it. Both
+<composespawner.spawners.spawner.ComposeMixin>` composes the machine around it. Both
 derive from :class:`Launcher`, so each side's hooks have a default and the
 other side's implementation wins: the mixin implements the first two (it is
 first in a concrete spawner's bases), a launcher the rest.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import Kit, Stack
+from composespawner.domain.catalog import Kit, Stack
 
 
 class KitNotDelivered(Exception):
@@ -45,13 +45,13 @@ class Launcher:
     def check_stack(self, stack: Stack) -> None:
         """Refuse, before anything is claimed, a stack this launcher cannot run.
 
-        Raises :class:`~composespawner.refusal.ComposeRefusal` with what to do.
+        Raises :class:`~composespawner.launchers.refusal.ComposeRefusal` with what to do.
         """
 
     def check_kit(self, kit: Kit) -> None:
         """Refuse, before anything is claimed, a starter kit this launcher cannot deliver.
 
-        Raises :class:`~composespawner.refusal.ComposeRefusal` with what to do.
+        Raises :class:`~composespawner.launchers.refusal.ComposeRefusal` with what to do.
         """
 
     def extra_start_time(self, stack: Stack | None) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1Pod, V1PodResourceClaim
 
-from ..machine import ComposedMachine
+from composespawner.domain.machine import ComposedMachine
 
 API_VERSION = "resource.k8s.io/v1"
 REQUEST = "gpus"  # the claim's one request, and the name the pod knows it by

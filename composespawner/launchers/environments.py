@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import client
-from ..catalog import Stack
+from composespawner import client
+from composespawner.domain.catalog import Stack
 
 BUILD_TIMEOUT = 1800.0  # seconds; a cold build here takes a minute or two
 MANIFEST = "stack-manifest.json"  # written last: an environment without it is unfinished

@@ -52,11 +52,11 @@ from kubespawner.reflector import ResourceReflector
 from kubespawner.spawner import PodReflector
 from traitlets import CaselessStrEnum, Unicode, default, validate
 
-from ..catalog import Kit, Stack
-from ..machine import ComposedMachine
-from ..refusal import ComposeRefusal
-from .base import Launcher
-from .dra import NoDeviceIds, gpu_claim, use_claim
+from composespawner.domain.catalog import Kit, Stack
+from composespawner.domain.machine import ComposedMachine
+from composespawner.launchers.base import Launcher
+from composespawner.launchers.dra import NoDeviceIds, gpu_claim, use_claim
+from composespawner.launchers.refusal import ComposeRefusal
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container

@@ -1,12 +1,12 @@
 """The local-process launcher: the notebook runs as a process on the hub's machine.
 
 A launcher is the part of a spawner that runs the notebook: JupyterHub's own
-``start``/``stop``/``poll`` of some spawner class. :class:`~composespawner.spawner.ComposeMixin`
-composes the machine around it: before its ``start`` the machine is composed and
-its description is in ``get_env()``; on every way the notebook ends the machine
-is released. A launcher tells the mixin at once when it sees its notebook exit,
-through :meth:`notebook_exited`. The Kubernetes launcher is KubeSpawner in the
-same place.
+``start``/``stop``/``poll`` of some spawner class.
+:class:`~composespawner.spawners.spawner.ComposeMixin` composes the machine around
+it: before its ``start`` the machine is composed and its description is in
+``get_env()``; on every way the notebook ends the machine is released. A launcher
+tells the mixin at once when it sees its notebook exit, through
+:meth:`notebook_exited`. The Kubernetes launcher is KubeSpawner in the same place.
 
 With a stack chosen, the notebook runs in that stack's environment, built from
 its CPU lock on first use (:mod:`.environments`): a command named
@@ -37,25 +37,25 @@ from typing import Any, ClassVar
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Float, Unicode, default
 
-from ..accounts import (
+from composespawner.domain.catalog import Kit, Stack
+from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
     make_home,
     notebook_account_for,
     switch_account_command,
     useradd_command,
 )
-from ..catalog import Kit, Stack
-from ..ledger.runner import whole_in_thread
-from ..refusal import ComposeRefusal
-from .base import KitNotDelivered, Launcher
-from .environments import (
+from composespawner.launchers.base import KitNotDelivered, Launcher
+from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
     StackEnvironment,
     StackEnvironments,
     default_root,
 )
-from .ports import NoFreePort, notebook_port
+from composespawner.launchers.ports import NoFreePort, notebook_port
+from composespawner.launchers.refusal import ComposeRefusal
+from composespawner.ledger.runner import whole_in_thread
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
@@ -185,7 +185,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             sys.executable,
             "-I",
             "-m",
-            "composespawner.kits",
+            "composespawner.launchers.kits",
             str(kit.folder),
             str(home),
             kit.id,

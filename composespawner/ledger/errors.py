@@ -93,7 +93,7 @@ class NotRunning(LedgerError):
 class QuotaExceeded(LedgerError):
     """The spawn would take the user past one limit of their effective quota.
 
-    ``limit`` names the limit (a field of :class:`~composespawner.quota.Quota`),
+    ``limit`` names the limit (a field of :class:`~composespawner.domain.quotas.Quota`),
     ``source`` the rule it comes from; ``user_message`` says what to do.
     """
 

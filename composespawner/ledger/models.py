@@ -34,10 +34,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column
 
+from composespawner.domain.quotas import LEVELS
 from composespawner.ledger.errors import LedgerError
 from composespawner.ledger.lifecycle import STATES, TERMINAL
 from composespawner.ledger.records import HOLDABLE_KINDS
-from composespawner.quota import LEVELS
 
 # Deterministic constraint names, so migrations can refer to them on every back-end.
 NAMING_CONVENTION = {
@@ -157,7 +157,7 @@ class MachineEventRow(Base):
 
 
 class RunManifestRow(Base):
-    """What each server ran on (composespawner.manifest), written as its notebook starts.
+    """What each server ran on (composespawner.domain.manifest), written as its notebook starts.
 
     Apart from machines so that listing machines never reads it.
     """
@@ -174,7 +174,7 @@ class RunManifestRow(Base):
 
 
 class KitSubmissionRow(Base):
-    """A starter-kit model the portal scored on blind data (composespawner.scoring)."""
+    """A starter-kit model the portal scored on blind data (composespawner.portal.scoring)."""
 
     __tablename__ = "kit_submissions"
 
@@ -263,7 +263,7 @@ class ReconcileActionRow(Base):
 
 
 class QuotaRuleRow(Base):
-    """What one level of the quota hierarchy says (see :mod:`composespawner.quota`)."""
+    """What one level of the quota hierarchy says (see :mod:`composespawner.domain.quotas`)."""
 
     __tablename__ = "quota_rules"
     __table_args__ = (CheckConstraint(f"level IN ({_sql_list(LEVELS)})", name="level"),)
@@ -280,7 +280,7 @@ class QuotaRuleRow(Base):
 
 
 class CohortRow(Base):
-    """A cohort (see :mod:`composespawner.cohorts`): its hub group's name is the key."""
+    """A cohort (see :mod:`composespawner.domain.cohorts`): its hub group's name is the key."""
 
     __tablename__ = "cohorts"
 
@@ -298,7 +298,7 @@ class CohortRow(Base):
 
 
 class ColocatedRow(Base):
-    """A device registered to an owner group in the portal (see composespawner.colocation)."""
+    """A device registered to an owner group in the portal (composespawner.domain.colocation)."""
 
     __tablename__ = "colocated"
 

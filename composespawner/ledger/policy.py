@@ -23,8 +23,15 @@ from sqlalchemy import (
     update,
 )
 
-from composespawner.cohorts import Cohort, Session
-from composespawner.colocation import Registration
+from composespawner.domain.cohorts import Cohort, Session
+from composespawner.domain.colocation import Registration
+from composespawner.domain.quotas import (
+    Level,
+    Quota,
+    QuotaRule,
+    effective_quota,
+    under_site_default,
+)
 from composespawner.ledger.database import LedgerPart
 from composespawner.ledger.errors import UnknownDevices
 from composespawner.ledger.models import (
@@ -35,7 +42,6 @@ from composespawner.ledger.models import (
     MachineRow,
     QuotaRuleRow,
 )
-from composespawner.quota import Level, Quota, QuotaRule, effective_quota, under_site_default
 
 QUOTA_RULES = cast(Table, QuotaRuleRow.__table__)
 AUDIT = cast(Table, AuditEntryRow.__table__)

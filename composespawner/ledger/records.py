@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from composespawner.hardware import Device, Host
+from composespawner.domain.hardware import Device, Host
 
 # Hosts are holdable too: a composed machine takes its whole compute host.
 HoldableKind = Literal["gpu", "nic", "nvme", "host"]
@@ -81,7 +81,7 @@ class MachineEvent:
 
 @dataclass(frozen=True, slots=True)
 class RunManifest:
-    """What one server ran on (composespawner.manifest), kept after it ended."""
+    """What one server ran on (composespawner.domain.manifest), kept after it ended."""
 
     machine_id: str
     user_name: str

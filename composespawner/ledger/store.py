@@ -60,6 +60,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.domain.usage import DayUse, Period
 from composespawner.ledger import migrate
 from composespawner.ledger.database import create_ledger_engine, writing
 from composespawner.ledger.errors import (
@@ -80,6 +82,7 @@ from composespawner.ledger.lifecycle import (
     TERMINAL,
     check_transition,
 )
+from composespawner.ledger.limits import Use, check_use
 from composespawner.ledger.models import (
     CohortRow,
     ColocatedRow,
@@ -93,7 +96,6 @@ from composespawner.ledger.models import (
     refuse_event_rewrites,
 )
 from composespawner.ledger.policy import Policy, registration_of
-from composespawner.ledger.quota import Use, check_use
 from composespawner.ledger.records import (
     DeviceRecord,
     HoldableKind,
@@ -107,7 +109,7 @@ from composespawner.ledger.records import (
     utcnow,
 )
 from composespawner.ledger.submissions import Submissions
-from composespawner.ledger.usage import (
+from composespawner.ledger.usage_sums import (
     UsageSums,
     UserSums,
     add_day_use,
@@ -115,8 +117,6 @@ from composespawner.ledger.usage import (
     live_uses,
     usage_sums,
 )
-from composespawner.quota import NO_QUOTA, Quota
-from composespawner.usage import DayUse, Period
 
 WEEK = timedelta(days=7)  # the window of the GPU-hours limit
 
@@ -364,7 +364,7 @@ class Ledger:
 
         Entering ``released`` or ``failed`` frees the machine's devices exactly as
         :meth:`release` does. Only :meth:`claim` enters ``claimed``. ``manifest``:
-        what the machine's server runs on (composespawner.manifest), kept with the
+        what the machine's server runs on (composespawner.domain.manifest), kept with the
         step into ``running``, in its transaction.
         """
         if to == CLAIMED:
@@ -548,7 +548,7 @@ class Ledger:
 
     def usage_sums(self, period: Period) -> UsageSums:
         """GPU-seconds in ``period``: ended use per day and model and per user, and
-        running machines' use so far (see :func:`composespawner.usage.usage_report`)."""
+        running machines' use so far (see :func:`composespawner.domain.usage.usage_report`)."""
         with self._engine.begin() as connection:
             return usage_sums(connection, period, self._now(), self._usage_zone, self._user_sums)
 

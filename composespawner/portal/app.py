@@ -21,15 +21,15 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application, StaticFileHandler
 from traitlets import Integer, Unicode, default
 
-from ..accounts import DEFAULT_NOTEBOOK_ACCOUNT
-from ..application import ComposeApplication
-from ..composer import Composer
-from ..launchers.environments import default_root
-from ..resize import Resizer
-from ..scoring import Scorer, read_secret
-from ..settings import build_composer
-from . import handlers
-from .hub import HubClient
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from composespawner.launchers.environments import default_root
+from composespawner.portal import handlers
+from composespawner.portal.hub import HubClient
+from composespawner.portal.scoring import Scorer, read_secret
+from composespawner.services.application import ComposeApplication
+from composespawner.services.composer import Composer
+from composespawner.services.resize import Resizer
+from composespawner.services.settings import build_composer
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"

@@ -25,12 +25,16 @@ from jupyterhub.services.auth import HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError, RequestHandler, authenticated
 
-from ..catalog import Catalog, Kit
-from ..cohorts import Cohort, InvalidCohort, next_session_start
-from ..colocation import Registration
-from ..failures import ComposeFailed, ComposeRefused
-from ..launchers.environments import StackEnvironments
-from ..ledger import (
+from composespawner.domain.catalog import Catalog, Kit
+from composespawner.domain.cohorts import Cohort, InvalidCohort, next_session_start
+from composespawner.domain.colocation import Registration
+from composespawner.domain.machine import machine_env
+from composespawner.domain.manifest import NotRelaunchable, relaunch_options
+from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
+from composespawner.domain.request import RequestError, check_server_name
+from composespawner.domain.usage import InvalidPeriod, Period, usage_report
+from composespawner.launchers.environments import StackEnvironments
+from composespawner.ledger import (
     TERMINAL,
     Actor,
     DeviceRecord,
@@ -40,17 +44,13 @@ from ..ledger import (
     UnknownDevices,
     standings,
 )
-from ..ledger.runner import LedgerRunner
-from ..ledger.submissions import BY
-from ..machine import machine_env
-from ..manifest import NotRelaunchable, relaunch_options
-from ..quota import InvalidQuota, Level, Quota, QuotaRule
-from ..request import RequestError, check_server_name
-from ..resize import Resizer
-from ..scoring import Scorer, SubmissionRefused
-from ..usage import InvalidPeriod, Period, usage_report
-from . import views
-from .hub import HubClient, HubUnavailable
+from composespawner.ledger.runner import LedgerRunner
+from composespawner.ledger.submissions import BY
+from composespawner.portal import views
+from composespawner.portal.hub import HubClient, HubUnavailable
+from composespawner.portal.scoring import Scorer, SubmissionRefused
+from composespawner.services.failures import ComposeFailed, ComposeRefused
+from composespawner.services.resize import Resizer
 
 T = TypeVar("T")
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass, fields, replace
 from datetime import date, datetime, timedelta
 from typing import Any, TypeVar
 
-from ..catalog import Catalog
-from ..cohorts import Cohort, InvalidCohort, Session
-from ..colocation import InvalidRegistration, Registration
-from ..ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest, Standing
-from ..quota import InvalidQuota, Level, Quota, QuotaRule
-from ..resize import MOST_AT_ONCE
-from ..usage import DayUse, UsageReport
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import Cohort, InvalidCohort, Session
+from composespawner.domain.colocation import InvalidRegistration, Registration
+from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
+from composespawner.domain.usage import DayUse, UsageReport
+from composespawner.ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest, Standing
+from composespawner.services.resize import MOST_AT_ONCE
 
 T = TypeVar("T")
 LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))

@@ -37,7 +37,7 @@ TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}
 SLOW_LAUNCHER = """
 import asyncio
 import os
-from composespawner.spawner import ComposeSpawner
+from composespawner.spawners.spawner import ComposeSpawner
 
 class SlowLaunchComposeSpawner(ComposeSpawner):
     async def prepare_launch(self):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from composespawner.catalog import Catalog
+from composespawner.domain.catalog import Catalog
 from tests.e2e.test_portal import Visitor
 from tests.hubharness import (
     HUB_CONFIG,

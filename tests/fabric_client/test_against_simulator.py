@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from composespawner.domain.hardware import CompositionTag, Device
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -35,9 +36,8 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
-from composespawner.hardware import CompositionTag, Device
-from composespawner.settings import build_composer, upgrade_ledger
-from composespawner.spawner import ComposeSpawner
+from composespawner.services.settings import build_composer, upgrade_ledger
+from composespawner.spawners.spawner import ComposeSpawner
 from tests.support.simulator import SimulatorProcess, SimulatorSwitches
 from tests.support.tls import TLSFiles, make_tls_files
 
@@ -512,7 +512,8 @@ def test_the_reconciler_reads_the_ca_bundle_from_the_hubs_config(
     config.write_text("".join(f"c.ComposeSpawner.{k} = {v!r}\n" for k, v in settings.items()))
     upgrade_ledger(settings["ledger_url"])
     command = [
-        sys.executable, "-c", "import sys; from composespawner.cli import main; sys.exit(main())",
+        sys.executable, "-c",
+        "import sys; from composespawner.commands.cli import main; sys.exit(main())",
         "reconcile", "--once", "-f", str(config),
     ]  # fmt: skip
     environment = {

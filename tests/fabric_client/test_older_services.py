@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import requests
 
+from composespawner.domain.hardware import CompositionTag, Device
 from composespawner.fabric.base import FabricRefused, NotExpandable
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
-from composespawner.hardware import CompositionTag, Device
 from tests.support.simulator import SimulatorProcess
 
 USER, PASSWORD = "hub-client", "sim-pass-7"

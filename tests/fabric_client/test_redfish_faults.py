@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from composespawner.domain.hardware import CompositionTag
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -21,7 +22,6 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
-from composespawner.hardware import CompositionTag
 
 from .conftest import FAST_RETRY, FAST_TIMEOUTS
 from .fake_redfish import (

@@ -15,10 +15,10 @@ import re
 
 import pytest
 
+from composespawner.domain.hardware import Device, Host
 from composespawner.fabric.base import Fabric, FabricAuthError, FabricRefused
 from composespawner.fabric.redfish import RedfishFabric
 from composespawner.fabric.redfish import client as redfish_client
-from composespawner.hardware import Device, Host
 from tests.support.mockserver import MockupServer
 
 from .conftest import COMPOSABILITY_MOCKUP, FAST_RETRY, FAST_TIMEOUTS, MOCKUP_CREDENTIALS

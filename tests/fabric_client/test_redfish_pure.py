@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from composespawner.domain.hardware import CompositionTag, Host
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -44,7 +45,6 @@ from composespawner.fabric.redfish.transport import (
     origin_of,
     retry_after_seconds,
 )
-from composespawner.hardware import CompositionTag, Host
 
 
 def error(*message_ids: str) -> dict[str, Any]:

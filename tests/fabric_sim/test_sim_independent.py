@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from composespawner import cli
+from composespawner.commands import cli
 from tests.paths import ROOT
 
 # Imports every fabricsim module in a fresh interpreter, then lists what came along.

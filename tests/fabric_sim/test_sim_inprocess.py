@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from composespawner.domain.hardware import CompositionTag
 from composespawner.fabric.base import DeviceNotFound, Fabric, FabricUnreachable
-from composespawner.hardware import CompositionTag
 from tests.support.inprocess import InProcessFabric
 from tests.support.simulator import INVENTORY
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from composespawner.catalog import Catalog
+from composespawner.domain.catalog import Catalog
 from tests.paths import HUB_CONFIG, ROOT
 
 IMAGES = ROOT / "images"

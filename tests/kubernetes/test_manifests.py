@@ -11,12 +11,12 @@ import pytest
 from kubernetes_asyncio.config import kube_config
 from kubernetes_validate.utils import all_versions
 
-from composespawner.catalog import Stack, StackBuild
-from composespawner.hardware import Device
-from composespawner.kube import ComposeKubeSpawner
+from composespawner.domain.catalog import Stack, StackBuild
+from composespawner.domain.hardware import Device
+from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.dra import gpu_claim
 from composespawner.launchers.kubernetes import NotebookNotStarted
-from composespawner.machine import ComposedMachine
+from composespawner.spawners.kube import ComposeKubeSpawner
 from tests.paths import ROOT
 from tests.support.kube import KubeApiServer, serialized
 

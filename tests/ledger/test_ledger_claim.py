@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from composespawner.domain.quotas import Quota
 from composespawner.ledger import (
     DeviceRecord,
     DevicesTaken,
@@ -20,7 +21,6 @@ from composespawner.ledger import (
     ServerUse,
     UnknownDevices,
 )
-from composespawner.quota import Quota
 
 from .support import Clock, MachineMaker
 

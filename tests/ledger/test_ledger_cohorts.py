@@ -8,7 +8,7 @@ from datetime import date, time
 
 import pytest
 
-from composespawner.cohorts import Cohort, Session
+from composespawner.domain.cohorts import Cohort, Session
 from composespawner.ledger import Actor, KeepFree, Ledger, Machine, ReservedForCohort
 from tests.ledger.test_ledger_claim import assert_unchanged_after_refusal
 from tests.ledger.test_ledger_races import race, racers

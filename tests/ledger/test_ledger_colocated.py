@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from composespawner.colocation import Registration
+from composespawner.domain.colocation import Registration
 from composespawner.ledger import Actor, Ledger, NotOwner, UnknownDevices
 from tests.ledger.support import Clock
 from tests.ledger.test_ledger_claim import assert_unchanged_after_refusal

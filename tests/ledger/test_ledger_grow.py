@@ -15,6 +15,7 @@ from functools import partial
 
 import pytest
 
+from composespawner.domain.quotas import Quota
 from composespawner.ledger import (
     DevicesTaken,
     Ledger,
@@ -23,7 +24,6 @@ from composespawner.ledger import (
     NotRunning,
     QuotaExceeded,
 )
-from composespawner.quota import Quota
 
 from .support import Clock, MachineMaker
 from .test_ledger_races import RACERS, race, racers

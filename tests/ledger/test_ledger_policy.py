@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from composespawner.domain.quotas import QuotaRule, effective_quota
 from composespawner.ledger import Actor, Ledger, QuotaExceeded
-from composespawner.quota import QuotaRule, effective_quota
 from tests.ledger.support import Clock
 from tests.ledger.test_ledger_claim import assert_unchanged_after_refusal
 

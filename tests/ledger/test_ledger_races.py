@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from composespawner.domain.quotas import Quota
 from composespawner.ledger import (
     DeviceRecord,
     DevicesTaken,
@@ -29,7 +30,6 @@ from composespawner.ledger import (
     QuotaExceeded,
     ServerBusy,
 )
-from composespawner.quota import Quota
 
 from .support import gpu_ids
 

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from composespawner.domain.quotas import Quota
 from composespawner.ledger import (
     STATES,
     TERMINAL,
@@ -16,8 +17,7 @@ from composespawner.ledger import (
     can_transition,
     check_transition,
 )
-from composespawner.ledger.quota import Use, check_use
-from composespawner.quota import Quota
+from composespawner.ledger.limits import Use, check_use
 
 # The lifecycle as agreed (ARCHITECTURE.md invariant 7), written out independently
 # of the code so a change to the table has to change this test too.

@@ -9,10 +9,10 @@ from zoneinfo import ZoneInfo
 import pytest
 import sqlalchemy as sa
 
+from composespawner.domain.usage import DayUse, InvalidPeriod, Period, usage_report
 from composespawner.ledger import Ledger, migrate
 from composespawner.ledger.database import writing
 from composespawner.ledger.store import USAGE
-from composespawner.usage import DayUse, InvalidPeriod, Period, usage_report
 from tests.ledger.support import Clock, MachineMaker, inventory
 
 MODEL = "A100-80GB"

@@ -26,12 +26,12 @@ from pathlib import Path
 from jupyterhub.app import JupyterHub
 from traitlets.config.loader import PyFileConfigLoader
 
-from composespawner import embedded
-from composespawner.spawner import ComposeSpawner
+from composespawner.commands import embedded
+from composespawner.spawners.spawner import ComposeSpawner
 
 (compose,) = entry_points(group="jupyterhub.spawners", name="compose")
 assert compose.load() is ComposeSpawner, compose
-from composespawner.kube import ComposeKubeSpawner
+from composespawner.spawners.kube import ComposeKubeSpawner
 
 (on_pods,) = entry_points(group="jupyterhub.spawners", name="compose-kubernetes")
 assert on_pods.load() is ComposeKubeSpawner, on_pods
@@ -42,7 +42,7 @@ assert hub.spawner_class is ComposeSpawner, hub.spawner_class
 config_dir = embedded.config_dir()
 config = PyFileConfigLoader(embedded.CONFIG_FILE, str(config_dir)).load_config()
 print("FOUND", json.dumps({
-    "site": str(Path(embedded.__file__).parent),
+    "site": str(Path(embedded.__file__).parents[1]),  # the package, above commands/
     "config_dir": str(config_dir),
     "config_files": sorted(p.name for p in config_dir.iterdir() if p.is_file()),
     "templates": str(embedded.hub_templates_dir()),

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from composespawner.accounts import ensure_user_account, let_in
+from composespawner.launchers.accounts import ensure_user_account, let_in
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+from composespawner.domain.hardware import CompositionTag, Inventory
 from composespawner.fabric.base import (
     FabricError,
     FabricRefused,
@@ -27,7 +28,6 @@ from composespawner.fabric.base import (
     FabricUnreachable,
     StaleETag,
 )
-from composespawner.hardware import CompositionTag, Inventory
 from fabricsim.state import FabricState
 from tests.support.inprocess import InProcessFabric
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
+from composespawner.domain.hardware import CompositionTag, Device, DeviceState, Host, Inventory
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -31,7 +32,6 @@ from composespawner.fabric.base import (
     decompose_by_detaching,
     host_taken_by,
 )
-from composespawner.hardware import CompositionTag, Device, DeviceState, Host, Inventory
 from fabricsim.errors import (
     BlockInUse,
     BlockNotFound,

@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 
-from composespawner.catalog import Catalog, Stack
+from composespawner.domain.catalog import Catalog, Stack
 from composespawner.launchers.environments import StackEnvironment, StackEnvironments, default_root
 from tests.paths import HUB_CONFIG, ROOT
 

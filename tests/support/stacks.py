@@ -10,7 +10,7 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-from composespawner.catalog import Stack, StackBuild
+from composespawner.domain.catalog import Stack, StackBuild
 from tests.paths import ROOT
 
 COMMON = ROOT / "images" / "common"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.accounts import (
+from composespawner.launchers.accounts import (
     closed_dirs,
     let_in,
     notebook_account_for,

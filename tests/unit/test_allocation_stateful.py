@@ -49,17 +49,17 @@ from hypothesis import Phase, currently_in_test_context, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from composespawner.catalog import Catalog
-from composespawner.composer import Composer
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.quotas import QuotaRule
+from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError
-from composespawner.failures import ComposeFailed, ComposeRefused
-from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import HOLDING, STATES, TERMINAL, Actor, Ledger, can_transition
 from composespawner.ledger.models import MachineEventRow, MachineRow
-from composespawner.machine import ComposedMachine
-from composespawner.quota import QuotaRule
-from composespawner.reconcile import Reconciler, ServerView
-from composespawner.request import MachineRequest
+from composespawner.services.composer import Composer
+from composespawner.services.failures import ComposeFailed, ComposeRefused
+from composespawner.services.reconcile import Reconciler, ServerView
 from fabricsim.inventory import DeviceSpec, load_inventory
 from fabricsim.state import FabricState
 from tests.paths import HUB_CONFIG

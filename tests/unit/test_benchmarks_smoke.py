@@ -18,10 +18,10 @@ from benchmarks import (
     trace_replay,
 )
 from benchmarks.trace_replay import Cluster, DoubleAllocation, Node, Task
-from composespawner.catalog import Catalog
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.placement import Plan
+from composespawner.domain.usage import Period
 from composespawner.ledger import Ledger
-from composespawner.placement import Plan
-from composespawner.usage import Period
 from fabricsim.inventory import parse_inventory
 from tests.hubharness import wait_for
 from tests.paths import HUB_CONFIG, SHARED

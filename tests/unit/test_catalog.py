@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.catalog import Catalog, CatalogError
+from composespawner.domain.catalog import Catalog, CatalogError
 
 HUB_CONFIG = Path(__file__).resolve().parents[2] / "hub_config"
 

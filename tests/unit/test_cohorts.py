@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from composespawner.cohorts import (
+from composespawner.domain.cohorts import (
     Cohort,
     InvalidCohort,
     Reservation,

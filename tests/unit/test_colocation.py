@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from composespawner.colocation import InvalidRegistration, Registration, owners, owners_for
+from composespawner.domain.colocation import InvalidRegistration, Registration, owners, owners_for
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 LENT = Registration("x1", "vision-lab", lent_to_user="amy", lent_until=NOW + timedelta(days=1))

@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from composespawner.catalog import Catalog
-from composespawner.cohorts import Cohort, Session
-from composespawner.composer import Composer
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import Cohort, Session
+from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.quotas import NO_QUOTA, Quota, QuotaRule
+from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError, FabricUnreachable
-from composespawner.failures import ComposeFailed, ComposeRefused
-from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import (
     Actor,
     DeviceRecord,
@@ -38,9 +39,8 @@ from composespawner.ledger import (
     QuotaExceeded,
 )
 from composespawner.ledger.models import MachineRow
-from composespawner.machine import ComposedMachine
-from composespawner.quota import NO_QUOTA, Quota, QuotaRule
-from composespawner.request import MachineRequest
+from composespawner.services.composer import Composer
+from composespawner.services.failures import ComposeFailed, ComposeRefused
 from tests.support.faulty import AttachFailure, FaultyFabric
 from tests.support.inprocess import InProcessFabric
 

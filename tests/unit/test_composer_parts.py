@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from composespawner.fabric.base import FabricUnreachable
-from composespawner.releases import BackgroundReleases
-from composespawner.reservations import Reservations
-from composespawner.snapshot import Snapshot
+from composespawner.services.releases import BackgroundReleases
+from composespawner.services.reservations import Reservations
+from composespawner.services.snapshot import Snapshot
 
 LOG = logging.getLogger("tests.composer_parts")
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
 
-from composespawner.catalog import Catalog
-from composespawner.cohorts import StackChoice
-from composespawner.form import render_form, render_unavailable
-from composespawner.hardware import Device, Host, Inventory
-from composespawner.placement import availability, pool_for
-from composespawner.pool import Offer
-from composespawner.quota import Quota, QuotaRule, effective_quota
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import StackChoice
+from composespawner.domain.hardware import Device, Host, Inventory
+from composespawner.domain.placement import availability, pool_for
+from composespawner.domain.quotas import Quota, QuotaRule, effective_quota
+from composespawner.services.pool import Offer
+from composespawner.spawners.form import render_form, render_unavailable
 
 CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
 T4, A100 = "NVIDIA T4", "NVIDIA A100 80GB PCIe"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jupyterhub import orm
 
-from composespawner.embedded import hub_database_kwargs
+from composespawner.commands.embedded import hub_database_kwargs
 
 SYNCHRONOUS_NORMAL = 1
 

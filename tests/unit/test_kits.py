@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.kits import Step, kit_files, merge, plan, remembered
+from composespawner.launchers.kits import Step, kit_files, merge, plan, remembered
 
 
 def test_plan_decides_each_file_from_hashes() -> None:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from kubespawner.objects import make_pod
 
-from composespawner.catalog import Stack, StackBuild
-from composespawner.hardware import Device
+from composespawner.domain.catalog import Stack, StackBuild
+from composespawner.domain.hardware import Device
+from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.kubernetes import (
     Placement,
     PodWatch,
@@ -22,8 +23,7 @@ from composespawner.launchers.kubernetes import (
     pushed_image,
     stack_image,
 )
-from composespawner.machine import ComposedMachine
-from composespawner.refusal import ComposeRefusal
+from composespawner.launchers.refusal import ComposeRefusal
 from tests.paths import ROOT
 from tests.support.kube import serialized
 

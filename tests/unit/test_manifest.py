@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from composespawner.catalog import Catalog
-from composespawner.hardware import Device
-from composespawner.machine import ComposedMachine
-from composespawner.manifest import NotRelaunchable, relaunch_options, run_manifest
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import Device
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.manifest import NotRelaunchable, relaunch_options, run_manifest
 from tests.paths import HUB_CONFIG
 
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")

@@ -9,15 +9,15 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from composespawner.catalog import Catalog
-from composespawner.composer import Composer
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import Device, Inventory
+from composespawner.domain.quotas import QuotaRule
+from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricUnreachable
-from composespawner.failures import ComposeRefused
-from composespawner.hardware import Device, Inventory
 from composespawner.ledger import Actor, Ledger
-from composespawner.metrics import MeasuredFabric, PoolCollector, device_counts
-from composespawner.quota import QuotaRule
-from composespawner.request import MachineRequest
+from composespawner.services.composer import Composer
+from composespawner.services.failures import ComposeRefused
+from composespawner.services.metrics import MeasuredFabric, PoolCollector, device_counts
 from tests.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
 

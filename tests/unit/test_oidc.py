@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from oauthenticator.generic import GenericOAuthenticator
 from tornado import web
 
-from composespawner.oidc import (
+from composespawner.auth.oidc import (
     CampusAuthenticator,
     DiscoveryFailed,
     ProviderEndpoints,

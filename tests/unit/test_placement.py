@@ -1,7 +1,7 @@
 """Placement: one zone per machine, models and counts as asked, co-located only for owners."""
 
-from composespawner.hardware import CompositionTag, Device, Host, Inventory
-from composespawner.placement import (
+from composespawner.domain.hardware import CompositionTag, Device, Host, Inventory
+from composespawner.domain.placement import (
     Availability,
     DeviceAsk,
     NoFit,

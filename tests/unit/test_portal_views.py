@@ -6,12 +6,12 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from composespawner.cohorts import Cohort
+from composespawner.domain.cohorts import Cohort
+from composespawner.domain.quotas import InvalidQuota, QuotaRule, effective_quota
+from composespawner.domain.usage import DayUse
 from composespawner.ledger import DeviceRecord, Machine
 from composespawner.portal import views
 from composespawner.portal.views import my_machine, rule_from_form, rule_from_json, rule_json
-from composespawner.quota import InvalidQuota, QuotaRule, effective_quota
-from composespawner.usage import DayUse
 
 MODELS = ["t4", "a100"]
 

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from composespawner.ledger import QuotaExceeded, ServerUse
-from composespawner.ledger.quota import Use, check_ask, check_use
-from composespawner.quota import (
+from composespawner.domain.quotas import (
     InvalidQuota,
     Limit,
     Quota,
@@ -18,6 +16,8 @@ from composespawner.quota import (
     effective_quota,
     under_site_default,
 )
+from composespawner.ledger import QuotaExceeded, ServerUse
+from composespawner.ledger.limits import Use, check_ask, check_use
 
 SITE = QuotaRule("site", gpus_held=2, gpus_per_server=2, servers=2, gpu_hours_week=20.0)
 COURSE = QuotaRule("cohort", "cs-101", gpus_held=1, models=frozenset({"t4"}))

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.catalog import Catalog
-from composespawner.composer import Composer
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricUnreachable
-from composespawner.hardware import CompositionTag, Inventory
 from composespawner.ledger import Ledger
-from composespawner.machine import ComposedMachine
-from composespawner.reconcile import (
+from composespawner.services.composer import Composer
+from composespawner.services.reconcile import (
     HubUnreachable,
     Reconciler,
     ServerView,
     plan_reconcile,
 )
-from composespawner.request import MachineRequest
 from tests.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from composespawner.catalog import Catalog
-from composespawner.cohorts import StackChoice
-from composespawner.request import (
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import StackChoice
+from composespawner.domain.request import (
     MAX_OPTIONS_BYTES,
     MachineRequest,
     OptionsTooLarge,

@@ -11,13 +11,13 @@ import pytest
 from traitlets.config import Config
 
 from composespawner.ledger import Ledger, SchemaNotCurrent
-from composespawner.settings import (
+from composespawner.services.settings import (
     ComposeSettings,
     open_ledger,
     settings_from_config,
     shared_composer,
 )
-from composespawner.spawner import ComposeSpawner
+from composespawner.spawners.spawner import ComposeSpawner
 from tests.paths import HUB_CONFIG
 
 COMPOSESPAWNER = str(Path(sys.executable).parent / "composespawner")

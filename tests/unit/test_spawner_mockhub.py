@@ -21,8 +21,8 @@ from jupyterhub.tests.utils import add_user
 from jupyterhub.user import User
 from sqlalchemy import event
 
-from composespawner.settings import upgrade_ledger
-from composespawner.spawner import ComposeMixin
+from composespawner.services.settings import upgrade_ledger
+from composespawner.spawners.spawner import ComposeMixin
 from tests.hubharness import FABRIC_AUTH
 from tests.paths import HUB_CONFIG, ROOT
 from tests.support.simulator import SimulatorProcess

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.catalog import Stack
+from composespawner.domain.catalog import Stack
 from composespawner.launchers.environments import (
     MANIFEST,
     StackBuildError,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.cohorts import Cohort, InvalidCohort
+from composespawner.domain.cohorts import Cohort, InvalidCohort
+from composespawner.portal.scoring import blind_seed, read_secret
 from composespawner.portal.views import board_for, submission_from_json
-from composespawner.scoring import blind_seed, read_secret
 
 MODEL = base64.b64encode(b"torchscript").decode()
 

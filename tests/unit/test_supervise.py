@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.embedded import config_dir
-from composespawner.supervise import DemoError, check_port_free, demo_plan
+from composespawner.commands.embedded import config_dir
+from composespawner.commands.supervise import DemoError, check_port_free, demo_plan
 
 
 def test_the_demo_runs_the_fabric_beside_the_hub_with_one_set_of_credentials(

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from composespawner.usage import DayUse, InvalidPeriod, Period, day_shares, usage_report
+from composespawner.domain.usage import DayUse, InvalidPeriod, Period, day_shares, usage_report
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from composespawner.launchers.local import write_for_notebook
-from composespawner.refusal import ComposeRefusal
+from composespawner.launchers.refusal import ComposeRefusal
 
 
 def test_the_file_is_written_read_only_and_replaced_whole(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from composespawner.domain.hardware import CompositionTag, Device, Inventory
 from composespawner.fabric.base import (
     OEM_KEY,
     CompositionMode,
@@ -46,7 +47,6 @@ from composespawner.fabric.redfish.transport import (
     Response,
     retry_after_seconds,
 )
-from composespawner.hardware import CompositionTag, Device, Inventory
 
 T = TypeVar("T")
 

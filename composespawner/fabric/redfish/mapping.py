@@ -26,8 +26,8 @@ from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import unquote
 
+from composespawner.domain.hardware import CompositionTag, Device, DeviceState, Host, Inventory
 from composespawner.fabric.base import OEM_KEY
-from composespawner.hardware import CompositionTag, Device, DeviceState, Host, Inventory
 
 Document = Mapping[str, Any]
 

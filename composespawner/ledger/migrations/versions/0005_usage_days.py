@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime
 import sqlalchemy as sa
 from alembic import op
 
-from composespawner.usage import day_shares
+from composespawner.domain.usage import day_shares
 
 revision: str = "0005"
 down_revision: str | None = "0004"

@@ -6,8 +6,8 @@ imports KubeSpawner and its Kubernetes client.
 
 from __future__ import annotations
 
-from .launchers.kubernetes import KubeLauncher
-from .spawner import ComposeMixin
+from composespawner.launchers.kubernetes import KubeLauncher
+from composespawner.spawners.spawner import ComposeMixin
 
 
 class ComposeKubeSpawner(ComposeMixin, KubeLauncher):

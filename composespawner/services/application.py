@@ -17,14 +17,14 @@ from typing import Any
 from traitlets import Unicode, default
 from traitlets.config import Application
 
-from .catalog import Catalog, Stack
-from .launchers.environments import (
+from composespawner.domain.catalog import Catalog, Stack
+from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
     StackEnvironments,
     default_root,
 )
-from .settings import ComposeSettings, settings_from_config, upgrade_ledger
+from composespawner.services.settings import ComposeSettings, settings_from_config, upgrade_ledger
 
 
 class ComposeApplication(Application):

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .ledger.database import log_ahead
+from composespawner.ledger.database import log_ahead
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # composespawner/, above commands/
 CONFIG_FILE = "jupyterhub_config.py"
 # The simulator and the spawner of the demo share these Redfish credentials.
 DEMO_FABRIC_USERNAME = "admin"

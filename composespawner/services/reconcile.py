@@ -50,12 +50,12 @@ from jupyterhub.services.auth import HubAuth
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Float, default
 
-from .application import ComposeApplication
-from .composer import Composer
-from .fabric.base import FabricError
-from .hardware import Inventory
-from .ledger import TERMINAL, LedgerError, Machine
-from .settings import build_composer
+from composespawner.domain.hardware import Inventory
+from composespawner.fabric.base import FabricError
+from composespawner.ledger import TERMINAL, LedgerError, Machine
+from composespawner.services.application import ComposeApplication
+from composespawner.services.composer import Composer
+from composespawner.services.settings import build_composer
 
 ActionKind = Literal[
     "finish-release", "release-orphan", "detach-untracked", "reattach", "stop-server", "conflict"

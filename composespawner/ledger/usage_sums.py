@@ -16,8 +16,8 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, case, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from composespawner.domain.usage import DayUse, Period, day_shares
 from composespawner.ledger.models import DeviceRow, MachineRow, UsageDayRow, UsageModelDayRow
-from composespawner.usage import DayUse, Period, day_shares
 
 USAGE_DAYS = cast(Table, UsageDayRow.__table__)
 USAGE_MODEL_DAYS = cast(Table, UsageModelDayRow.__table__)

@@ -7,7 +7,7 @@ pair it with a launcher: :class:`ComposeSpawner` runs the notebook as a local
 process (the embedded default); a Kubernetes launcher plugs in the same way.
 
 This module holds no allocation logic: it parses and renders, then asks the
-:class:`~composespawner.composer.Composer` (one per hub process) to do the work.
+:class:`~composespawner.services.composer.Composer` (one per hub process) to do the work.
 """
 
 from __future__ import annotations
@@ -24,21 +24,11 @@ from sqlalchemy import event
 from tornado.log import app_log
 from traitlets import Float, Unicode, default
 
-from .admission import Admission
-from .catalog import Catalog, Kit, Stack
-from .colocation import Registration
-from .composer import Composer
-from .fabric.base import FabricError
-from .failures import ComposeFailed, ComposeRefused
-from .form import render_form, render_unavailable
-from .kits import HOME_FOLDER
-from .launchers.base import KitNotDelivered, Launcher
-from .launchers.local import LocalLauncher
-from .ledger import SchemaNotCurrent
-from .machine import ComposedMachine, machine_env
-from .manifest import run_manifest
-from .refusal import ComposeRefusal
-from .request import (
+from composespawner.domain.catalog import Catalog, Kit, Stack
+from composespawner.domain.colocation import Registration
+from composespawner.domain.machine import ComposedMachine, machine_env
+from composespawner.domain.manifest import run_manifest
+from composespawner.domain.request import (
     MAX_OPTIONS_BYTES,
     MachineRequest,
     RequestError,
@@ -49,7 +39,17 @@ from .request import (
     parse_options,
     settle_stack,
 )
-from .settings import ComposeSettings, shared_composer
+from composespawner.fabric.base import FabricError
+from composespawner.launchers.base import KitNotDelivered, Launcher
+from composespawner.launchers.kits import HOME_FOLDER
+from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.refusal import ComposeRefusal
+from composespawner.ledger import SchemaNotCurrent
+from composespawner.services.admission import Admission
+from composespawner.services.composer import Composer
+from composespawner.services.failures import ComposeFailed, ComposeRefused
+from composespawner.services.settings import ComposeSettings, shared_composer
+from composespawner.spawners.form import render_form, render_unavailable
 
 STATE_VERSION = 1
 
@@ -139,7 +139,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         # refusal removes it, so it counts toward no named-server limit.
         orm_spawner = self.orm_spawner
         self._record_is_new = orm_spawner is not None and orm_spawner.last_activity is None
-        # What the running server runs on (composespawner.manifest), while it runs.
+        # What the running server runs on (composespawner.domain.manifest), while it runs.
         self.run_manifest: dict[str, Any] | None = None
         # start_timeout as configured, before a start that builds its stack adds to it.
         self._configured_start_timeout: float = self.start_timeout

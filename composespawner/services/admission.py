@@ -11,8 +11,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .catalog import Catalog, GpuModel
-from .cohorts import (
+from composespawner.domain.catalog import Catalog, GpuModel
+from composespawner.domain.cohorts import (
     END_OF_DAY,
     Reservation,
     StackChoice,
@@ -20,9 +20,9 @@ from .cohorts import (
     holdback,
     stack_choice,
 )
-from .colocation import Registration
-from .ledger import KeepFree, SpawnPolicy
-from .quota import NO_QUOTA, Quota
+from composespawner.domain.colocation import Registration
+from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.ledger import KeepFree, SpawnPolicy
 
 
 @dataclass(frozen=True)

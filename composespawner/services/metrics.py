@@ -23,13 +23,13 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .fabric.base import FabricError, Progress
-from .failures import ComposeFailed, ComposeRefused
-from .hardware import CompositionTag, Device, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, Inventory
+from composespawner.fabric.base import FabricError, Progress
+from composespawner.services.failures import ComposeFailed, ComposeRefused
 
 if TYPE_CHECKING:
-    from .composer import Composer
-    from .fabric.base import Fabric
+    from composespawner.fabric.base import Fabric
+    from composespawner.services.composer import Composer
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -47,26 +47,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return simulator_main(rest)
     if args.command == "reconcile":
-        from .reconcile import ReconcilerApp
+        from composespawner.services.reconcile import ReconcilerApp
 
         ReconcilerApp.launch_instance(rest)
         return 0
     if args.command == "portal":
-        from .portal.app import PortalApp
+        from composespawner.portal.app import PortalApp
 
         PortalApp.launch_instance(rest)
         return 0
     if args.command == "upgrade-db":
-        from .application import UpgradeDB
+        from composespawner.services.application import UpgradeDB
 
         UpgradeDB.launch_instance(rest)
         return 0
     if args.command == "build-stacks":
-        from .application import BuildStacks
+        from composespawner.services.application import BuildStacks
 
         BuildStacks.launch_instance(rest)
         return 0
-    from . import supervise
+    from composespawner.commands import supervise
 
     if args.command == "notebook-account":
         return supervise.notebook_account_main()

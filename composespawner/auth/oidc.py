@@ -34,7 +34,7 @@ from tornado import web
 from tornado.httpclient import HTTPClientError
 from traitlets import Bool, Set, Unicode
 
-from .accounts import AccountError, ensure_user_account, is_account_name
+from composespawner.launchers.accounts import AccountError, ensure_user_account, is_account_name
 
 DISCOVERY_TIMEOUT = 10.0  # seconds
 CLOCK_SKEW = 60  # seconds of leeway on the ID token's times

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from operator import attrgetter
 
-from .hardware import Device, Host, Inventory
+from composespawner.domain.hardware import Device, Host, Inventory
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,18 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import colocation
-from .catalog import Catalog, GpuModel
-from .cohorts import StackChoice
-from .colocation import Registration
-from .fabric.base import Fabric, FabricUnreachable
-from .hardware import Inventory
-from .ledger import DeviceRecord, Ledger, LedgerRunner, utcnow
-from .placement import Availability, Pool, availability, keep_back, pool_for
-from .placement import visible_models as _visible_models
-from .quota import NO_QUOTA, Quota
-from .reservations import Reservations
-from .snapshot import Snapshot
+from composespawner.domain import colocation
+from composespawner.domain.catalog import Catalog, GpuModel
+from composespawner.domain.cohorts import StackChoice
+from composespawner.domain.colocation import Registration
+from composespawner.domain.hardware import Inventory
+from composespawner.domain.placement import Availability, Pool, availability, keep_back, pool_for
+from composespawner.domain.placement import visible_models as _visible_models
+from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.fabric.base import Fabric, FabricUnreachable
+from composespawner.ledger import DeviceRecord, Ledger, LedgerRunner, utcnow
+from composespawner.services.reservations import Reservations
+from composespawner.services.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,19 +28,14 @@ from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from .admission import Admission, ClaimTerms, admission
-from .catalog import Catalog
-from .fabric.base import Fabric, FabricError
-from .failures import (
-    ComposeFailed,
-    ComposeRefused,
-    refusal,
-    why_busy,
-    why_claim_failed,
-    why_compose_failed,
-)
-from .hardware import CompositionTag
-from .ledger import (
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.placement import DeviceAsk, NoFit, Plan, Pool, place
+from composespawner.domain.quotas import NO_SITE_QUOTA, QuotaRule
+from composespawner.domain.request import MachineRequest
+from composespawner.fabric.base import Fabric, FabricError
+from composespawner.ledger import (
     DevicesTaken,
     Ledger,
     LedgerError,
@@ -51,15 +46,20 @@ from .ledger import (
     ServerBusy,
     utcnow,
 )
-from .ledger.quota import check_ask
-from .machine import ComposedMachine
-from .metrics import measure_compose
-from .placement import DeviceAsk, NoFit, Plan, Pool, place
-from .pool import Offer, PoolView
-from .quota import NO_SITE_QUOTA, QuotaRule
-from .releases import BackgroundReleases
-from .request import MachineRequest
-from .reservations import Reservations
+from composespawner.ledger.limits import check_ask
+from composespawner.services.admission import Admission, ClaimTerms, admission
+from composespawner.services.failures import (
+    ComposeFailed,
+    ComposeRefused,
+    refusal,
+    why_busy,
+    why_claim_failed,
+    why_compose_failed,
+)
+from composespawner.services.metrics import measure_compose
+from composespawner.services.pool import Offer, PoolView
+from composespawner.services.releases import BackgroundReleases
+from composespawner.services.reservations import Reservations
 
 Progress = Callable[[str], None]
 

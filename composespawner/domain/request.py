@@ -14,8 +14,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .catalog import Catalog
-from .cohorts import StackChoice
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import StackChoice
 
 FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack", "kit")
 # Every field at its longest takes a few hundred bytes. JupyterHub stores what

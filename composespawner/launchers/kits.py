@@ -14,7 +14,7 @@ What the kit gave last is remembered, file by file, in
 ``~/.composespawner/kits/<id>.json``: a file still as it was given is one the
 user did not change. :func:`plan` decides, from hashes alone; :func:`merge`
 does it. The spawner runs :func:`merge` as the notebook's account
-(``python -m composespawner.kits``), so a link the user made in their home can
+(``python -m composespawner.launchers.kits``), so a link the user made in their home can
 point the merge nowhere but where the user could write anyway.
 """
 
@@ -151,8 +151,10 @@ def _free_name(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m composespawner.kits KIT_FOLDER HOME KIT_ID``: merge, and say what changed."""
-    parser = argparse.ArgumentParser(prog="python -m composespawner.kits", description=__doc__)
+    """``python -m composespawner.launchers.kits FOLDER HOME KIT_ID``: merge, say what changed."""
+    parser = argparse.ArgumentParser(
+        prog="python -m composespawner.launchers.kits", description=__doc__
+    )
     parser.add_argument("kit_folder", type=Path)
     parser.add_argument("home", type=Path)
     parser.add_argument("kit_id")

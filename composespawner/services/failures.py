@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 
-from .fabric.base import DeviceInUse, FabricError, FabricRefused, FabricUnreachable
-from .ledger import LedgerError, NotOwner, QuotaExceeded, ServerBusy, server_label
+from composespawner.fabric.base import DeviceInUse, FabricError, FabricRefused, FabricUnreachable
+from composespawner.ledger import LedgerError, NotOwner, QuotaExceeded, ServerBusy, server_label
 
 
 class ComposeRefused(Exception):

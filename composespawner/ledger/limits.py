@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from composespawner.domain.quotas import Quota
 from composespawner.ledger.errors import QuotaExceeded, gpus
 from composespawner.ledger.records import ServerUse, server_label
-from composespawner.quota import Quota
 
 
 @dataclass(frozen=True)

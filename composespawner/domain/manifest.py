@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .catalog import Catalog, Stack
-from .machine import ComposedMachine
+from composespawner.domain.catalog import Catalog, Stack
+from composespawner.domain.machine import ComposedMachine
 
 VERSION = 1
 

@@ -29,20 +29,20 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from .accounts import (
-    DEFAULT_NOTEBOOK_ACCOUNT,
-    AccountError,
-    ensure_account,
-    let_in,
-    reach_problem,
-)
-from .embedded import (
+from composespawner.commands.embedded import (
     CONFIG_FILE,
     DEMO_FABRIC_PASSWORD,
     DEMO_FABRIC_USERNAME,
     PACKAGE,
     config_dir,
     simulator_command,
+)
+from composespawner.launchers.accounts import (
+    DEFAULT_NOTEBOOK_ACCOUNT,
+    AccountError,
+    ensure_account,
+    let_in,
+    reach_problem,
 )
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -19,15 +19,22 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .fabric.base import FabricError, NotExpandable
-from .failures import ComposeFailed, ComposeRefused, refusal
-from .ledger import DevicesTaken, LedgerError, Machine, NotRunning, QuotaExceeded, server_label
-from .ledger.quota import Use, check_ask, check_use
-from .machine import ComposedMachine
-from .placement import DeviceAsk, NoFit, place_more
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.placement import DeviceAsk, NoFit, place_more
+from composespawner.fabric.base import FabricError, NotExpandable
+from composespawner.ledger import (
+    DevicesTaken,
+    LedgerError,
+    Machine,
+    NotRunning,
+    QuotaExceeded,
+    server_label,
+)
+from composespawner.ledger.limits import Use, check_ask, check_use
+from composespawner.services.failures import ComposeFailed, ComposeRefused, refusal
 
 if TYPE_CHECKING:
-    from .composer import Composer
+    from composespawner.services.composer import Composer
 
 # Another claim may take the GPUs placement picked: pick again on fresh data.
 GROW_ATTEMPTS = 3

@@ -2,7 +2,7 @@
 
 Every process that works on the pool (the hub's spawners, the reconciler, the
 coming portal) reads the same knobs from the same config file and builds its
-ledger, fabric client and :class:`~composespawner.composer.Composer` here, and
+ledger, fabric client and :class:`~composespawner.services.composer.Composer` here, and
 nowhere else.
 
 The knobs live on :class:`ComposeSettings`. The spawner inherits them, so a
@@ -24,12 +24,12 @@ from prometheus_client import REGISTRY
 from traitlets import Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Config, LoggingConfigurable
 
-from .catalog import Catalog
-from .composer import Composer
-from .fabric.redfish import RedfishFabric, RedfishTimeouts
-from .ledger import Ledger
-from .metrics import MeasuredFabric, PoolCollector
-from .quota import QuotaRule
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.quotas import QuotaRule
+from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
+from composespawner.ledger import Ledger
+from composespawner.services.composer import Composer
+from composespawner.services.metrics import MeasuredFabric, PoolCollector
 
 # Config sections that carry the settings, least specific first: the
 # spawner's own section wins, as it does for the spawner itself.

@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .accounts import switch_account_command
-from .catalog import Kit
+from composespawner.domain.catalog import Kit
+from composespawner.launchers.accounts import switch_account_command
 
 MAX_MODEL_BYTES = 5 * 1024 * 1024  # the kits' models are tens of kB
 SCORE_TIMEOUT = 180.0  # seconds; the kits score in a few

@@ -13,7 +13,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from .fabric.base import FabricError
+from composespawner.fabric.base import FabricError
 
 Release = Callable[[str, str, bool], Awaitable[None]]  # machine id, reason, failed
 

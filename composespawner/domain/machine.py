@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .hardware import Device
+from composespawner.domain.hardware import Device
 
 
 @dataclass(frozen=True, slots=True)

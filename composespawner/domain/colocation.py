@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from .cohorts import InvalidCohort
+from composespawner.domain.cohorts import InvalidCohort
 
 
 class InvalidRegistration(InvalidCohort):

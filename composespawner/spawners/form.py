@@ -13,10 +13,10 @@ from typing import Any
 
 import jinja2
 
-from .catalog import Catalog, GpuModel
-from .placement import Availability
-from .pool import Offer
-from .quota import Quota
+from composespawner.domain.catalog import Catalog, GpuModel
+from composespawner.domain.placement import Availability
+from composespawner.domain.quotas import Quota
+from composespawner.services.pool import Offer
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("composespawner", "templates"),

@@ -1,0 +1,1 @@
+"""The processes: the ``composespawner`` command, the embedded default's files and supervision."""

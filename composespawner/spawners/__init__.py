@@ -1,0 +1,1 @@
+"""JupyterHub glue: the composing spawners, their form and their refusals."""
