@@ -1,6 +1,6 @@
 """Shared pieces of the load benchmarks (spawn_storm, release_latency).
 
-A hub under load here is the real demo hub of ``tests.hubharness`` with three
+A hub under load here is the real demo hub of ``harness.hub`` with three
 things changed, all through the harness's extra config and environment:
 
 * notebooks are :mod:`benchmarks.standin_notebook` (a stdlib HTTP answer), so
@@ -34,7 +34,7 @@ from urllib3.util.retry import Retry
 
 from composespawner.ledger import Ledger
 from fabricsim.inventory import HOST_ID_DIGITS
-from tests.hubharness import ADMIN_TOKEN, Hub
+from harness.hub import ADMIN_TOKEN, Hub
 
 RESULTS = Path(__file__).with_name("results")
 STANDIN = Path(__file__).with_name("standin_notebook.py")

@@ -33,7 +33,7 @@ from typing import Any
 from benchmarks.hubload import RESULTS, percentile, write_result
 from composespawner.ledger import DevicesTaken, Ledger
 from composespawner.ledger.records import DeviceRecord
-from tests.support.postgres import connectable_admin_engine, scratch_database
+from harness.postgres import connectable_admin_engine, scratch_database
 
 RACKS = 40
 HOSTS_PER_RACK = 100

@@ -51,7 +51,7 @@ from composespawner.ledger.models import (
     UsageRecordRow,
 )
 from composespawner.services.settings import upgrade_ledger
-from tests.hubharness import PORTAL, Hub, running_hub, wait_for_portal
+from harness.hub import PORTAL, Hub, running_hub, wait_for_portal
 
 USAGE_DAYS = 120
 GPU_MIX = (1, 2, 4, 8)  # GPUs of an ended machine, as often as the weights say

@@ -46,7 +46,7 @@ from benchmarks.hubload import (
     ratio,
     write_result,
 )
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 
 STOPS = 50
 USER = "release-bench"

@@ -77,14 +77,14 @@ from benchmarks.hubload import (
     wait_released,
     write_result,
 )
-from tests.hubharness import Hub, process_env, running_hub
-from tests.support.kube import (
+from harness.hub import Hub, process_env, running_hub
+from harness.kube import (
     KubeApiServer,
     catalog_with_pushed_images,
     kube_apiserver,
     kubespawner_config,
 )
-from tests.support.kubelet import running_nodes
+from harness.kubelet import running_nodes
 
 USERS = 200
 KUBERNETES_USERS = 100

@@ -22,8 +22,8 @@ from playwright.sync_api import Page, sync_playwright
 from composespawner.domain.catalog import Catalog
 from composespawner.launchers.environments import StackEnvironments, default_root
 from composespawner.ledger import Ledger
-from tests.hubharness import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub, wait_for
-from tests.support.browser import CHROMIUM, FLAGS, log_in
+from harness.browser import CHROMIUM, FLAGS, log_in
+from harness.hub import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub, wait_for
 
 RUNS = 15
 RESULTS = Path(__file__).with_name("results")

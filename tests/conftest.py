@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub
+from harness.hub import Hub
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.hubharness import Hub, fabric_on_its_own, running_hub
-from tests.support.browser import CHROMIUM, FLAGS
+from harness.browser import CHROMIUM, FLAGS
+from harness.hub import Hub, fabric_on_its_own, running_hub
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import requests
 from playwright.sync_api import Page, expect
 
 from composespawner.ledger import Ledger
-from tests.hubharness import PASSWORD, Hub, wait_for
-from tests.support.browser import log_in, shot
+from harness.browser import log_in, shot
+from harness.hub import PASSWORD, Hub, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 GRAB = {"gpu_model": "h100", "gpu_count": "4", "network": "100g", "scratch_gb": "3840"}

@@ -10,9 +10,9 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.hubharness import Hub, wait_for
-from tests.support.browser import log_in, shot
-from tests.support.simulator import SimulatorSwitches
+from harness.browser import log_in, shot
+from harness.hub import Hub, wait_for
+from harness.simulator import SimulatorSwitches
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.hubharness import Hub
-from tests.support.browser import log_in, shot
+from harness.browser import log_in, shot
+from harness.hub import Hub
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

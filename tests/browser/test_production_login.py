@@ -25,7 +25,7 @@ import pytest
 import requests
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
-from tests.hubharness import (
+from harness.hub import (
     FABRIC_AUTH,
     Hub,
     fabric_on_its_own,
@@ -34,11 +34,11 @@ from tests.hubharness import (
     running_production_hub,
     wait_for,
 )
-from tests.paths import HUB_CONFIG, ROOT
+from harness.paths import HUB_CONFIG, ROOT
+from harness.postgres import connectable_admin_engine, scratch_database
+from harness.tls import TLSFiles, make_tls_files, served_certificate_der
 from tests.support.accounts import user_accounts
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
-from tests.support.postgres import connectable_admin_engine, scratch_database
-from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -31,7 +31,8 @@ import sqlalchemy as sa
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from composespawner.ledger import Ledger
-from tests.hubharness import (
+from harness.browser import CHROMIUM, FLAGS
+from harness.hub import (
     FABRIC_AUTH,
     TEST_ADMIN_CONFIG,
     Hub,
@@ -42,12 +43,11 @@ from tests.hubharness import (
     start_hub,
     wait_for,
 )
-from tests.paths import HUB_CONFIG, ROOT
-from tests.support.browser import CHROMIUM, FLAGS
+from harness.paths import HUB_CONFIG, ROOT
+from harness.postgres import PG_ADDRESS, connectable_admin_engine
+from harness.tls import TLSFiles, make_tls_files, served_certificate_der
 from tests.support.debian import ansible_tools, debian_root
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
-from tests.support.postgres import PG_ADDRESS, connectable_admin_engine
-from tests.support.tls import TLSFiles, make_tls_files, served_certificate_der
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.postgres]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hubharness import fabric_on_its_own
-from tests.support.simulator import SimulatorProcess
+from harness.hub import fabric_on_its_own
+from harness.simulator import SimulatorProcess
 
 
 @pytest.fixture

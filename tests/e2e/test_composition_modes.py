@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.hubharness import PORTAL, Hub, notebook_pid, process_env, running_hub
+from harness.hub import PORTAL, Hub, notebook_pid, process_env, running_hub
 
 pytestmark = pytest.mark.e2e
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2, "network": "25g", "scratch_gb": 0}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hubharness import alive, free_ports, notebook_pid, running_hub
+from harness.hub import alive, free_ports, notebook_pid, running_hub
 
 pytestmark = pytest.mark.e2e
 

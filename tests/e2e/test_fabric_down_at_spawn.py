@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.hub import Hub
 from tests.e2e.test_faults import (
     TWO_T4,
     HubFabric,
@@ -20,7 +21,6 @@ from tests.e2e.test_faults import (
     hub_with_faults,
     spawns_fine,
 )
-from tests.hubharness import Hub
 
 pytestmark = pytest.mark.e2e
 # Every spawn reads the fabric afresh, as a REST spawn does whenever nobody

@@ -21,10 +21,10 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from composespawner.ledger import Ledger
+from harness.browser import CHROMIUM, FLAGS
+from harness.hub import PASSWORD, Hub, fabric_on_its_own, running_hub, wait_for
+from harness.simulator import SimulatorProcess
 from tests.e2e.test_faults import TWO_T4, ledger_ready
-from tests.hubharness import PASSWORD, Hub, fabric_on_its_own, running_hub, wait_for
-from tests.support.browser import CHROMIUM, FLAGS
-from tests.support.simulator import SimulatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 # Every form and spawn asks the fabric afresh, as they do whenever nobody asked

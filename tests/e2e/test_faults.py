@@ -1,7 +1,7 @@
 """The fabric misbehaves during spawn, stop and poll: users are told, hardware is never lost.
 
 A real hub runs the simulated fabric with its fault switches (``/sim/faults``,
-through tests/support/simulator.py).
+through harness/simulator.py).
 Each test switches one fault on and checks ARCHITECTURE.md's invariants from
 the outside:
 
@@ -31,8 +31,8 @@ import pytest
 import requests
 
 from composespawner.ledger import Ledger, Machine
-from tests.hubharness import FABRIC_AUTH, Hub, notebook_pid, process_env, running_hub, wait_for
-from tests.support.simulator import SimulatorSwitches
+from harness.hub import FABRIC_AUTH, Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.simulator import SimulatorSwitches
 
 pytestmark = pytest.mark.e2e
 TWO_T4 = {"gpu_model": "t4", "gpu_count": 2}

@@ -26,8 +26,8 @@ import requests
 import sqlalchemy as sa
 
 from composespawner.ledger import Ledger, Machine
-from tests.hubharness import Hub, running_hub, wait_for
-from tests.support.simulator import SimulatorProcess, SimulatorSwitches
+from harness.hub import Hub, running_hub, wait_for
+from harness.simulator import SimulatorProcess, SimulatorSwitches
 
 pytestmark = pytest.mark.e2e
 SLOW_NOTEBOOK = Path(__file__).with_name("slow_notebook.py")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hubharness import Hub, running_hub, wait_for
-from tests.support.simulator import SimulatorProcess
+from harness.hub import Hub, running_hub, wait_for
+from harness.simulator import SimulatorProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.hubharness import Hub, running_hub
+from harness.hub import Hub, running_hub
 
 pytestmark = pytest.mark.e2e
 ONE_T4 = {"gpu_model": "t4", "gpu_count": 1, "network": "25g", "scratch_gb": 0}

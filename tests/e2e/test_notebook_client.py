@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.e2e.test_portal import Visitor
-from tests.hubharness import (
+from harness.hub import (
     PORTAL,
     Hub,
     notebook_pid,
@@ -23,6 +22,7 @@ from tests.hubharness import (
     running_hub,
     wait_for_portal,
 )
+from tests.e2e.test_portal import Visitor
 from tests.support.kernel import Executed, run_in_kernel
 
 pytestmark = [pytest.mark.e2e]

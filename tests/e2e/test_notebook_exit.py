@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 
 pytestmark = pytest.mark.e2e
 RELEASE_S = 5.0  # the bound from the exit to the devices free on the fabric

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub
+from harness.hub import Hub, notebook_pid, process_env, running_hub
 
 pytestmark = pytest.mark.e2e
 # Exit status 13 (EACCES) when refused, 0 when the file could be read.

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import requests
 
+from harness.hub import PORTAL, Hub, running_hub, wait_for, wait_for_portal
 from tests.e2e.test_faults import TWO_T4
-from tests.hubharness import PORTAL, Hub, running_hub, wait_for, wait_for_portal
 
 pytestmark = [pytest.mark.e2e]
 

@@ -16,8 +16,8 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.hubharness import PORTAL, Hub, running_hub, wait_for
-from tests.paths import ROOT
+from harness.hub import PORTAL, Hub, running_hub, wait_for
+from harness.paths import ROOT
 
 API = ROOT / "docs" / "portal-api.yaml"
 TOKEN = "portal-schema-admin-token-0123456789abcdef"

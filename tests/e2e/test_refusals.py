@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 
 pytestmark = pytest.mark.e2e
 USERS = ("student1", "student2", "researcher1")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub
-from tests.paths import ROOT
+from harness.hub import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub
+from harness.paths import ROOT
 from tests.support.stacks import COMMON, make_lock
 
 pytestmark = pytest.mark.e2e

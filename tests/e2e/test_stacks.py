@@ -18,8 +18,7 @@ import pytest
 import requests
 
 from composespawner.domain.catalog import Catalog
-from tests.e2e.test_portal import Visitor
-from tests.hubharness import (
+from harness.hub import (
     HUB_CONFIG,
     Hub,
     notebook_pid,
@@ -27,6 +26,7 @@ from tests.hubharness import (
     running_hub,
     wait_for_portal,
 )
+from tests.e2e.test_portal import Visitor
 from tests.support.kernel import run_in_kernel
 from tests.support.kits import KITS
 

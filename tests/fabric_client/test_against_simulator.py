@@ -38,8 +38,8 @@ from composespawner.fabric.base import (
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
 from composespawner.services.settings import build_composer, upgrade_ledger
 from composespawner.spawners.spawner import ComposeSpawner
-from tests.support.simulator import SimulatorProcess, SimulatorSwitches
-from tests.support.tls import TLSFiles, make_tls_files
+from harness.simulator import SimulatorProcess, SimulatorSwitches
+from harness.tls import TLSFiles, make_tls_files
 
 from .conftest import REPO_ROOT
 

@@ -28,7 +28,7 @@ import requests
 from composespawner.domain.hardware import CompositionTag, Device
 from composespawner.fabric.base import FabricRefused, NotExpandable
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
-from tests.support.simulator import SimulatorProcess
+from harness.simulator import SimulatorProcess
 
 USER, PASSWORD = "hub-client", "sim-pass-7"
 TIMEOUTS = RedfishTimeouts(connect=2, request=3, operation=15, task_poll_max=0.2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tls import TLSFiles, make_tls_files
+from harness.tls import TLSFiles, make_tls_files
 
 from .harness import RedfishClient, SimulatorProcess, StartSimulator
 

@@ -1,7 +1,7 @@
 """Test harness for the fabric simulator: a real simulator process and a small HTTP client.
 
 The simulator runs as a subprocess on a free port, exactly as the hub would
-start it (tests/support/simulator.py polls its readiness with a deadline), and
+start it (harness/simulator.py polls its readiness with a deadline), and
 the fixtures in ``conftest.py`` stop every process they start.
 """
 
@@ -18,9 +18,9 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from tests.paths import SHARED
-from tests.support import simulator as support
-from tests.support.simulator import CREDENTIALS
+from harness import simulator as support
+from harness.paths import SHARED
+from harness.simulator import CREDENTIALS
 
 USERNAME, PASSWORD = CREDENTIALS
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
@@ -133,7 +133,7 @@ def poll_monitor(client: RedfishClient, monitor: str, deadline_s: float = 10.0) 
 
 
 class SimulatorProcess(support.SimulatorProcess):
-    """The shared simulator process (tests/support/simulator.py), with a client of its own.
+    """The shared simulator process (harness/simulator.py), with a client of its own.
 
     With ``tls`` it serves https with that certificate, and its client trusts the CA.
     """

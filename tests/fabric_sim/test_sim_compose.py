@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.hubharness import wait_for
+from harness.hub import wait_for
 
 from .harness import BLOCKS, SYSTEMS, RedfishClient, SimulatorProcess, action, block_ref
 from .sim_cases import ADD, REFUSALS, RefusalCase

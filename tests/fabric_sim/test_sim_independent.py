@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from composespawner.commands import cli
-from tests.paths import ROOT
+from harness.paths import ROOT
 
 # Imports every fabricsim module in a fresh interpreter, then lists what came along.
 IMPORT_ALL = """

@@ -6,8 +6,8 @@ import pytest
 
 from composespawner.domain.hardware import CompositionTag
 from composespawner.fabric.base import DeviceNotFound, Fabric, FabricUnreachable
+from harness.simulator import INVENTORY
 from tests.support.inprocess import InProcessFabric
-from tests.support.simulator import INVENTORY
 
 from .sim_cases import ADD, REFUSALS, RefusalCase
 

@@ -11,7 +11,7 @@ from fabricsim.inventory import (
     load_inventory,
     parse_inventory,
 )
-from tests.support.simulator import INVENTORY
+from harness.simulator import INVENTORY
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from fabricsim import errors
 from fabricsim.__main__ import main
 from fabricsim.inventory import InventoryError, load_inventory
 from fabricsim.state import FabricState
-from tests.support.simulator import INVENTORY
+from harness.simulator import INVENTORY
 
 from .harness import BLOCKS, SYSTEMS, RedfishClient, Response, StartSimulator, poll_monitor
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tls import TLSFiles
+from harness.tls import TLSFiles
 
 from .harness import PASSWORD, USERNAME, SimulatorProcess
 from .test_sim_validator import offline_environment

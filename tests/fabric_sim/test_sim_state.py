@@ -17,7 +17,7 @@ from fabricsim.state import (
 )
 from fabricsim.tasks import Outcome, TaskStore
 from fabricsim.wire import CompositionTag
-from tests.support.simulator import INVENTORY
+from harness.simulator import INVENTORY
 
 TAG = CompositionTag(hub="hub", machine="m-1", owner="carol/")
 

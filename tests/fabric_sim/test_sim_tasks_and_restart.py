@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.simulator import INVENTORY, free_port
+from harness.simulator import INVENTORY, free_port
 
 from .harness import (
     SYSTEMS,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from fabricsim.__main__ import TLSOptionError, main, tls_context
-from tests.paths import HUB_CONFIG
-from tests.support.tls import make_tls_files
+from harness.paths import HUB_CONFIG
+from harness.tls import make_tls_files
 
 
 def test_no_tls_options_is_plain_http() -> None:

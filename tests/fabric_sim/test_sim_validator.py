@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.tls import TLSFiles
+from harness.tls import TLSFiles
 
 from .harness import (
     BLOCKS,

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.paths import ROOT
+from harness.paths import ROOT
 
 
 def load_helper() -> ModuleType:

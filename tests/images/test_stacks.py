@@ -18,7 +18,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from composespawner.domain.catalog import Catalog
-from tests.paths import HUB_CONFIG, ROOT
+from harness.paths import HUB_CONFIG, ROOT
 
 IMAGES = ROOT / "images"
 STACKS = ("pytorch", "tensorflow")

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kube import KubeApiServer, kube_apiserver
+from harness.kube import KubeApiServer, kube_apiserver
 
 
 @pytest.fixture(scope="module")

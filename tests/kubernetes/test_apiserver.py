@@ -10,7 +10,7 @@ import requests
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.support.kube import KubeApiServer
+from harness.kube import KubeApiServer
 
 pytestmark = pytest.mark.kubernetes
 IMAGE = "quay.io/jupyter/base-notebook"  # never pulled: no kubelet runs images here

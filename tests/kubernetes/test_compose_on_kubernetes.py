@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from composespawner.ledger import Ledger
-from tests.hubharness import Hub, process_env, running_hub, wait_for
-from tests.paths import ROOT
-from tests.support.kube import (
+from harness.hub import Hub, process_env, running_hub, wait_for
+from harness.kube import (
     KubeApiServer,
     catalog_with_pushed_images,
     digest_of,
     kubespawner_config,
 )
-from tests.support.kubelet import running_nodes
+from harness.kubelet import running_nodes
+from harness.paths import ROOT
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
 HOSTS = [f"host-{n:02d}" for n in range(1, 9)]  # hub_config/fabric_inventory.toml

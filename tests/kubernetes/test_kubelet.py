@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.hubharness import wait_for
-from tests.support.kube import KubeApiServer
-from tests.support.kubelet import process_kubelet
+from harness.hub import wait_for
+from harness.kube import KubeApiServer
+from harness.kubelet import process_kubelet
 
 pytestmark = pytest.mark.kubernetes
 NODES = ["host-01", "host-02"]

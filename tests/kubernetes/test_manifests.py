@@ -17,8 +17,8 @@ from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.dra import gpu_claim
 from composespawner.launchers.kubernetes import NotebookNotStarted
 from composespawner.spawners.kube import ComposeKubeSpawner
-from tests.paths import ROOT
-from tests.support.kube import KubeApiServer, serialized
+from harness.kube import KubeApiServer, serialized
+from harness.paths import ROOT
 
 pytestmark = pytest.mark.kubernetes
 OLDEST = (1, 30)  # the oldest release still widely run (its upstream support ended in 2025)

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from composespawner.ledger import Ledger
-from tests.support.postgres import connectable_admin_engine, scratch_database
+from harness.postgres import connectable_admin_engine, scratch_database
 
 from .support import GPUS, PATHS, Clock, MachineMaker, gpu_ids, inventory
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import ROOT
+from harness.paths import ROOT
 
 # Run by the venv's Python: resolves what a hub resolves, and reads the packaged config.
 CHECKS = """

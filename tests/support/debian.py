@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from tests.paths import ROOT
+from harness.paths import ROOT
 
 CACHE = Path.home() / ".cache" / "composespawner"
 SUITE = "bookworm"

@@ -8,7 +8,7 @@ new client of the same fabric), and they count what was called and what failed,
 so a test can tell a retry happened or that a failure came from the fabric.
 
 For the real simulator's own fault switches, over HTTP, see
-``tests/support/simulator.py``.
+``harness/simulator.py``.
 """
 
 from __future__ import annotations

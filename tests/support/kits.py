@@ -21,7 +21,7 @@ import nbformat
 
 from composespawner.domain.catalog import Catalog, Stack
 from composespawner.launchers.environments import StackEnvironment, StackEnvironments, default_root
-from tests.paths import HUB_CONFIG, ROOT
+from harness.paths import HUB_CONFIG, ROOT
 
 KITS = ROOT / "images" / "kits"
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")

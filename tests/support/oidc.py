@@ -21,7 +21,7 @@ from typing import Any
 import requests
 from playwright.sync_api import Page
 
-from tests.hubharness import Hub
+from harness.hub import Hub
 
 from .ports import free_port
 from .tls import TLSFiles

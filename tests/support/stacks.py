@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from composespawner.domain.catalog import Stack, StackBuild
-from tests.paths import ROOT
+from harness.paths import ROOT
 
 COMMON = ROOT / "images" / "common"
 

@@ -62,7 +62,7 @@ from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.reconcile import Reconciler, ServerView
 from fabricsim.inventory import DeviceSpec, load_inventory
 from fabricsim.state import FabricState
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 from tests.support.faulty import AttachFailure, Faults, FaultyFabric
 
 T = TypeVar("T")

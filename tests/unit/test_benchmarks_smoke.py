@@ -23,8 +23,8 @@ from composespawner.domain.placement import Plan
 from composespawner.domain.usage import Period
 from composespawner.ledger import Ledger
 from fabricsim.inventory import parse_inventory
-from tests.hubharness import wait_for
-from tests.paths import HUB_CONFIG, SHARED
+from harness.hub import wait_for
+from harness.paths import HUB_CONFIG, SHARED
 
 
 def task(name: str, gpus: int, cores: int, arrival: int = 0, duration: int = 10) -> Task:

@@ -24,8 +24,8 @@ from composespawner.launchers.kubernetes import (
     stack_image,
 )
 from composespawner.launchers.refusal import ComposeRefusal
-from tests.paths import ROOT
-from tests.support.kube import serialized
+from harness.kube import serialized
+from harness.paths import ROOT
 
 UUID_A = "0f9a3c1e-8b7d-5e6f-a1b2-c3d4e5f60718"
 UUID_B = "7c6b5a49-3827-5160-9f8e-7d6c5b4a3928"

@@ -12,7 +12,7 @@ from composespawner.domain.catalog import Catalog
 from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.manifest import NotRelaunchable, relaunch_options, run_manifest
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
 OPTIONS = {"gpu_model": "t4", "gpu_count": 2, "network": "shared", "scratch_gb": 0}

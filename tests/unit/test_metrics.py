@@ -18,7 +18,7 @@ from composespawner.ledger import Actor, Ledger
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeRefused
 from composespawner.services.metrics import MeasuredFabric, PoolCollector, device_counts
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
 
 TWO_T4 = MachineRequest(gpu_model="t4", gpu_count=2, network="shared", scratch_gb=0)

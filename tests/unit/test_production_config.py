@@ -9,7 +9,7 @@ import pytest
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 
 
 def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: str) -> Config:

@@ -26,7 +26,7 @@ from composespawner.services.reconcile import (
     ServerView,
     plan_reconcile,
 )
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
 
 HUB_ID = "hub-a"

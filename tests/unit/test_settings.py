@@ -18,7 +18,7 @@ from composespawner.services.settings import (
     shared_composer,
 )
 from composespawner.spawners.spawner import ComposeSpawner
-from tests.paths import HUB_CONFIG
+from harness.paths import HUB_CONFIG
 
 COMPOSESPAWNER = str(Path(sys.executable).parent / "composespawner")
 

