@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import (
+    alibaba_trace,
     hubload,
     ledger_claims,
     placement_speed,
@@ -17,7 +18,8 @@ from benchmarks import (
     spawn_storm,
     trace_replay,
 )
-from benchmarks.trace_replay import Cluster, DoubleAllocation, Node, Task
+from benchmarks.alibaba_trace import Node, Task
+from benchmarks.trace_replay import Cluster, DoubleAllocation
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.placement import Plan
 from composespawner.domain.usage import Period
@@ -64,11 +66,11 @@ def test_placement_speed_times_valid_decisions() -> None:
 
 
 def test_trace_files_are_the_ones_described() -> None:
-    nodes, tasks = trace_replay.load_nodes(), trace_replay.load_tasks()
+    nodes, tasks = alibaba_trace.load_nodes(), alibaba_trace.load_tasks()
     assert (len(nodes), sum(n.gpus for n in nodes)) == (1213, 6212)
     assert len(tasks) == 8152
     assert sum(t.duration is None for t in tasks) == 897  # Pending: never ran
-    assert trace_replay.TRACE == SHARED / "data" / "alibaba-openb-2023"
+    assert alibaba_trace.TRACE == SHARED / "data" / "alibaba-openb-2023"
 
 
 def test_inflation_on_a_slice_keeps_the_books() -> None:
