@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from composespawner.domain.usage import DayUse, InvalidPeriod, Period, usage_report
 from composespawner.ledger import Ledger, migrate
 from composespawner.ledger.database import writing
-from composespawner.ledger.store import USAGE
+from composespawner.ledger.statements import USAGE
 from tests.ledger.support import Clock, MachineMaker, inventory
 
 MODEL = "A100-80GB"

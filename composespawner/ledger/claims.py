@@ -1,0 +1,353 @@
+"""Claims: taking devices for a machine, growing a running one, giving some back.
+
+How the invariants hold here:
+
+* one holder per device (1): ``devices.machine_id`` is the only holder column,
+  and a claim sets it with ``UPDATE ... WHERE machine_id IS NULL``, checking
+  the rowcount;
+* co-located devices only for their owners and borrowers (2): :func:`_check_owned`;
+* quota (3): a claim locks the user's ``quota_accounts`` row first, so two
+  claims of one user cannot both count the GPUs in use before either takes
+  its own (SQLite needs no row: ``BEGIN IMMEDIATE`` already holds the whole
+  database's write lock for the transaction);
+* no deadlock between claims of different users on PostgreSQL: device rows are
+  locked in ``block_id`` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, tzinfo
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.ledger.database import LedgerPart
+from composespawner.ledger.errors import (
+    DevicesTaken,
+    NotOwner,
+    NotRunning,
+    ReservedForCohort,
+    UnknownDevices,
+    UnknownMachine,
+)
+from composespawner.ledger.lifecycle import CLAIMED, RUNNING, check_transition
+from composespawner.ledger.limits import Use, check_use
+from composespawner.ledger.policy import registration_of
+from composespawner.ledger.records import KeepFree, Machine
+from composespawner.ledger.statements import (
+    COHORTS,
+    COLOCATED,
+    DEVICES,
+    DEVICES_HELD_BY,
+    INSERT_EVENT,
+    INSERT_USAGE,
+    MACHINE_BY_ID,
+    MACHINES,
+    QUOTA_ACCOUNTS,
+)
+from composespawner.ledger.steps import (
+    WEEK,
+    event,
+    gpu_hours_since,
+    gpu_use,
+    held_by,
+    machine_record,
+    machine_row,
+    move,
+    moved,
+    rowcount,
+    usage_values,
+)
+from composespawner.ledger.usage_sums import add_day_use
+
+_FREE_THESE_OF = (
+    update(DEVICES)
+    .where(
+        DEVICES.c.machine_id == bindparam("b_machine_id"),
+        DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
+    )
+    .values(machine_id=None, held_since=None)
+)
+# Sorted: two claims wanting overlapping blocks lock them in the same order.
+_LOCK_DEVICES = (
+    select(DEVICES)
+    .where(DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)))
+    .order_by(DEVICES.c.block_id)
+    .with_for_update()
+)
+_TAKE_FREE_DEVICES = (
+    update(DEVICES)
+    .where(
+        DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
+        DEVICES.c.machine_id.is_(None),
+    )
+    .values(machine_id=bindparam("b_machine_id"), held_since=bindparam("b_now"))
+)
+_REGISTERED = select(COLOCATED).where(
+    COLOCATED.c.block_id.in_(bindparam("b_blocks", expanding=True))
+)
+_FREE_OF_MODELS = select(func.count()).where(
+    DEVICES.c.kind == "gpu",
+    DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
+    DEVICES.c.machine_id.is_(None),
+    DEVICES.c.owner_group.is_(None),  # co-located GPUs are never the pool's
+)
+_HELD_UNDER_COHORT = (
+    select(func.count())
+    .select_from(DEVICES.join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id))
+    .where(
+        MACHINES.c.cohort == bindparam("b_cohort"),
+        DEVICES.c.kind == "gpu",
+        DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
+    )
+)
+_LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
+
+
+class Claims(LedgerPart):
+    """Who takes which device: claims, growth and giving back (``Ledger.claim`` and the rest)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[], AbstractContextManager[Connection]],
+        now: Callable[[], datetime],
+        usage_zone: tzinfo,
+    ) -> None:
+        super().__init__(engine, write, now)
+        self._usage_zone = usage_zone
+
+    def claim(
+        self,
+        machine_id: str,
+        *,
+        host_id: str | None,
+        zone: str,
+        block_ids: Sequence[str],
+        quota: Quota = NO_QUOTA,
+        groups: frozenset[str] = frozenset(),
+        host_block: str | None = None,
+        keep_free: Sequence[KeepFree] = (),
+        cohort: str | None = None,
+    ) -> Machine:
+        """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
+
+        In one transaction: the user's quota row is locked, the blocks are
+        checked (known, allowed to ``groups``, free, and within ``quota``
+        counting the user's other live machines and GPU-hours) and taken, and
+        the machine moves to ``claimed``. ``keep_free``: cohort reservations the
+        user is outside of, checked here so that racing claims cannot jointly
+        take reserved GPUs; ``cohort``: the reservation a member claims under.
+        Raises :class:`UnknownDevices`, :class:`NotOwner`, :class:`QuotaExceeded`,
+        :class:`ReservedForCohort`, :class:`DevicesTaken` or
+        :class:`IllegalTransition`, having changed nothing.
+        """
+        wanted = _claim_set(block_ids, host_block)
+        now = self._now()
+        with self._write() as connection:
+            machine = machine_row(connection, machine_id)
+            check_transition(machine.state, CLAIMED)
+            _lock_quota_account(connection, machine.user_name, now)
+            devices = _lock_devices(connection, wanted)
+            _check_known(wanted, devices)
+            _check_owned(connection, machine.user_name, devices, groups, now)
+            asked = sum(1 for device in devices if device.kind == "gpu")
+            use = _use(connection, machine, quota, now)
+            check_use(machine.user_name, quota, asked, use)
+            for keep in keep_free:
+                _check_keep_free(connection, machine.user_name, keep, devices)
+            _take_devices(connection, machine_id, wanted, devices, now)
+            message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
+            changes = {"host_id": host_id, "zone": zone, "cohort": cohort}
+            move(connection, machine, CLAIMED, now, message, **changes)
+            return moved(machine, CLAIMED, now, wanted, **changes)
+
+    def grow(
+        self,
+        machine_id: str,
+        *,
+        block_ids: Sequence[str],
+        quota: Quota = NO_QUOTA,
+        groups: frozenset[str] = frozenset(),
+        keep_free: Sequence[KeepFree] = (),
+    ) -> Machine:
+        """Add ``block_ids`` to a running machine: all or nothing, checked as a claim is.
+
+        The machine's row is locked, so a stop that starts meanwhile waits for
+        this transaction (and then gives the new devices back with the rest),
+        or this one sees the machine stopping and refuses. Quota counts the
+        machine's GPUs with the new ones as one server's. Raises
+        :class:`NotRunning` besides what :meth:`claim` raises, having changed nothing.
+        """
+        wanted = tuple(sorted(set(block_ids)))
+        now = self._now()
+        with self._write() as connection:
+            machine = _lock_running(connection, machine_id)
+            _lock_quota_account(connection, machine.user_name, now)
+            devices = _lock_devices(connection, wanted)
+            _check_known(wanted, devices)
+            _check_owned(connection, machine.user_name, devices, groups, now)
+            held = connection.execute(DEVICES_HELD_BY, {"b_machine_id": machine_id}).all()
+            gpus = sum(1 for device in (*held, *devices) if device.kind == "gpu")
+            check_use(machine.user_name, quota, gpus, _use(connection, machine, quota, now))
+            for keep in keep_free:
+                _check_keep_free(connection, machine.user_name, keep, devices)
+            _take_devices(connection, machine_id, wanted, devices, now)
+            message = f"grew by {', '.join(wanted)}"
+            connection.execute(INSERT_EVENT, event(machine_id, now, RUNNING, RUNNING, message))
+            return machine_record(machine, tuple(held_by(connection, machine_id)))
+
+    def give_back(
+        self, machine_id: str, block_ids: Sequence[str], message: str, *, used: bool = True
+    ) -> Machine:
+        """Free some of a live machine's devices (the fabric detached them, or never
+        attached them: ``used`` False records no use of them). Blocks the machine does
+        not hold are left alone."""
+        now = self._now()
+        with self._write() as connection:
+            machine = machine_row(connection, machine_id)
+            mine = [
+                device
+                for device in connection.execute(DEVICES_HELD_BY, {"b_machine_id": machine_id})
+                if device.block_id in set(block_ids)
+            ]
+            if mine:
+                if used:
+                    connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in mine])
+                    add_day_use(connection, machine.user_name, mine, now, self._usage_zone)
+                connection.execute(
+                    _FREE_THESE_OF,
+                    {"b_machine_id": machine_id, "b_blocks": [d.block_id for d in mine]},
+                )
+                given = ", ".join(d.block_id for d in mine)
+                connection.execute(
+                    INSERT_EVENT,
+                    event(machine_id, now, machine.state, machine.state, f"{message}: {given}"),
+                )
+            return machine_record(machine, tuple(held_by(connection, machine_id)))
+
+
+def _lock_running(connection: Connection, machine_id: str) -> Row[Any]:
+    """The machine's row, locked until the transaction ends; NotRunning unless it runs."""
+    row = connection.execute(MACHINE_BY_ID.with_for_update(), {"b_machine_id": machine_id}).first()
+    if row is None:
+        raise UnknownMachine(machine_id)
+    if row.state != RUNNING:
+        raise NotRunning(machine_id, row.server_name, row.state)
+    return row
+
+
+def _lock_quota_account(connection: Connection, user: str, now: datetime) -> None:
+    """Create-if-absent, then lock, the user's account row: their claims queue up here."""
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        return  # BEGIN IMMEDIATE took the database's write lock: every claim queues already
+    insert_account = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    connection.execute(
+        insert_account(QUOTA_ACCOUNTS)
+        .values(user_name=user, created_at=now)
+        .on_conflict_do_nothing(index_elements=["user_name"])
+    )
+    connection.execute(
+        select(QUOTA_ACCOUNTS.c.user_name)
+        .where(QUOTA_ACCOUNTS.c.user_name == user)
+        .with_for_update()
+    )
+
+
+def _lock_devices(connection: Connection, wanted: Sequence[str]) -> list[Row[Any]]:
+    return list(connection.execute(_LOCK_DEVICES, {"b_blocks": list(wanted)}))
+
+
+def _check_known(wanted: Sequence[str], devices: Sequence[Row[Any]]) -> None:
+    unknown = set(wanted) - {device.block_id for device in devices}
+    if unknown:
+        raise UnknownDevices(unknown)
+
+
+def _check_owned(
+    connection: Connection,
+    user: str,
+    devices: Sequence[Row[Any]],
+    groups: frozenset[str],
+    now: datetime,
+) -> None:
+    """Co-located devices only for their owners and borrowers (invariant 2).
+
+    A portal registration (and its loan) decides; otherwise the device's owner
+    group as the hubs synced it from the catalog.
+    """
+    owned = [d for d in devices if d.owner_group]
+    if not owned:
+        return
+    registered = {
+        row.block_id: row
+        for row in connection.execute(_REGISTERED, {"b_blocks": [d.block_id for d in owned]})
+    }
+    refused = []
+    for device in owned:
+        row = registered.get(device.block_id)
+        if row is None:
+            allowed = device.owner_group in groups
+        else:
+            allowed = registration_of(row).usable_by(user, groups, now)
+        if not allowed:
+            refused.append(device.block_id)
+    if refused:
+        raise NotOwner(user, refused)
+
+
+def _take_devices(
+    connection: Connection,
+    machine_id: str,
+    wanted: Sequence[str],
+    devices: Sequence[Row[Any]],
+    now: datetime,
+) -> None:
+    taken = [device.block_id for device in devices if device.machine_id is not None]
+    if taken:
+        raise DevicesTaken(taken)
+    result = connection.execute(
+        _TAKE_FREE_DEVICES, {"b_blocks": list(wanted), "b_machine_id": machine_id, "b_now": now}
+    )
+    if rowcount(result) != len(wanted):
+        # The compare-and-set is the guarantee; the check above only names the culprits.
+        raise DevicesTaken(wanted, reason="not all free")
+
+
+def _check_keep_free(
+    connection: Connection, user: str, keep: KeepFree, devices: Sequence[Row[Any]]
+) -> None:
+    """Refuse a claim that would leave a reservation's members short (see KeepFree)."""
+    taking = sum(1 for d in devices if d.kind == "gpu" and d.model in keep.models)
+    if not taking:
+        return
+    # Outsiders' claims of a reserved model take turns on the cohort's row, so two of
+    # them cannot each see the same free GPUs (SQLite's write lock does this already).
+    if connection.dialect.name == "postgresql":
+        connection.execute(_LOCK_COHORT, {"b_name": keep.cohort})
+    models = {"b_models": list(keep.models), "b_cohort": keep.cohort}
+    free = connection.execute(_FREE_OF_MODELS, models).scalar_one()
+    members = connection.execute(_HELD_UNDER_COHORT, models).scalar_one()
+    if free - taking < keep.gpus - members:
+        raise ReservedForCohort(user, keep, free)
+
+
+def _use(connection: Connection, machine: Row[Any], quota: Quota, now: datetime) -> Use:
+    """What the machine's user holds besides it; GPU-hours read only where a limit needs them."""
+    user, server = machine.user_name, machine.server_name
+    servers = [use for use in gpu_use(connection, user) if use.server != server]
+    if quota.gpu_hours_week.value is None:
+        return Use(servers)
+    return Use(servers, gpu_hours_since(connection, user, now - WEEK, now))
+
+
+def _claim_set(block_ids: Sequence[str], host_block: str | None) -> tuple[str, ...]:
+    wanted = [*block_ids, *([host_block] if host_block is not None else [])]
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"a claim names a block twice: {sorted(wanted)}")
+    return tuple(sorted(wanted))

@@ -1,0 +1,215 @@
+"""What the ledger knows, read: machines, devices and their holders, events, runs, usage.
+
+Each read is one short transaction that changes nothing and returns frozen records.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta, tzinfo
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, Row, func, select
+
+from composespawner.domain.usage import DayUse, Period
+from composespawner.ledger.database import LedgerPart
+from composespawner.ledger.lifecycle import TERMINAL
+from composespawner.ledger.records import (
+    DeviceRecord,
+    Holding,
+    Machine,
+    MachineEvent,
+    RunManifest,
+    ServerUse,
+    UsageRecord,
+)
+from composespawner.ledger.statements import (
+    DEVICES,
+    EVENTS,
+    MACHINES,
+    RECONCILE_ACTIONS,
+    RUN_MANIFESTS,
+    USAGE,
+)
+from composespawner.ledger.steps import (
+    WEEK,
+    device_record,
+    gpu_hours_since,
+    gpu_use,
+    held_blocks,
+    machine_record,
+    read_live_machine,
+    read_machine,
+)
+from composespawner.ledger.usage_sums import UsageSums, UserSums, day_uses, live_uses, usage_sums
+
+# What makes a DeviceRecord: the first columns of the devices table.
+_DEVICE_FIELDS = 6
+_HOLDINGS = (
+    select(
+        DEVICES,
+        MACHINES.c.user_name,
+        MACHINES.c.server_name,
+        MACHINES.c.state,
+        MACHINES.c.host_id,
+        MACHINES.c.cohort,
+    )
+    .outerjoin(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
+    .order_by(DEVICES.c.chassis, DEVICES.c.kind, DEVICES.c.block_id)
+)
+
+
+class Queries(LedgerPart):
+    """The ledger's reads (``Ledger.machine``, ``Ledger.holdings`` and the rest)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[], AbstractContextManager[Connection]],
+        now: Callable[[], datetime],
+        usage_zone: tzinfo,
+    ) -> None:
+        super().__init__(engine, write, now)
+        self._usage_zone = usage_zone
+        self._device_records: dict[tuple[Any, ...], DeviceRecord] = {}
+        self._user_sums = UserSums()
+
+    def devices(self, block_ids: Collection[str] | None = None) -> list[DeviceRecord]:
+        """Every device the ledger knows, or those of ``block_ids``."""
+        query = select(DEVICES).order_by(DEVICES.c.block_id)
+        if block_ids is not None:
+            query = query.where(DEVICES.c.block_id.in_(list(block_ids)))
+        with self._engine.begin() as connection:
+            return [self._device_record(row) for row in connection.execute(query)]
+
+    def machine(self, machine_id: str) -> Machine | None:
+        with self._engine.begin() as connection:
+            return read_machine(connection, machine_id)
+
+    def live_machine(self, user: str, server: str) -> Machine | None:
+        with self._engine.begin() as connection:
+            return read_live_machine(connection, user, server)
+
+    def live_machines(self, user: str | None = None) -> list[Machine]:
+        query = select(MACHINES).where(MACHINES.c.state.not_in(TERMINAL))
+        if user is not None:
+            query = query.where(MACHINES.c.user_name == user)
+        query = query.order_by(MACHINES.c.user_name, MACHINES.c.server_name)
+        with self._engine.begin() as connection:
+            rows = connection.execute(query).all()
+            held = held_blocks(connection, [row.id for row in rows])
+            return [machine_record(row, held.get(row.id, ())) for row in rows]
+
+    def holdings(self, *, held_only: bool = False) -> list[Holding]:
+        """Every device the ledger knows (or only those held) and, where one holds it,
+        the machine: one read."""
+        query = _HOLDINGS.where(DEVICES.c.machine_id.is_not(None)) if held_only else _HOLDINGS
+        with self._engine.begin() as connection:
+            return [_holding(row, self._device_record(row)) for row in connection.execute(query)]
+
+    def _device_record(self, row: Row[Any]) -> DeviceRecord:
+        """The record of a devices row (its columns first), made once per distinct row:
+        an inventory read is thousands of rows that rarely change."""
+        key = tuple(row[:_DEVICE_FIELDS])
+        record = self._device_records.get(key)
+        if record is None:
+            record = self._device_records[key] = device_record(row)
+        return record
+
+    def gpu_use(self, user: str) -> list[ServerUse]:
+        """GPUs held by each of ``user``'s live servers (0 for a server holding none)."""
+        with self._engine.begin() as connection:
+            return gpu_use(connection, user)
+
+    def gpu_hours(self, user: str, within: timedelta = WEEK) -> float:
+        """GPU-hours ``user`` used in the last ``within``, running machines' so far included."""
+        now = self._now()
+        with self._engine.begin() as connection:
+            return gpu_hours_since(connection, user, now - within, now)
+
+    def holders(self) -> dict[str, str]:
+        """block_id → machine_id for every held block."""
+        return self._blocks_with("machine_id")
+
+    def held_by(self, machine_id: str) -> list[str]:
+        with self._engine.begin() as connection:
+            return list(held_blocks(connection, [machine_id]).get(machine_id, ()))
+
+    def free_blocks(self) -> set[str]:
+        query = select(DEVICES.c.block_id).where(DEVICES.c.machine_id.is_(None))
+        with self._engine.begin() as connection:
+            return set(connection.scalars(query))
+
+    def device_owners(self) -> dict[str, str]:
+        """block_id → owner group, for co-located devices."""
+        return self._blocks_with("owner_group")
+
+    def _blocks_with(self, column: str) -> dict[str, str]:
+        """block_id → ``column`` for every device where it is set."""
+        value = DEVICES.c[column]
+        query = select(DEVICES.c.block_id, value).where(value.is_not(None))
+        with self._engine.begin() as connection:
+            return {block: cast(str, found) for block, found in connection.execute(query)}
+
+    def run_manifest(self, machine_id: str) -> RunManifest | None:
+        query = select(RUN_MANIFESTS).where(RUN_MANIFESTS.c.machine_id == machine_id)
+        with self._engine.begin() as connection:
+            row = connection.execute(query).first()
+        return None if row is None else _run_manifest(row)
+
+    def run_manifests(self, user: str, limit: int = 20) -> list[RunManifest]:
+        """``user``'s latest runs, newest first."""
+        query = (
+            select(RUN_MANIFESTS)
+            .where(RUN_MANIFESTS.c.user_name == user)
+            .order_by(RUN_MANIFESTS.c.started_at.desc())
+            .limit(limit)
+        )
+        with self._engine.begin() as connection:
+            return [_run_manifest(row) for row in connection.execute(query)]
+
+    def events(self, machine_id: str) -> list[MachineEvent]:
+        query = select(EVENTS).where(EVENTS.c.machine_id == machine_id).order_by(EVENTS.c.id)
+        with self._engine.begin() as connection:
+            return [MachineEvent(**row._mapping) for row in connection.execute(query)]
+
+    def usage_sums(self, period: Period) -> UsageSums:
+        """GPU-seconds in ``period``: ended use per day and model and per user, and
+        running machines' use so far (see :func:`composespawner.domain.usage.usage_report`)."""
+        with self._engine.begin() as connection:
+            return usage_sums(connection, period, self._now(), self._usage_zone, self._user_sums)
+
+    def day_uses(self, period: Period) -> list[DayUse]:
+        """Every day, user and model in ``period`` with its use: ended, then running so far."""
+        with self._engine.begin() as connection:
+            return day_uses(connection, period) + live_uses(
+                connection, period, self._now(), self._usage_zone
+            )
+
+    def usage(self, user: str | None = None) -> list[UsageRecord]:
+        query = select(USAGE).order_by(USAGE.c.id)
+        if user is not None:
+            query = query.where(USAGE.c.user_name == user)
+        with self._engine.begin() as connection:
+            return [UsageRecord(**row._mapping) for row in connection.execute(query)]
+
+    def reconcile_action_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, outcome) → how many the reconciler has recorded, ever."""
+        columns = (RECONCILE_ACTIONS.c.kind, RECONCILE_ACTIONS.c.outcome)
+        query = select(*columns, func.count()).group_by(*columns)
+        with self._engine.begin() as connection:
+            return {(kind, outcome): n for kind, outcome, n in connection.execute(query)}
+
+
+def _holding(row: Row[Any], device: DeviceRecord) -> Holding:
+    # By position (the columns of _HOLDINGS): thousands of rows a read, and a Row's
+    # attributes cost as much as building the record.
+    machine_id, held_since, _, last_seen, user, server, state, host, cohort = tuple(row)[6:]
+    return Holding(device, last_seen, machine_id, held_since, user, server, state, host, cohort)
+
+
+def _run_manifest(row: Row[Any]) -> RunManifest:
+    columns = row._mapping
+    return RunManifest(**{**columns, "manifest": copy.deepcopy(columns["manifest"])})
