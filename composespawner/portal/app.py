@@ -24,10 +24,10 @@ from traitlets import Integer, Unicode, default
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.environments import default_root
 from composespawner.portal import handlers
-from composespawner.portal.hub import HubClient
 from composespawner.portal.scoring import Scorer, read_secret
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
+from composespawner.services.hub_api import HubClient
 from composespawner.services.resize import Resizer
 from composespawner.services.settings import build_composer
 

@@ -47,9 +47,9 @@ from composespawner.ledger import (
 from composespawner.ledger.runner import LedgerRunner
 from composespawner.ledger.submissions import BY
 from composespawner.portal import views
-from composespawner.portal.hub import HubClient, HubUnavailable
 from composespawner.portal.scoring import Scorer, SubmissionRefused
 from composespawner.services.failures import ComposeFailed, ComposeRefused
+from composespawner.services.hub_api import HubClient, HubUnavailable
 from composespawner.services.resize import Resizer
 
 T = TypeVar("T")

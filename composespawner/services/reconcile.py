@@ -44,10 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
-from urllib.parse import quote, urlencode
 
 from jupyterhub.services.auth import HubAuth
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Float, default
 
 from composespawner.domain.hardware import Inventory
@@ -55,7 +53,10 @@ from composespawner.fabric.base import FabricError
 from composespawner.ledger import TERMINAL, LedgerError, Machine
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
+from composespawner.services.hub_api import HubClient, HubUnavailable
 from composespawner.services.settings import build_composer
+
+HUB_CALL_TIMEOUT = 20.0  # seconds for one call to the hub's API (one page of 200 active users)
 
 ActionKind = Literal[
     "finish-release", "release-orphan", "detach-untracked", "reattach", "stop-server", "conflict"
@@ -218,10 +219,6 @@ def _aware(moment: datetime) -> datetime:
 # ---------------------------------------------------------------------------
 
 
-class HubUnreachable(Exception):
-    """The hub's API did not answer usefully."""
-
-
 class HubServers(Protocol):
     async def servers(self) -> list[ServerView]:
         """Every active server, with the machine id from its spawner state."""
@@ -230,53 +227,18 @@ class HubServers(Protocol):
     async def stop_server(self, user: str, server: str) -> None: ...
 
 
-class HubAPI:
-    """The hub's REST API, as a service with ``admin:server_state`` reads it."""
+class ServersFromHub:
+    """The hub's servers through its REST API (``admin:server_state``: each names its machine)."""
 
-    PAGE = 200
-
-    def __init__(self, api_url: str, token: str, *, timeout: float = 20.0) -> None:
-        self.api_url = api_url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-        self._http = AsyncHTTPClient()
+    def __init__(self, hub: HubClient) -> None:
+        self.hub = hub
 
     async def servers(self) -> list[ServerView]:
-        views: list[ServerView] = []
-        offset = 0
-        while True:
-            query = urlencode({"offset": offset, "limit": self.PAGE, "state": "active"})
-            page = await self._call("GET", f"/users?{query}")
-            users = page["items"] if isinstance(page, dict) else page
-            for user in users:
-                views += _views(user)
-            following = page.get("_pagination", {}).get("next") if isinstance(page, dict) else None
-            if not following:
-                return views
-            offset = int(following["offset"])
+        return [view for user in await self.hub.users(state="active") for view in _views(user)]
 
     async def stop_server(self, user: str, server: str) -> None:
-        path = f"/users/{quote(user)}/server"
-        if server:
-            path = f"/users/{quote(user)}/servers/{quote(server)}"
-        await self._call("DELETE", path)
-
-    async def _call(self, method: str, path: str) -> Any:
-        request = HTTPRequest(
-            f"{self.api_url}{path}",
-            method=method,
-            headers={
-                "Authorization": f"token {self.token}",
-                "Accept": "application/jupyterhub-pagination+json",
-            },
-            request_timeout=self.timeout,
-            connect_timeout=self.timeout,
-        )
-        try:
-            response = await self._http.fetch(request)
-        except (TimeoutError, HTTPClientError, OSError) as e:
-            raise HubUnreachable(f"{method} {path}: {e}") from e
-        return json.loads(response.body) if response.body else None
+        # False is a server the hub no longer has: already stopped is what we wanted.
+        await self.hub.stop_server(user, server)
 
 
 def _views(user: Mapping[str, Any]) -> Iterable[ServerView]:
@@ -357,7 +319,7 @@ class Reconciler:
             return None
         try:
             return await self.hub.servers()
-        except HubUnreachable as e:
+        except HubUnavailable as e:
             self.log.warning("Reconcile: the hub did not answer (%s); only finishing releases", e)
             report.hub_reachable = False
             return None
@@ -371,7 +333,7 @@ class Reconciler:
         )
         try:
             await self._act(action)
-        except (FabricError, HubUnreachable, LedgerError) as e:
+        except (FabricError, HubUnavailable, LedgerError) as e:
             # A LedgerError here is a transition someone else made first: next pass.
             self.log.warning("Reconcile: %s of %s failed: %s", action.kind, action.machine_id, e)
             report.errors[action.kind] += 1
@@ -460,17 +422,20 @@ class ReconcilerApp(ComposeApplication):
         assert main is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
         auth = HubAuth()
-        hub = HubAPI(auth.api_url, auth.api_token) if auth.api_token else None
+        hub = HubClient(auth.api_url, auth.api_token, HUB_CALL_TIMEOUT) if auth.api_token else None
         if hub is None:
             self.log.warning("No $JUPYTERHUB_API_TOKEN: servers unknown, only finishing releases")
         settings = self.settings
         self.log.info("Reconciling for hub %s every %.0f s", settings.hub_id, self.every)
         composer = build_composer(settings, self.log, for_spawns=False)
-        reconciler = Reconciler(composer, hub, grace=self.grace, log=self.log)
+        servers = ServersFromHub(hub) if hub is not None else None
+        reconciler = Reconciler(composer, servers, grace=self.grace, log=self.log)
         try:
             if self.once:
                 print(json.dumps((await reconciler.run_once()).summary(), indent=1))
             else:
                 await reconciler.run_forever(self.every)
         finally:
+            if hub is not None:
+                await hub.close()
             await composer.close()

@@ -20,13 +20,15 @@ from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricUnreachable
 from composespawner.ledger import Ledger
 from composespawner.services.composer import Composer
+from composespawner.services.hub_api import HubClient, HubUnavailable
 from composespawner.services.reconcile import (
-    HubUnreachable,
     Reconciler,
+    ServersFromHub,
     ServerView,
     plan_reconcile,
 )
 from harness.paths import HUB_CONFIG
+from tests.support.fake_hub_api import TOKEN, FakeHubAPI, FakeHubAPIServer, Reply
 from tests.support.inprocess import InProcessFabric
 
 HUB_ID = "hub-a"
@@ -44,14 +46,14 @@ class FakeHub:
 
     async def servers(self) -> list[ServerView]:
         if not self.reachable:
-            raise HubUnreachable("test: the hub is down")
+            raise HubUnavailable("test: the hub is down")
         return list(self.views)
 
     async def stop_server(self, user: str, server: str) -> None:
         if not any((v.user, v.server) == (user, server) for v in self.views):
             raise AssertionError(f"stop of {user}/{server}, which the hub never reported")
         if self.refuses_stops:
-            raise HubUnreachable("test: the stop timed out")
+            raise HubUnavailable("test: the stop timed out")
         self.stopped.append((user, server))
 
 
@@ -261,3 +263,94 @@ def test_plan_leaves_machines_unknown_to_the_ledger_running() -> None:
         grace=timedelta(0),
     )
     assert actions == []
+
+
+# ---------------------------------------------------------------------------
+# Over the hub's REST API: the real client against a strict in-process hub API
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def hub_api() -> AsyncIterator[FakeHubAPIServer]:
+    served = FakeHubAPIServer(FakeHubAPI())
+    served.start()
+    yield served
+    await served.stop()
+
+
+@pytest.fixture
+async def over_http(world: World, hub_api: FakeHubAPIServer) -> AsyncIterator[Reconciler]:
+    client = HubClient(hub_api.url, TOKEN)
+    yield Reconciler(world.composer, ServersFromHub(client), grace=0.0)
+    await client.close()
+
+
+async def test_servers_are_read_from_the_hubs_api_with_their_machines(
+    hub_api: FakeHubAPIServer,
+) -> None:
+    hub_api.api.add_user("u1")
+    hub_api.api.run("u1", "", machine_id="m-1")
+    hub_api.api.run("u1", "thesis")  # a server whose spawner state names no machine
+    hub_api.api.add_user("u2")  # no server: not asked for
+    client = HubClient(hub_api.url, TOKEN)
+    try:
+        views = await ServersFromHub(client).servers()
+    finally:
+        await client.close()
+
+    assert views == [ServerView("u1", "", None, "m-1"), ServerView("u1", "thesis", None, None)]
+    assert [path for _, path, _ in hub_api.api.requests] == [
+        "/users?state=active&offset=0&limit=200"
+    ]
+
+
+async def test_a_server_whose_machine_ended_is_stopped_through_the_api(
+    world: World, hub_api: FakeHubAPIServer, over_http: Reconciler
+) -> None:
+    machine = await world.compose("u1")
+    hub_api.api.add_user("u1")
+    hub_api.api.run("u1", "", machine_id=machine.machine_id)
+    await world.composer.release(machine.machine_id, reason="released behind the hub's back")
+
+    report = await over_http.run_once()
+
+    assert report.done == {"stop-server": 1}
+    assert hub_api.api.users["u1"].servers == {}
+    assert ("DELETE", "/users/u1/server") in [(m, p) for m, p, _ in hub_api.api.requests]
+
+
+async def test_a_stop_of_a_server_the_hub_no_longer_has_is_done(
+    world: World, hub_api: FakeHubAPIServer, over_http: Reconciler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = await world.compose("u1")
+    hub_api.api.add_user("u1")
+    hub_api.api.run("u1", "thesis", machine_id=machine.machine_id)
+    await world.composer.release(machine.machine_id, reason="released behind the hub's back")
+    # Between the read and the stop, the user removes the server: the stop is a 404.
+    handle = hub_api.api.handle
+
+    def gone_before_the_stop(
+        method: str, parts: list[str], query: dict[str, str], accept: str
+    ) -> Reply:
+        if method == "DELETE":
+            hub_api.api.users["u1"].named.clear()
+        return handle(method, parts, query, accept)
+
+    monkeypatch.setattr(hub_api.api, "handle", gone_before_the_stop)
+
+    report = await over_http.run_once()
+
+    assert (report.done, report.errors) == ({"stop-server": 1}, {})
+
+
+async def test_a_hub_answering_5xx_is_unknown_and_orphans_are_left_alone(
+    world: World, hub_api: FakeHubAPIServer, over_http: Reconciler
+) -> None:
+    await world.compose("u1")
+    hub_api.api.answer_all = Reply(502, "<html>Bad Gateway</html>", "text/html")
+
+    report = await over_http.run_once()
+
+    assert not report.hub_reachable
+    assert report.actions == []
+    assert world.ledger.holders() != {}
