@@ -18,7 +18,7 @@ import pytest
 from composespawner.domain.hardware import Device, Host
 from composespawner.fabric.base import Fabric, FabricAuthError, FabricRefused
 from composespawner.fabric.redfish import RedfishFabric
-from composespawner.fabric.redfish import client as redfish_client
+from composespawner.fabric.redfish import discovery as redfish_discovery
 from tests.support.mockserver import MockupServer
 
 from .conftest import COMPOSABILITY_MOCKUP, FAST_RETRY, FAST_TIMEOUTS, MOCKUP_CREDENTIALS
@@ -218,7 +218,7 @@ async def test_remembered_parts_are_read_again_when_old(
     mockup_server: MockupServer, monkeypatch: pytest.MonkeyPatch, expand: bool
 ) -> None:
     mockup_server.expand = expand
-    monkeypatch.setattr(redfish_client, "_PART_MAX_AGE_S", 0.0)
+    monkeypatch.setattr(redfish_discovery, "_PART_MAX_AGE_S", 0.0)
     fabric = client_for(mockup_server)
     try:
         await fabric.inventory()

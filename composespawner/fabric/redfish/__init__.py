@@ -1,7 +1,7 @@
 """The async Redfish client: the Fabric protocol over DMTF Redfish.
 
-Shape, from the wire up (data flows one way; only ``client`` does I/O on
-purpose, through ``transport``)::
+Shape, from the wire up (data flows one way; only ``client`` and the parts it
+hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transport``)::
 
     transport.py   RedfishTransport: aiohttp with kept-alive connections, sessions
                    (X-Auth-Token; HTTP Basic where the service has none), per-request timeouts,
@@ -9,9 +9,16 @@ purpose, through ``transport``)::
                    RedfishTimeouts / RedfishRetry: the knobs.
     errors.py      pure: Redfish error bodies (MessageIds) and statuses → base.py errors.
     mapping.py     pure: Redfish documents → Inventory / Device / Host / CompositionTag.
-    client.py      RedfishFabric: discovery (with $expand where offered), attach/detach
-                   through the host's AddResourceBlock/RemoveResourceBlock actions with
-                   ETags and task monitors, tag_host through Oem.ComposeSpawner.
+    tasks.py       a write's final answer, at once or through a 202 task monitor.
+    discovery.py   Discovery: the service map, the inventory (with $expand where
+                   offered), systems and their latest answers (reads only).
+    expandable.py  ExpandableSystems: attach/detach through the host's
+                   AddResourceBlock/RemoveResourceBlock actions with ETags, tag_host
+                   through Oem.ComposeSpawner.
+    composition.py WholeSystems: compose/decompose where the service creates systems
+                   (POST to Systems, or the CompositionService.Compose action).
+    client.py      RedfishFabric: the Fabric protocol, each operation under its
+                   deadline, handed to the three above.
 
 Usage::
 
@@ -30,7 +37,8 @@ failure. 5xx answers are retried a few times and then surface as ``FabricRefused
 the service answered, and the caller decides whether to try again later.
 """
 
-from composespawner.fabric.redfish.client import RedfishFabric, ServiceMap
+from composespawner.fabric.redfish.client import RedfishFabric
+from composespawner.fabric.redfish.discovery import ServiceMap
 from composespawner.fabric.redfish.transport import Deadline, RedfishRetry, RedfishTimeouts
 
 __all__ = ["Deadline", "RedfishFabric", "RedfishRetry", "RedfishTimeouts", "ServiceMap"]

@@ -350,6 +350,14 @@ def composition_tag(system: Document) -> CompositionTag | None:
     return CompositionTag(hub=hub, machine=machine, owner=owner)
 
 
+def tag_object(tag: CompositionTag | None) -> dict[str, str] | None:
+    """What ``Oem.ComposeSpawner`` holds for ``tag`` (null removes it: merge-patch);
+    :func:`composition_tag` reads it back."""
+    if tag is None:
+        return None
+    return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
+
+
 def is_expandable(system: Document) -> bool:
     use_cases = dig(system, "Composition", "UseCases")
     return isinstance(use_cases, list) and "ExpandableSystem" in use_cases

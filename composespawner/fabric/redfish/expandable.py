@@ -1,0 +1,266 @@
+"""Changes to expandable systems: attaching and detaching blocks, tagging hosts.
+
+Devices are attached to expandable hosts with the ``AddResourceBlock`` /
+``RemoveResourceBlock`` actions the host's ComputerSystem advertises; hosts
+are tagged through ``Oem.ComposeSpawner``. Every write goes against the
+system's ETag, and an unclear answer is settled by looking at the system.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from composespawner.domain.hardware import CompositionTag
+from composespawner.fabric.base import (
+    OEM_KEY,
+    DeviceInUse,
+    FabricRefused,
+    FabricTaskFailed,
+    FabricUnreachable,
+    NotExpandable,
+    StaleETag,
+    host_taken_by,
+)
+from composespawner.fabric.redfish import mapping
+from composespawner.fabric.redfish.discovery import MODE_WORDS, Discovery, Seen
+from composespawner.fabric.redfish.errors import NOT_ATTACHED_IDS, has_message
+from composespawner.fabric.redfish.mapping import Document, dig
+from composespawner.fabric.redfish.tasks import OutcomeUnknown, outcome
+from composespawner.fabric.redfish.transport import (
+    Deadline,
+    RedfishRetry,
+    RedfishTimeouts,
+    RedfishTransport,
+    Response,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One direction of ``attach``/``detach``."""
+
+    verb: str
+    action: str  # key under the system's Actions
+    attach: bool
+    tolerated: frozenset[str]  # message ids meaning "maybe done already: look"
+
+
+ATTACH = Change(
+    "attach", "#ComputerSystem.AddResourceBlock", True, frozenset({"ResourceBlockInUse"})
+)
+DETACH = Change("detach", "#ComputerSystem.RemoveResourceBlock", False, NOT_ATTACHED_IDS)
+
+
+class ExpandableSystems:
+    """Attach, detach and tag on expandable systems, each a write against the ETag."""
+
+    def __init__(
+        self,
+        transport: RedfishTransport,
+        discovery: Discovery,
+        *,
+        timeouts: RedfishTimeouts,
+        retry: RedfishRetry,
+        log: logging.Logger,
+    ) -> None:
+        self._transport = transport
+        self._discovery = discovery
+        self._timeouts = timeouts
+        self._retry = retry
+        self._log = log
+        self._action_targets: dict[tuple[str, str], str] = {}
+
+    async def refuse_unless_expandable(self, host: str, what: str, deadline: Deadline) -> None:
+        if not await self._discovery.is_expandable(host, deadline):
+            service = await self._discovery.service_map(deadline)
+            raise NotExpandable(
+                f"{what}: {host} is no expandable system, and this fabric composes whole "
+                f"systems ({MODE_WORDS[service.composition]}): use compose/decompose"
+            )
+
+    async def change(
+        self, system_id: str, block_id: str, change: Change, deadline: Deadline
+    ) -> None:
+        await self.refuse_unless_expandable(system_id, f"{change.verb} {block_id}", deadline)
+        service = await self._discovery.service_map(deadline)
+        block_uri = f"{service.resource_blocks}/{quote(block_id, safe='')}"
+        what = f"{change.verb} {block_id} / {system_id}"
+
+        def done(system: Seen | Response) -> bool:
+            document = system.document()
+            if (block_id in mapping.system_block_ids(document)) == change.attach:
+                return True
+            _refuse_unless_takes_devices(system_id, document, what)
+            return False
+
+        async def request(path: str, system: Seen | Response) -> None:
+            try:
+                await self._request_change(system_id, system, block_uri, change, deadline)
+            except StaleETag:
+                raise  # a FabricRefused, but _write_system's to handle: read again
+            except (FabricRefused, FabricTaskFailed, OutcomeUnknown) as exc:
+                await self._settle(system_id, block_id, change, exc, deadline)
+
+        wrote = await self._write_system(system_id, what, done, request, deadline)
+        self._log.debug("%s: %s", what, "done" if wrote else "already done")
+
+    async def tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
+        await self.refuse_unless_expandable(system_id, f"tag {system_id}", deadline)
+        wanted = mapping.tag_object(tag)
+
+        def done(system: Seen | Response) -> bool:
+            document = system.document()
+            if dig(document, "Oem", OEM_KEY) == wanted:
+                return True
+            if tag is not None:
+                # Check first, write second: a mark on a host that takes no devices
+                # would stand for a machine that can never be composed there.
+                _refuse_unless_takes_devices(system_id, document, f"tag {system_id}")
+                _refuse_if_taken(system_id, document, tag)
+            return False
+
+        async def write(path: str, system: Seen | Response) -> None:
+            written = await self._write_tag(path, system, wanted, deadline)
+            if written is not None:
+                self._discovery.remember(system_id, written)
+
+        wrote = await self._write_system(system_id, f"tag {system_id}", done, write, deadline)
+        self._log.debug("tag %s: %s%s", system_id, "" if wrote else "already ", _describe_tag(tag))
+
+    async def _write_system(
+        self,
+        system_id: str,
+        what: str,
+        done: Callable[[Seen | Response], bool],
+        write: Callable[[str, Seen | Response], Awaitable[None]],
+        deadline: Deadline,
+    ) -> bool:
+        """Write to a system against its ETag; False if a fresh read says it is done.
+
+        The first try starts from the system's remembered answer, if one is
+        recent and ``done`` neither says it is done nor raises (it refuses a
+        taken host): only a fresh read may decide those. A stale ETag means
+        reading the system again, ``etag_attempts`` fresh reads at most.
+        """
+        path = await self._discovery.system_path(system_id, deadline)
+        system: Seen | Response | None = self._discovery.recall(system_id)
+        try:
+            if system is not None and done(system):
+                system = None
+        except FabricRefused:
+            system = None
+        fresh_reads = 0
+        while True:
+            fresh = system is None
+            if system is None:
+                fresh_reads += 1
+                path, system = await self._discovery.system(system_id, deadline)
+                if done(system):
+                    return False
+            try:
+                await write(path, system)
+            except StaleETag:
+                if fresh and fresh_reads >= self._retry.etag_attempts:
+                    raise
+                # A remembered answer going stale is expected now and then: no warning.
+                self._log.log(
+                    logging.WARNING if fresh else logging.DEBUG, "%s: ETag went stale", what
+                )
+                system = None
+                continue
+            return True
+
+    async def _request_change(
+        self,
+        system_id: str,
+        system: Seen | Response,
+        block_uri: str,
+        change: Change,
+        deadline: Deadline,
+    ) -> None:
+        target = self._action_target(system_id, system.document(), change.action)
+        payload: dict[str, Any] = {"ResourceBlock": {"@odata.id": block_uri}}
+        etag = system.etag()
+        if etag:
+            payload["ComputerSystemETag"] = etag
+        response = await self._transport.request("POST", target, deadline, payload=payload)
+        await outcome(self._transport, response, deadline, poll_max=self._timeouts.task_poll_max)
+
+    async def _settle(
+        self, system_id: str, block_id: str, change: Change, error: Exception, deadline: Deadline
+    ) -> None:
+        """Look at the system after an unclear answer; re-raise unless it is done.
+
+        Answers like ResourceBlockInUse on attach arrive when an earlier try of
+        ours succeeded but its answer was lost: done, if the block is here.
+        """
+        ids = getattr(error, "message_ids", ())
+        if not isinstance(error, OutcomeUnknown) and not has_message(ids, change.tolerated):
+            raise error
+        _, system = await self._discovery.system(system_id, deadline)
+        if (block_id in mapping.system_block_ids(system.document())) == change.attach:
+            return
+        if isinstance(error, OutcomeUnknown):
+            raise FabricUnreachable(f"{change.verb} {block_id} / {system_id}: {error}") from error
+        raise error
+
+    def _action_target(self, system_id: str, system: Document, action: str) -> str:
+        key = (system_id, action)
+        if key not in self._action_targets:
+            target = dig(system, "Actions", action, "target")
+            if not isinstance(target, str):
+                raise FabricRefused(f"system {system_id} does not offer {action}")
+            self._action_targets[key] = target
+        return self._action_targets[key]
+
+    async def _write_tag(
+        self, path: str, system: Seen | Response, wanted: dict[str, str] | None, deadline: Deadline
+    ) -> Response | None:
+        """PATCH the mark; returns the answer if it is the system as the PATCH left it."""
+        etag = system.etag()
+        headers = {"If-Match": etag} if etag else {}
+        payload = {"Oem": {OEM_KEY: wanted}}
+        response = await self._transport.request(
+            "PATCH", path, deadline, payload=payload, headers=headers
+        )
+        try:
+            await outcome(
+                self._transport, response, deadline, poll_max=self._timeouts.task_poll_max
+            )
+        except OutcomeUnknown as unknown:
+            if dig(await self._discovery.document(path, deadline), "Oem", OEM_KEY) != wanted:
+                raise FabricUnreachable(f"PATCH {path}: {unknown}") from unknown
+            return None
+        return response if response.status == 200 else None
+
+
+def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> None:
+    # A system lists its own ComputerSystem block among Links.ResourceBlocks;
+    # anything beyond that one is an attached device.
+    blocks = mapping.system_block_ids(system)
+    holder = host_taken_by(
+        mapping.composition_tag(system),
+        marked=dig(system, "Oem", OEM_KEY) is not None,
+        attached=blocks[1:],
+        wanted=tag,
+    )
+    if holder:
+        raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+
+
+def _refuse_unless_takes_devices(system_id: str, system: Document, what: str) -> None:
+    """NotExpandable, before anything is written, unless the system is an expandable one."""
+    if not mapping.is_expandable(system):
+        raise NotExpandable(
+            f"{what}: system {system_id} is not expandable (its Composition.UseCases do not"
+            " list ExpandableSystem): devices cannot be added to it or taken from it, so"
+            " nothing was written to it"
+        )
+
+
+def _describe_tag(tag: CompositionTag | None) -> str:
+    return "untagged" if tag is None else f"hub={tag.hub} machine={tag.machine} owner={tag.owner}"
