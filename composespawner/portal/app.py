@@ -28,7 +28,6 @@ from composespawner.portal.scoring import Scorer, read_secret
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
 from composespawner.services.hub_api import HubClient
-from composespawner.services.resize import Resizer
 from composespawner.services.settings import build_composer
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -170,7 +169,7 @@ class PortalApp(ComposeApplication):
                 site_quota=composer.site_quota,
                 prefix=prefix,
                 timezone=timezone,
-                resizer=Resizer(composer),
+                resizer=composer,
                 scorer=self._scorer(),
                 stack_environments=Path(self.stack_environments_dir),
             ),

@@ -48,9 +48,9 @@ from composespawner.ledger.runner import LedgerRunner
 from composespawner.ledger.submissions import BY
 from composespawner.portal import views
 from composespawner.portal.scoring import Scorer, SubmissionRefused
+from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.hub_api import HubClient, HubUnavailable
-from composespawner.services.resize import Resizer
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ class Portal:
     site_quota: QuotaRule
     prefix: str
     timezone: tzinfo = UTC  # where cohort session times are told
-    resizer: Resizer | None = None  # grows and shrinks running machines (None: it cannot)
+    resizer: Composer | None = None  # grows and shrinks running machines (None: it cannot)
     scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
     stack_environments: Path | None = None  # where the stacks' environments are built
     runner: LedgerRunner = field(init=False)
@@ -102,7 +102,7 @@ class Portal:
         mine["runs"] = [views.run_json(run) for run in runs]
         return mine
 
-    async def resize(self, change: Callable[[Resizer], Awaitable[Machine]]) -> dict[str, Any]:
+    async def resize(self, change: Callable[[Composer], Awaitable[Machine]]) -> dict[str, Any]:
         """Grow or shrink a running machine; the server as it is now, and what a kernel
         must do to see the change."""
         if self.resizer is None:

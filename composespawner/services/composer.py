@@ -1,20 +1,24 @@
-"""The use cases of a composed machine: compose one, release one.
+"""The use cases of a composed machine: compose one, grow or shrink it, release it.
 
-This is the service layer between the JupyterHub glue (``spawner.py``) and the
-adapters (ledger, fabric). It owns the order of operations that keeps the
-invariants of ARCHITECTURE.md:
+This is the service layer between the JupyterHub glue (``spawners/``, the
+portal) and the adapters (ledger, fabric), and the one door to it: callers ask
+the :class:`Composer`, never its parts. It owns the order of operations that
+keeps the invariants of docs/architecture.md:
 
 * the claim (quota check + compare-and-set of every device) happens in one
   ledger transaction *before* anything on the fabric changes;
-* compose is all-or-nothing: on any failure, cancellation included, what was
-  attached is detached, the claim released, and the original error re-raised;
+* compose (and grow) is all-or-nothing: on any failure, cancellation included,
+  what was attached is detached, the claim released, and the original error
+  re-raised;
 * release only frees a device in the ledger once the fabric confirmed the
   detach; while the fabric cannot be reached the machine stays ``stopping``
   with its devices held, and a background task keeps trying.
 
-What it leans on, each in a module of its own: :mod:`.pool` (cached reads of
-the fabric and the ledger, offers), :mod:`.reservations` (this process's claims
-in flight), :mod:`.releases` (releases retried in the background),
+What it leans on, each in a module of its own: :mod:`.claiming` (the
+claim-and-attach a compose and a grow share), :mod:`.resize` (growing and
+shrinking), :mod:`.pool` (cached reads of the fabric and the ledger, offers),
+:mod:`.reservations` (this process's claims in flight), :mod:`.releases`
+(releases retried in the background),
 :class:`~composespawner.ledger.LedgerRunner` (the one way to call the ledger)
 and :mod:`.failures` (refusals, failures and what users read).
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
@@ -48,6 +52,7 @@ from composespawner.ledger import (
 )
 from composespawner.ledger.limits import check_ask
 from composespawner.services.admission import Admission, ClaimTerms, admission
+from composespawner.services.claiming import claim_and_attach
 from composespawner.services.failures import (
     ComposeFailed,
     ComposeRefused,
@@ -56,22 +61,18 @@ from composespawner.services.failures import (
     why_claim_failed,
     why_compose_failed,
 )
-from composespawner.services.metrics import measure_compose
-from composespawner.services.pool import Offer, PoolView
-from composespawner.services.releases import BackgroundReleases
+from composespawner.services.pool import Offer, PoolReadout, PoolView
+from composespawner.services.releases import Releaser, fail_unclaimed
 from composespawner.services.reservations import Reservations
+from composespawner.services.resize import Resizer
 
 Progress = Callable[[str], None]
-
-# A claim can lose a race for the devices placement picked (someone claimed
-# them between our snapshot and our transaction): place again on fresh data.
-CLAIM_ATTEMPTS = 3
 
 __all__ = ["ComposeFailed", "ComposeRefused", "ComposedMachine", "Composer"]
 
 
 class Composer:
-    """Composes and releases machines for every spawner of one hub."""
+    """Composes, resizes and releases machines for every spawner of one hub."""
 
     def __init__(
         self,
@@ -112,8 +113,21 @@ class Composer:
             fabric_wait=fabric_wait,
             log=self.log,
         )
-        self.background = BackgroundReleases(
-            self._release_for_retry, retry_max=release_retry_max, log=self.log
+        self._releaser = Releaser(
+            runner=self.runner,
+            fabric=fabric,
+            pool=self.pool,
+            hub_id=hub_id,
+            retry_max=release_retry_max,
+            log=self.log,
+        )
+        self._resizer = Resizer(
+            runner=self.runner,
+            fabric=fabric,
+            pool=self.pool,
+            catalog=catalog,
+            admit=self.admission_for,
+            log=self.log,
         )
 
     @property
@@ -145,6 +159,10 @@ class Composer:
         )
         return replace(offer, stacks=allowed.stacks)
 
+    def readout(self) -> PoolReadout:
+        """The pool as this composer knows it, for a metrics scrape: no wait on the fabric."""
+        return self.pool.readout(releases_pending=self._releaser.pending)
+
     async def record(
         self, machine_id: str, to: str, message: str, manifest: dict[str, Any] | None = None
     ) -> None:
@@ -162,7 +180,6 @@ class Composer:
 
     # -- composing -------------------------------------------------------
 
-    @measure_compose
     async def compose(
         self,
         *,
@@ -187,13 +204,26 @@ class Composer:
             check_ask(user, allowed.quota, request.gpu_model, request.gpu_count)
         except QuotaExceeded as e:
             raise refusal(e) from e
-        ask = self._ask(request)
+        ask = _device_ask(self.catalog, request)
         terms = allowed.terms(groups, request.gpu_model, self.catalog)
         machine_id = await self._request_machine(user, server, request)
-        claim = self._claim(machine_id, user, groups, ask, terms, progress)
-        plan = await self._claim_or_end(machine_id, claim)
-        tag = CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}")
-        await self._attach(machine_id, plan, tag, progress)
+        plan = await claim_and_attach(
+            MachineClaim(
+                self.runner,
+                self.pool,
+                self.reservations,
+                self.fabric,
+                self._undo,
+                self.log,
+                machine_id=machine_id,
+                user=user,
+                groups=groups,
+                ask=ask,
+                terms=terms,
+                tag=CompositionTag(hub=self.hub_id, machine=machine_id, owner=f"{user}/{server}"),
+                progress=progress,
+            )
+        )
         await self._record_composed(machine_id, then)
         self.log.info(
             "Composed machine %s for %s/%s on %s in %s: %s",
@@ -211,19 +241,6 @@ class Composer:
             gpus=plan.gpus,
             nic=plan.nic,
             drives=plan.drives,
-        )
-
-    def _ask(self, request: MachineRequest) -> DeviceAsk:
-        model = self.catalog.gpu_model(request.gpu_model)
-        network = self.catalog.network(request.network)
-        assert model is not None, "request was validated"
-        assert network is not None, "request was validated"
-        return DeviceAsk(
-            gpu_models=model.fabric_models,
-            gpu_count=request.gpu_count,
-            label=model.label,
-            nic_speed_gbps=network.speed_gbps,
-            scratch_gb=request.scratch_gb,
         )
 
     async def _request_machine(self, user: str, server: str, request: MachineRequest) -> str:
@@ -249,115 +266,6 @@ class Composer:
             raise
         raise AssertionError("the second attempt returns or raises")
 
-    async def _claim_or_end(self, machine_id: str, claim: Awaitable[Plan]) -> Plan:
-        """The claim's plan; on any failure but a refusal the requested machine ends."""
-        try:
-            return await claim
-        except ComposeRefused:
-            raise
-        except LedgerError as e:
-            # The ledger said no (devices given to another group, the machine ended
-            # underneath): nothing is attached yet, only the request to end.
-            await asyncio.shield(self._undo(machine_id, e.user_message))
-            raise refusal(e) from e
-        except BaseException as e:
-            # The fabric failed (or the start was cancelled) before anything was
-            # attached: the machine must still end, or the server stays busy forever.
-            await asyncio.shield(self._undo(machine_id, why_claim_failed(e)))
-            if isinstance(e, FabricError):
-                raise ComposeFailed(why_claim_failed(e)) from e
-            raise
-
-    async def _claim(
-        self,
-        machine_id: str,
-        user: str,
-        groups: frozenset[str],
-        ask: DeviceAsk,
-        terms: ClaimTerms,
-        progress: Progress,
-    ) -> Plan:
-        """Place and claim, placing again on fresh data while claims lose races."""
-        for attempt in range(CLAIM_ATTEMPTS):
-            plan = await self._place(user, groups, ask, terms, fresh=attempt > 0)
-            if isinstance(plan, NoFit):
-                why = _with_reservations(plan.reason, ask, terms)
-                await self._fail_unclaimed(machine_id, why)
-                raise ComposeRefused(why, status=409, reason="no-fit")
-            progress(f"claiming {ask.gpu_count} × {ask.label} in {plan.zone}")
-            if await self._take(machine_id, plan, groups, terms):
-                return plan
-            self.log.info("Claim for %s lost a race (attempt %d)", machine_id, attempt + 1)
-        why = "The devices you chose were taken by other users while we claimed them. Try again."
-        await self._fail_unclaimed(machine_id, why)
-        raise ComposeRefused(why, status=409, reason="contention")
-
-    async def _place(
-        self, user: str, groups: frozenset[str], ask: DeviceAsk, terms: ClaimTerms, *, fresh: bool
-    ) -> Plan | NoFit:
-        async def pool(fresh: bool) -> Pool:
-            return await self.pool.claimable(
-                user,
-                groups,
-                fresh=fresh,
-                holdback=terms.holdback,
-                registrations=terms.registrations,
-            )
-
-        plan = place(await pool(fresh), ask)
-        if isinstance(plan, NoFit) and not fresh:
-            # Our snapshot may predate another hub's release: look again before
-            # telling the user nothing fits.
-            plan = place(await pool(True), ask)
-        if not isinstance(plan, NoFit):
-            # No await between the read and this: no other spawn of ours interleaves.
-            self.reservations.hold((plan.host.block_id, *plan.block_ids))
-        return plan
-
-    async def _take(
-        self, machine_id: str, plan: Plan, groups: frozenset[str], terms: ClaimTerms
-    ) -> bool:
-        """Claim the plan's blocks in the ledger; False when another claim took one first."""
-        blocks = (plan.host.block_id, *plan.block_ids)
-        try:
-            await self.runner.run(
-                self.ledger.claim,
-                machine_id,
-                host_id=plan.host.system_id,
-                zone=plan.zone,
-                block_ids=blocks,
-                quota=terms.quota,
-                groups=groups,
-                keep_free=terms.keep_free,
-                cohort=terms.cohort,
-            )
-        except DevicesTaken:
-            self.reservations.drop(blocks)
-            return False
-        except (QuotaExceeded, ReservedForCohort) as e:
-            self.reservations.drop(blocks)
-            await self._fail_unclaimed(machine_id, e.user_message)
-            raise refusal(e) from e
-        except BaseException:
-            self.reservations.drop(blocks)
-            raise
-        self.reservations.commit(blocks)
-        return True
-
-    async def _attach(
-        self, machine_id: str, plan: Plan, tag: CompositionTag, progress: Progress
-    ) -> None:
-        host = plan.host.system_id
-        devices = (*plan.gpus, *([plan.nic] if plan.nic else []), *plan.drives)
-        try:
-            await self.fabric.compose(host, devices, tag, progress)
-        except BaseException as e:
-            self.log.warning("Compose of %s on %s failed (%r); undoing", machine_id, host, e)
-            await asyncio.shield(self._undo(machine_id, why_compose_failed(e)))
-            if isinstance(e, FabricError):
-                raise ComposeFailed(why_compose_failed(e)) from e
-            raise
-
     async def _record_composed(self, machine_id: str, then: tuple[str, str] | None) -> None:
         steps = [("composed", "all devices attached"), *([then] if then else [])]
         try:
@@ -370,10 +278,7 @@ class Composer:
     async def _end_cancelled_request(self, user: str, server: str) -> None:
         live = await self.runner.run(self.ledger.live_machine, user, server)
         if live is not None and live.state == "requested":
-            await self._fail_unclaimed(live.id, why_compose_failed(asyncio.CancelledError()))
-
-    async def _fail_unclaimed(self, machine_id: str, reason: str) -> None:
-        await self.runner.run(self.ledger.transition, machine_id, "failed", reason, failure=reason)
+            await fail_unclaimed(self.runner, live.id, why_compose_failed(asyncio.CancelledError()))
 
     async def _undo(self, machine_id: str, reason: str) -> None:
         try:
@@ -382,7 +287,25 @@ class Composer:
             self.log.exception("Undo of %s failed; retrying in the background", machine_id)
             self.release_soon(machine_id, reason=reason, failed=True)
 
-    # -- releasing -------------------------------------------------------
+    # -- growing and shrinking a running machine (see resize) ---------------
+
+    async def running_machine(self, user: str, server: str) -> Machine:
+        """The user's server's machine; ComposeRefused unless it runs."""
+        return await self._resizer.running_machine(user, server)
+
+    async def grow(self, user: str, groups: frozenset[str], server: str, count: int) -> Machine:
+        """Add ``count`` GPUs to the server's running machine; the machine as it is now."""
+        return await self._resizer.grow(user, groups, server, count)
+
+    async def shrink(self, user: str, server: str, gpu_ids: Sequence[str]) -> Machine:
+        """Give back ``gpu_ids`` of the server's running machine; the machine as it is now."""
+        return await self._resizer.shrink(user, server, gpu_ids)
+
+    async def composed(self, machine: Machine) -> ComposedMachine:
+        """The machine as its notebook's environment describes it (see machine_env)."""
+        return await self._resizer.composed(machine)
+
+    # -- releasing (see releases) -------------------------------------------
 
     async def release(self, machine_id: str, *, reason: str, failed: bool = False) -> None:
         """Take the machine apart on the fabric, then free it in the ledger.
@@ -390,36 +313,7 @@ class Composer:
         Idempotent. Raises FabricError if the fabric did not confirm; the
         devices then stay held in the ledger (unknown is not dead).
         """
-        machine = await self._mark_stopping(machine_id, reason)
-        if machine is None:
-            return
-        if machine.host_id:
-            await self._decompose(machine)
-        end = "failed" if failed else "released"
-        await self.runner.run(
-            self.ledger.release,
-            machine_id,
-            to=end,
-            message=reason,
-            failure=reason if failed else None,
-        )
-        self.pool.forget()  # the next form and placement should see these devices free
-        self.log.info("Released machine %s (%s): %s", machine_id, end, reason)
-
-    async def _decompose(self, machine: Machine) -> None:
-        """Take apart what the machine holds on its host (what it held when release began)."""
-        assert machine.host_id is not None
-        host = machine.host_id
-        known = (await self.pool.known_inventory()).host(host)  # a host's own block never changes
-        devices = [b for b in machine.block_ids if b != (known.block_id if known else None)]
-        if not await self.fabric.decompose(host, devices, self._tag(machine.id, machine)):
-            # We mark a host before attaching anything, so a host without our mark
-            # holds nothing we attached; what is on it belongs to someone else.
-            self.log.info("Host %s has no mark of %s: nothing of ours on it", host, machine.id)
-
-    def _tag(self, machine_id: str, machine: Machine | None = None) -> CompositionTag:
-        owner = f"{machine.user_name}/{machine.server_name}" if machine else ""
-        return CompositionTag(hub=self.hub_id, machine=machine_id, owner=owner)
+        await self._releaser.release(machine_id, reason=reason, failed=failed)
 
     async def release_in_background(
         self, machine_id: str, *, reason: str, failed: bool = False
@@ -430,32 +324,15 @@ class Composer:
         held in the ledger until the fabric confirms, as with release(); if this
         process dies first, the reconciler finishes what is ``stopping``.
         """
-        if await self._mark_stopping(machine_id, reason) is not None:
-            self.release_soon(machine_id, reason=reason, failed=failed)
-
-    async def _mark_stopping(self, machine_id: str, reason: str) -> Machine | None:
-        """The machine, now ``stopping``; None when it holds nothing to give back."""
-        machine = await self.runner.run(self.ledger.machine, machine_id)
-        if machine is None or machine.state in ("released", "failed"):
-            return None
-        if machine.state == "requested":
-            await self._fail_unclaimed(machine_id, reason)
-            return None
-        if machine.state != "stopping":
-            # What it holds as it stops: a grow that committed a moment ago included.
-            machine = await self.runner.run(self.ledger.transition, machine_id, "stopping", reason)
-        return machine
+        await self._releaser.release_in_background(machine_id, reason=reason, failed=failed)
 
     def release_soon(self, machine_id: str, *, reason: str, failed: bool = False) -> None:
         """Keep trying to release in the background until the fabric confirms."""
-        self.background.start(machine_id, reason=reason, failed=failed)
-
-    async def _release_for_retry(self, machine_id: str, reason: str, failed: bool) -> None:
-        await self.release(machine_id, reason=reason, failed=failed)
+        self._releaser.release_soon(machine_id, reason=reason, failed=failed)
 
     async def wait_released(self, machine_id: str, *, within: float | None) -> bool:
         """Whether this process's background release of the machine ends within ``within`` s."""
-        return await self.background.wait(machine_id, within=within)
+        return await self._releaser.wait(machine_id, within=within)
 
     async def _released(self, machine_id: str) -> bool:
         return await self.wait_released(machine_id, within=self.fabric_wait)
@@ -467,8 +344,7 @@ class Composer:
 
         For the reconciler: nothing in the ledger holds these devices any more.
         """
-        await self.fabric.decompose(host, blocks, self._tag(machine_id))
-        self.pool.forget()
+        await self._releaser.clear_host(host, blocks, machine_id)
 
     async def reattach(self, host: str, blocks: Sequence[str]) -> None:
         """Attach again devices the ledger holds for this host but the fabric lost."""
@@ -477,9 +353,132 @@ class Composer:
         self.pool.forget()
 
     async def close(self) -> None:
-        self.background.cancel_all()
+        self._releaser.cancel_all()
         await self.fabric.close()
         await self.runner.run(self.ledger.close)
+
+
+@dataclass
+class MachineClaim:
+    """A compose's claim and attach (see claiming): a new machine, placed whole on one host.
+
+    Until the claim commits, the machine is ``requested``: a refusal fails it, so
+    the server is not left busy; after, an undo releases it (see Composer.release).
+    """
+
+    runner: LedgerRunner
+    pool: PoolView
+    reservations: Reservations
+    fabric: Fabric
+    end: Callable[[str, str], Awaitable[None]]  # release a machine (id, reason) as failed
+    log: logging.Logger
+    machine_id: str
+    user: str
+    groups: frozenset[str]
+    ask: DeviceAsk
+    terms: ClaimTerms
+    tag: CompositionTag
+    progress: Progress
+
+    async def place(self, *, fresh: bool) -> Plan | NoFit:
+        plan = place(await self._pool(fresh), self.ask)
+        if isinstance(plan, NoFit) and not fresh:
+            # Our snapshot may predate another hub's release: look again before
+            # telling the user nothing fits.
+            plan = place(await self._pool(True), self.ask)
+        if isinstance(plan, NoFit):
+            return NoFit(_with_reservations(plan.reason, self.ask, self.terms))
+        # No await between the read and this: no other spawn of ours interleaves.
+        self.reservations.hold((plan.host.block_id, *plan.block_ids))
+        return plan
+
+    async def _pool(self, fresh: bool) -> Pool:
+        return await self.pool.claimable(
+            self.user,
+            self.groups,
+            fresh=fresh,
+            holdback=self.terms.holdback,
+            registrations=self.terms.registrations,
+        )
+
+    async def take(self, plan: Plan) -> bool:
+        """Claim the plan's blocks in the ledger; False when another claim took one first."""
+        self.progress(f"claiming {self.ask.gpu_count} × {self.ask.label} in {plan.zone}")
+        blocks = (plan.host.block_id, *plan.block_ids)
+        reservations = self.reservations
+        try:
+            await self.runner.run(
+                self.runner.ledger.claim,
+                self.machine_id,
+                host_id=plan.host.system_id,
+                zone=plan.zone,
+                block_ids=blocks,
+                quota=self.terms.quota,
+                groups=self.groups,
+                keep_free=self.terms.keep_free,
+                cohort=self.terms.cohort,
+            )
+        except DevicesTaken:
+            reservations.drop(blocks)
+            self.log.info("Claim for %s lost a race", self.machine_id)
+            return False
+        except (QuotaExceeded, ReservedForCohort) as e:
+            reservations.drop(blocks)
+            await fail_unclaimed(self.runner, self.machine_id, e.user_message)
+            raise refusal(e) from e
+        except BaseException:
+            reservations.drop(blocks)
+            raise
+        reservations.commit(blocks)
+        return True
+
+    async def refused(self, why: str, reason: str) -> ComposeRefused:
+        await fail_unclaimed(self.runner, self.machine_id, why)
+        return ComposeRefused(why, status=409, reason=reason)
+
+    async def attach(self, plan: Plan) -> None:
+        devices = (*plan.gpus, *([plan.nic] if plan.nic else []), *plan.drives)
+        await self.fabric.compose(plan.host.system_id, devices, self.tag, self.progress)
+
+    async def undo(self, plan: Plan | None, error: BaseException) -> None:
+        if isinstance(error, LedgerError):
+            # The ledger said no (devices given to another group, the machine ended
+            # underneath): nothing is attached yet, only the request to end.
+            reason = error.user_message
+        elif plan is None:
+            # The fabric failed (or the start was cancelled) before anything was
+            # attached: the machine must still end, or the server stays busy forever.
+            reason = why_claim_failed(error)
+        else:
+            host = plan.host.system_id
+            self.log.warning(
+                "Compose of %s on %s failed (%r); undoing", self.machine_id, host, error
+            )
+            reason = why_compose_failed(error)
+        await self.end(self.machine_id, reason)
+
+    def failed(self, error: BaseException, *, attaching: bool) -> BaseException:
+        if isinstance(error, LedgerError):
+            return refusal(error)
+        if isinstance(error, FabricError):
+            why = why_compose_failed(error) if attaching else why_claim_failed(error)
+            return ComposeFailed(why)
+        return error
+
+
+def _device_ask(catalog: Catalog, request: MachineRequest) -> DeviceAsk:
+    """What placement looks for: the request in the fabric's terms."""
+    model = catalog.gpu_model(request.gpu_model)
+    network = catalog.network(request.network)
+    assert model is not None, "request was validated"
+    assert network is not None, "request was validated"
+    return DeviceAsk(
+        gpu_models=model.fabric_models,
+        gpu_count=request.gpu_count,
+        label=model.label,
+        nic_speed_gbps=network.speed_gbps,
+        scratch_gb=request.scratch_gb,
+    )
 
 
 def _with_reservations(reason: str, ask: DeviceAsk, terms: ClaimTerms) -> str:

@@ -1,39 +1,36 @@
 """Prometheus metrics of the pool, served by the hub at ``/hub/metrics``.
 
 JupyterHub exports prometheus_client's default registry there (with the
-``read:metrics`` scope); what is defined here joins it once the spawner is
-imported. Counters and histograms are updated where things happen; the pool's
+``read:metrics`` scope). Counters and histograms are updated where things
+happen: the composition root (``settings``) wraps the fabric in
+:class:`MeasuredFabric` and composes in :func:`measure_compose`. The pool's
 state (devices by model and zone, releases waiting, the reconciler's actions)
-is read when Prometheus scrapes, from what the hub already knows, so a scrape
-never waits on the fabric.
+is a :class:`~composespawner.services.pool.PoolReadout` each composer fills
+when Prometheus scrapes, from what the hub already knows, so a scrape never
+waits on the fabric; :class:`PoolCollector` only formats it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from composespawner.domain.hardware import CompositionTag, Device, Inventory
-from composespawner.fabric.base import FabricError, Progress
+from composespawner.fabric.base import Fabric, FabricError, Progress
 from composespawner.services.failures import ComposeFailed, ComposeRefused
-
-if TYPE_CHECKING:
-    from composespawner.fabric.base import Fabric
-    from composespawner.services.composer import Composer
+from composespawner.services.pool import PoolReadout
 
 T = TypeVar("T")
 P = ParamSpec("P")
-log = logging.getLogger(__name__)
 
 # Composing takes from tens of milliseconds (a simulator) to minutes (a slow fabric).
 _COMPOSE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -65,7 +62,9 @@ FABRIC_ERRORS = Counter(
 )
 
 
-def measure_compose(compose: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def measure_compose(
+    compose: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
     """Time ``Composer.compose`` and count its refusals and failures by reason."""
 
     @functools.wraps(compose)
@@ -195,30 +194,24 @@ class _PoolFamilies:
         yield from (self.devices, self.inventory_age, self.releases_pending)
         yield self.reconciler_actions
 
-    def add(self, composer: Composer) -> None:
-        self.releases_pending.add_metric([], composer.background.pending)
-        try:
-            holders = composer.ledger.holders()
-            counts = composer.ledger.reconcile_action_counts()
-        except Exception:
-            log.exception("Metrics: the ledger could not be read")
-            return
-        for (kind, outcome), n in sorted(counts.items()):
+    def add(self, pool: PoolReadout) -> None:
+        self.releases_pending.add_metric([], pool.releases_pending)
+        if pool.holders is None:
+            return  # the ledger could not be read: no counts rather than wrong ones
+        for (kind, outcome), n in sorted(pool.reconciler_actions.items()):
             self.reconciler_actions.add_metric([kind, outcome], n)
-        inventory, age = composer.pool.last_inventory()
-        if inventory is None or age > composer.pool.snapshot_ttl:
-            _refresh_soon(composer)
-        if inventory is not None:
-            self.inventory_age.add_metric([], age)
-            for labels, n in sorted(device_counts(inventory, holders).items()):
+        if pool.inventory is not None:
+            self.inventory_age.add_metric([], pool.inventory_age)
+            for labels, n in sorted(device_counts(pool.inventory, pool.holders).items()):
                 self.devices.add_metric(list(labels), n)
 
 
 class PoolCollector(Collector):
     """The pool as the hub's composers see it, read when Prometheus scrapes."""
 
-    def __init__(self, composers: Callable[[], Iterable[Composer]]) -> None:
-        self._composers = composers
+    def __init__(self, readouts: Callable[[], Iterable[PoolReadout]]) -> None:
+        """``readouts``: what each composer reads out (``Composer.readout``)."""
+        self._readouts = readouts
 
     def describe(self) -> Iterator[Metric]:
         # Named without reading anything: the registry calls this at registration.
@@ -226,26 +219,6 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = _PoolFamilies()
-        for composer in self._composers():
-            families.add(composer)
+        for pool in self._readouts():
+            families.add(pool)
         yield from families
-
-
-_refreshing: set[asyncio.Task[Any]] = set()
-
-
-def _refresh_soon(composer: Composer) -> None:
-    """Read the inventory in the background, so the next scrape is fresh."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return  # scraped outside the hub's loop: the counts stay as they are
-    task = loop.create_task(composer.pool.inventory())
-    _refreshing.add(task)
-    task.add_done_callback(_refreshed)
-
-
-def _refreshed(task: asyncio.Task[Any]) -> None:
-    _refreshing.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("Metrics: inventory refresh failed: %s", task.exception())

@@ -29,6 +29,18 @@ from composespawner.services.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
+class PoolReadout:
+    """The pool as one composer knows it, read without waiting on the fabric: what the
+    hub's metrics show at each scrape."""
+
+    releases_pending: int  # releases going on in the background, not confirmed yet
+    holders: Mapping[str, str] | None = None  # block → machine; None: the ledger was unreadable
+    reconciler_actions: Mapping[tuple[str, str], int] = field(default_factory=dict)  # kind, outcome
+    inventory: Inventory | None = None  # the fabric's, as last read (None: none read yet)
+    inventory_age: float = 0.0  # seconds since that read began
+
+
+@dataclass(frozen=True, slots=True)
 class Offer:
     free: dict[str, Availability]  # catalog GPU model id → availability, visible models only
     gpus_in_use: int
@@ -106,6 +118,7 @@ class PoolView:
         # The ledger's holders as placement last read them, with the number of
         # our committed claims when that read began.
         self._holders = Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
+        self._refreshing: set[asyncio.Task[Inventory]] = set()
 
     @property
     def ledger(self) -> Ledger:
@@ -144,8 +157,39 @@ class PoolView:
         return self._inventory.value or await self.inventory()
 
     def last_inventory(self) -> tuple[Inventory | None, float]:
-        """The inventory last read, and its age in seconds; no I/O (for metrics)."""
+        """The inventory last read, and its age in seconds; no I/O."""
         return self._inventory.value, time.monotonic() - self._inventory.began
+
+    def readout(self, *, releases_pending: int) -> PoolReadout:
+        """The pool for a metrics scrape: the ledger's holders and the last inventory.
+
+        A scrape never waits on the fabric: an inventory older than the snapshot's
+        lifetime is read again in the background, for the next scrape.
+        """
+        try:
+            holders = self.ledger.holders()
+            actions = self.ledger.reconcile_action_counts()
+        except Exception:
+            self.log.exception("Metrics: the ledger could not be read")
+            return PoolReadout(releases_pending)
+        inventory, age = self.last_inventory()
+        if inventory is None or age > self.snapshot_ttl:
+            self._refresh_soon()
+        return PoolReadout(releases_pending, holders, actions, inventory, age)
+
+    def _refresh_soon(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # read outside the hub's loop: the next read is as stale
+        task = loop.create_task(self.inventory())
+        self._refreshing.add(task)  # kept until done: the loop holds tasks only weakly
+        task.add_done_callback(self._refreshed)
+
+    def _refreshed(self, task: asyncio.Task[Inventory]) -> None:
+        self._refreshing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.warning("Metrics: inventory refresh failed: %s", task.exception())
 
     def forget(self) -> None:
         """Devices were given back: the next offer and placement read again."""
@@ -232,7 +276,7 @@ class PoolView:
         usable = colocation.owners_for(owners, registered, user, groups, utcnow())
         held = await self.runner.run(self.ledger.holders)
         pool = pool_for(inventory, held=held, owners=usable, groups=groups)
-        own = self._own_notes(pool, owners, registered, user, groups)
+        own = _own_notes(self.catalog, pool, owners, registered, user, groups)
         pool = keep_back(pool, holdback or {})
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
         quota_left = _quota_left(quota.gpus_held.value, in_use)
@@ -258,39 +302,6 @@ class PoolView:
             kept=kept,
             own={model: note for model, note in own.items() if model in free},
         )
-
-    def _own_notes(
-        self,
-        pool: Pool,
-        owners: Mapping[str, str],
-        registrations: Mapping[str, Registration],
-        user: str,
-        groups: frozenset[str],
-    ) -> dict[str, str]:
-        """Catalog model → which of its free GPUs are the user's group's own, or lent to them."""
-        now = utcnow()
-        notes: dict[str, list[str]] = {}
-        for model in self.catalog.gpu_models:
-            mine = [
-                d for d in pool.devices if d.block_id in owners and d.model in model.fabric_models
-            ]
-            for group in sorted({owners[d.block_id] for d in mine} & groups):
-                n = sum(1 for d in mine if owners[d.block_id] == group)
-                notes.setdefault(model.id, []).append(
-                    f"{n} free {'is' if n == 1 else 'are'} {group}'s own"
-                )
-            for d in mine:
-                registration = registrations.get(d.block_id)
-                if (
-                    registration
-                    and registration.lent_to(user, groups, now)
-                    and registration.lent_until
-                ):
-                    until = f"{registration.lent_until:%Y-%m-%d}"
-                    notes.setdefault(model.id, []).append(
-                        f"{d.block_id} is lent to you until {until}"
-                    )
-        return {model: "; ".join(lines) for model, lines in notes.items()}
 
     async def _inventory_within(self, budget: float | None) -> tuple[Inventory, float | None]:
         if budget is None:
@@ -357,6 +368,32 @@ class PoolView:
     async def _read_holders(self) -> tuple[Mapping[str, str], int]:
         read_after = self.reservations.commits
         return await self.runner.run(self.ledger.holders), read_after
+
+
+def _own_notes(
+    catalog: Catalog,
+    pool: Pool,
+    owners: Mapping[str, str],
+    registrations: Mapping[str, Registration],
+    user: str,
+    groups: frozenset[str],
+) -> dict[str, str]:
+    """Catalog model → which of its free GPUs are the user's group's own, or lent to them."""
+    now = utcnow()
+    notes: dict[str, list[str]] = {}
+    for model in catalog.gpu_models:
+        mine = [d for d in pool.devices if d.block_id in owners and d.model in model.fabric_models]
+        for group in sorted({owners[d.block_id] for d in mine} & groups):
+            n = sum(1 for d in mine if owners[d.block_id] == group)
+            notes.setdefault(model.id, []).append(
+                f"{n} free {'is' if n == 1 else 'are'} {group}'s own"
+            )
+        for d in mine:
+            registration = registrations.get(d.block_id)
+            if registration and registration.lent_to(user, groups, now) and registration.lent_until:
+                until = f"{registration.lent_until:%Y-%m-%d}"
+                notes.setdefault(model.id, []).append(f"{d.block_id} is lent to you until {until}")
+    return {model: "; ".join(lines) for model, lines in notes.items()}
 
 
 def _quota_left(gpu_limit: int | None, in_use: int) -> int | None:

@@ -1,43 +1,45 @@
 """Growing and shrinking a running machine in place, where the fabric hot-attaches.
 
-The order is a compose's (ARCHITECTURE.md): the ledger claims first, in one
-transaction that checks quota, cohort reservations, co-located ownership and
-that every device is free; only then does the fabric attach. All or nothing: if
-any attach fails, what was attached is detached and the claim given back, and
-the error re-raised. Shrinking detaches on the fabric first and frees in the
-ledger only once the fabric confirmed (unknown is not dead).
+A grow is a compose's claim-and-attach (:mod:`.claiming`): the ledger claims
+first, in one transaction that checks quota, cohort reservations, co-located
+ownership and that every device is free; only then does the fabric attach. All
+or nothing: if any attach fails, what was attached is detached and the claim
+given back, and the error re-raised. Shrinking detaches on the fabric first and
+frees in the ledger only once the fabric confirmed (unknown is not dead).
 
 A grow adds GPUs of the model the server started with: one machine's GPUs stay
 one model, so code written for it keeps working. A kernel sees the new GPUs
 only once it starts again (CUDA counts devices when it initialises), and only
 with the machine's new ``CUDA_VISIBLE_DEVICES``.
+
+Callers reach these through the :class:`~composespawner.services.composer.Composer`.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
+from composespawner.domain.catalog import Catalog
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.placement import DeviceAsk, NoFit, place_more
-from composespawner.fabric.base import FabricError, NotExpandable
+from composespawner.fabric.base import Fabric, FabricError, NotExpandable
 from composespawner.ledger import (
     DevicesTaken,
     LedgerError,
+    LedgerRunner,
     Machine,
     NotRunning,
     QuotaExceeded,
     server_label,
 )
 from composespawner.ledger.limits import Use, check_ask, check_use
+from composespawner.services.admission import Admission, ClaimTerms
+from composespawner.services.claiming import claim_and_attach
 from composespawner.services.failures import ComposeFailed, ComposeRefused, refusal
+from composespawner.services.pool import PoolView
 
-if TYPE_CHECKING:
-    from composespawner.services.composer import Composer
-
-# Another claim may take the GPUs placement picked: pick again on fresh data.
-GROW_ATTEMPTS = 3
 MOST_AT_ONCE = 16  # GPUs one grow may add; the quota usually says less
 
 NO_HOT_ATTACH = (
@@ -53,16 +55,33 @@ FABRIC_FAILED = (
     " it was. Try again in a few minutes."
 )
 
+Admit = Callable[[str, frozenset[str]], Awaitable[Admission]]  # user, groups → admission
+
 
 class Resizer:
     """Grow and shrink the running machines of one composer's fabric and ledger."""
 
-    def __init__(self, composer: Composer) -> None:
-        self.composer = composer
+    def __init__(
+        self,
+        *,
+        runner: LedgerRunner,
+        fabric: Fabric,
+        pool: PoolView,
+        catalog: Catalog,
+        admit: Admit,
+        log: logging.Logger,
+    ) -> None:
+        """``admit``: the user's admission (quota, cohort reservations) as the composer reads it."""
+        self.runner = runner
+        self.fabric = fabric
+        self.pool = pool
+        self.catalog = catalog
+        self.admit = admit
+        self.log = log
 
     async def running_machine(self, user: str, server: str) -> Machine:
         """The user's server's machine; ComposeRefused unless it runs."""
-        machine = await self.composer.runner.run(self.composer.ledger.live_machine, user, server)
+        machine = await self.runner.run(self.runner.ledger.live_machine, user, server)
         if machine is None:
             raise ComposeRefused(
                 f"You have no {server_label(server)} running: start it first.",
@@ -75,9 +94,8 @@ class Resizer:
 
     async def grow(self, user: str, groups: frozenset[str], server: str, count: int) -> Machine:
         """Add ``count`` GPUs to the server's running machine; the machine as it is now."""
-        composer = self.composer
         machine = await self.running_machine(user, server)
-        model = composer.catalog.gpu_model(str(machine.request.get("gpu_model")))
+        model = self.catalog.gpu_model(str(machine.request.get("gpu_model")))
         if model is None:
             raise ComposeRefused(
                 "Your server's GPU model is no longer offered here, so no more can be added.",
@@ -85,48 +103,34 @@ class Resizer:
                 reason="no-fit",
             )
         held = await self._gpus_of(machine)
-        allowed = await composer.admission_for(user, groups)
+        allowed = await self.admit(user, groups)
         # Quota first, so that a grow past it hears which limit, not that nothing fits;
         # the ledger's transaction checks again, GPU-hours included, as it claims.
-        others = await composer.runner.run(composer.ledger.gpu_use, user)
+        others = await self.runner.run(self.runner.ledger.gpu_use, user)
         try:
             check_ask(user, allowed.quota, model.id, len(held) + count)
-            use = Use([u for u in others if u.server != server])
-            check_use(user, allowed.quota, len(held) + count, use)
+            check_use(
+                user,
+                allowed.quota,
+                len(held) + count,
+                Use([u for u in others if u.server != server]),
+            )
         except QuotaExceeded as e:
             raise refusal(e) from e
-        terms = allowed.terms(groups, model.id, composer.catalog)
-        ask = DeviceAsk(gpu_models=model.fabric_models, gpu_count=count, label=model.label)
-        for _ in range(GROW_ATTEMPTS):
-            pool = await composer.pool.claimable(
-                user, groups, fresh=True, holdback=terms.holdback, registrations=terms.registrations
-            )
-            picked = place_more(pool, machine.zone or "", ask)
-            if isinstance(picked, NoFit):
-                raise ComposeRefused(picked.reason, status=409, reason="no-fit")
-            blocks = [d.block_id for d in picked]
-            try:
-                await composer.runner.run(
-                    composer.ledger.grow,
-                    machine.id,
-                    block_ids=blocks,
-                    quota=terms.quota,
-                    groups=groups,
-                    keep_free=terms.keep_free,
-                )
-            except DevicesTaken:
-                continue  # another claim took one since the pool was read
-            except LedgerError as e:
-                raise refusal(e) from e
-            await self._attach(machine, blocks)
-            composer.pool.forget()
-            composer.log.info("Grew machine %s of %s by %s", machine.id, user, ", ".join(blocks))
-            return await self.running_machine(user, server)
-        raise ComposeRefused(
-            "Other users took the free GPUs while we claimed them. Try again.",
-            status=409,
-            reason="contention",
+        more = MoreGpus(
+            self.runner,
+            self.pool,
+            self.fabric,
+            self.log,
+            machine=machine,
+            groups=groups,
+            ask=DeviceAsk(gpu_models=model.fabric_models, gpu_count=count, label=model.label),
+            terms=allowed.terms(groups, model.id, self.catalog),
         )
+        blocks = await claim_and_attach(more)
+        self.pool.forget()
+        self.log.info("Grew machine %s of %s by %s", machine.id, user, ", ".join(blocks))
+        return await self.running_machine(user, server)
 
     async def shrink(self, user: str, server: str, gpu_ids: Sequence[str]) -> Machine:
         """Give back ``gpu_ids`` of the server's running machine; the machine as it is now."""
@@ -144,7 +148,7 @@ class Resizer:
         detached: list[str] = []
         try:
             for block in gpu_ids:
-                await self.composer.fabric.detach(host, block)
+                await self.fabric.detach(host, block)
                 detached.append(block)
         except NotExpandable as e:
             raise ComposeFailed(NO_HOT_DETACH) from e
@@ -155,55 +159,14 @@ class Resizer:
             ) from e
         finally:
             # Free in the ledger what the fabric confirmed detached, and nothing else.
-            await self.composer.runner.run(
-                self.composer.ledger.give_back, machine.id, detached, "gave back"
-            )
-        self.composer.pool.forget()
-        self.composer.log.info("Shrank machine %s of %s by %s", machine.id, user, gpu_ids)
+            await self.runner.run(self.runner.ledger.give_back, machine.id, detached, "gave back")
+        self.pool.forget()
+        self.log.info("Shrank machine %s of %s by %s", machine.id, user, gpu_ids)
         return await self.running_machine(user, server)
-
-    async def _attach(self, machine: Machine, blocks: Sequence[str]) -> None:
-        """Attach every block, or none: on any failure detach and give the claim back."""
-        host = machine.host_id or ""
-        attached: list[str] = []
-        try:
-            for block in blocks:
-                await self.composer.fabric.attach(host, block)
-                attached.append(block)
-            # A stop that began meanwhile gave back what the ledger held then, perhaps
-            # before these were attached: it finds them attached no more, nor do we.
-            now = await self.composer.runner.run(self.composer.ledger.machine, machine.id)
-            if now is None or now.state != "running":
-                raise refusal(
-                    NotRunning(machine.id, machine.server_name, now.state if now else "ended")
-                )
-        except BaseException as e:
-            await asyncio.shield(self._undo(machine, host, attached, blocks))
-            if isinstance(e, NotExpandable):
-                raise ComposeFailed(NO_HOT_ATTACH) from e
-            if isinstance(e, FabricError):
-                raise ComposeFailed(FABRIC_FAILED) from e
-            raise
-
-    async def _undo(
-        self, machine: Machine, host: str, attached: Sequence[str], blocks: Sequence[str]
-    ) -> None:
-        log = self.composer.log
-        log.warning("Grow of %s failed; detaching %s", machine.id, attached or "nothing")
-        try:
-            for block in attached:
-                await self.composer.fabric.detach(host, block)
-        except FabricError:
-            # Those stay held in the ledger: the next stop of this server detaches them.
-            log.exception("Could not detach %s from %s; they stay held", attached, host)
-            blocks = [b for b in blocks if b not in attached]
-        await self.composer.runner.run(
-            self.composer.ledger.give_back, machine.id, list(blocks), "not attached", used=False
-        )
 
     async def composed(self, machine: Machine) -> ComposedMachine:
         """The machine as its notebook's environment describes it (see machine_env)."""
-        inventory = await self.composer.pool.known_inventory()
+        inventory = await self.pool.known_inventory()
         devices = [d for b in machine.block_ids if (d := inventory.device(b)) is not None]
         return ComposedMachine(
             machine_id=machine.id,
@@ -216,6 +179,94 @@ class Resizer:
 
     async def _gpus_of(self, machine: Machine) -> list[str]:
         """The machine's GPUs (a device's kind never changes: any inventory read tells it)."""
-        inventory = await self.composer.pool.known_inventory()
+        inventory = await self.pool.known_inventory()
         kinds = {b: d.kind for b in machine.block_ids if (d := inventory.device(b)) is not None}
         return [b for b in machine.block_ids if kinds.get(b) == "gpu"]
+
+
+@dataclass
+class MoreGpus:
+    """A grow's claim and attach (see claiming): GPUs of the machine's zone, one at a time.
+
+    The machine runs on as it was whatever happens: a refusal ends nothing, and an
+    undo detaches what was attached and gives back what was claimed for it.
+    """
+
+    runner: LedgerRunner
+    pool: PoolView
+    fabric: Fabric
+    log: logging.Logger
+    machine: Machine
+    groups: frozenset[str]
+    ask: DeviceAsk
+    terms: ClaimTerms
+    attached: list[str] = field(default_factory=list)
+
+    async def place(self, *, fresh: bool) -> tuple[str, ...] | NoFit:
+        # Always on fresh data: grows are rare, and a running machine's zone may be busy.
+        del fresh
+        pool = await self.pool.claimable(
+            self.machine.user_name,
+            self.groups,
+            fresh=True,
+            holdback=self.terms.holdback,
+            registrations=self.terms.registrations,
+        )
+        picked = place_more(pool, self.machine.zone or "", self.ask)
+        return picked if isinstance(picked, NoFit) else tuple(d.block_id for d in picked)
+
+    async def take(self, blocks: tuple[str, ...]) -> bool:
+        try:
+            await self.runner.run(
+                self.runner.ledger.grow,
+                self.machine.id,
+                block_ids=list(blocks),
+                quota=self.terms.quota,
+                groups=self.groups,
+                keep_free=self.terms.keep_free,
+            )
+        except DevicesTaken:
+            return False  # another claim took one since the pool was read
+        except LedgerError as e:
+            raise refusal(e) from e
+        return True
+
+    async def refused(self, why: str, reason: str) -> ComposeRefused:
+        return ComposeRefused(why, status=409, reason=reason)
+
+    async def attach(self, blocks: tuple[str, ...]) -> None:
+        machine, ledger = self.machine, self.runner.ledger
+        for block in blocks:
+            await self.fabric.attach(machine.host_id or "", block)
+            self.attached.append(block)
+        # A stop that began meanwhile gave back what the ledger held then, perhaps
+        # before these were attached: it finds them attached no more, nor do we.
+        now = await self.runner.run(ledger.machine, machine.id)
+        if now is None or now.state != "running":
+            raise refusal(
+                NotRunning(machine.id, machine.server_name, now.state if now else "ended")
+            )
+
+    async def undo(self, blocks: tuple[str, ...] | None, error: BaseException) -> None:
+        if blocks is None:
+            return  # nothing was claimed
+        host, attached = self.machine.host_id or "", self.attached
+        self.log.warning("Grow of %s failed; detaching %s", self.machine.id, attached or "nothing")
+        given_back = list(blocks)
+        try:
+            for block in attached:
+                await self.fabric.detach(host, block)
+        except FabricError:
+            # Those stay held in the ledger: the next stop of this server detaches them.
+            self.log.exception("Could not detach %s from %s; they stay held", attached, host)
+            given_back = [b for b in blocks if b not in attached]
+        await self.runner.run(
+            self.runner.ledger.give_back, self.machine.id, given_back, "not attached", used=False
+        )
+
+    def failed(self, error: BaseException, *, attaching: bool) -> BaseException:
+        if attaching and isinstance(error, NotExpandable):
+            return ComposeFailed(NO_HOT_ATTACH)
+        if attaching and isinstance(error, FabricError):
+            return ComposeFailed(FABRIC_FAILED)
+        return error

@@ -29,7 +29,7 @@ from composespawner.domain.quotas import QuotaRule
 from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
 from composespawner.ledger import Ledger
 from composespawner.services.composer import Composer
-from composespawner.services.metrics import MeasuredFabric, PoolCollector
+from composespawner.services.metrics import MeasuredFabric, PoolCollector, measure_compose
 
 # Config sections that carry the settings, least specific first: the
 # spawner's own section wins, as it does for the spawner itself.
@@ -197,15 +197,21 @@ def open_fabric(settings: ComposeSettings, log: logging.Logger) -> RedfishFabric
     )
 
 
+class MeasuredComposer(Composer):
+    """A :class:`Composer` whose composes are timed, and refusals and failures counted."""
+
+    compose = measure_compose(Composer.compose)
+
+
 def build_composer(
     settings: ComposeSettings, log: logging.Logger, *, for_spawns: bool = True
 ) -> Composer:
-    """A composer over fresh clients; the caller closes it (``await composer.close()``).
+    """A composer over fresh clients, measured; the caller closes it (``await composer.close()``).
 
     ``for_spawns``: a user is waiting, so fabric reads give up after
     ``fabric_wait_timeout``; a service (the reconciler) waits the fabric out.
     """
-    return Composer(
+    return MeasuredComposer(
         ledger=open_ledger(settings),
         fabric=MeasuredFabric(open_fabric(settings, log)),
         catalog=Catalog.from_file(settings.catalog_file),
@@ -220,7 +226,7 @@ def build_composer(
 
 _shared: dict[tuple[Any, ...], tuple[Composer, asyncio.Task[None]]] = {}
 # The hub's /hub/metrics shows the pool as its shared composers see it.
-REGISTRY.register(PoolCollector(lambda: [composer for composer, _ in _shared.values()]))
+REGISTRY.register(PoolCollector(lambda: [c.readout() for c, _ in _shared.values()]))
 
 
 def shared_composer(settings: ComposeSettings, log: logging.Logger) -> Composer:

@@ -18,6 +18,7 @@ from composespawner.ledger import Actor, Ledger
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeRefused
 from composespawner.services.metrics import MeasuredFabric, PoolCollector, device_counts
+from composespawner.services.settings import MeasuredComposer
 from harness.paths import HUB_CONFIG
 from tests.support.inprocess import InProcessFabric
 
@@ -52,7 +53,7 @@ def test_device_counts_tell_held_from_free_from_someone_elses() -> None:
 async def composer(tmp_path: Path) -> AsyncIterator[Composer]:
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.upgrade()
-    composer = Composer(
+    composer = MeasuredComposer(  # as the hub builds it: composes measured
         ledger=ledger,
         fabric=MeasuredFabric(InProcessFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml")),
         catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
@@ -64,7 +65,7 @@ async def composer(tmp_path: Path) -> AsyncIterator[Composer]:
 
 def _scrape(composer: Composer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     registry = CollectorRegistry()
-    registry.register(PoolCollector(lambda: [composer]))
+    registry.register(PoolCollector(lambda: [composer.readout()]))
     text = generate_latest(registry).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
