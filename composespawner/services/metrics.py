@@ -7,7 +7,8 @@ happen: the composition root (``settings``) wraps the fabric in
 state (devices by model and zone, releases waiting, the reconciler's actions)
 is a :class:`~composespawner.services.pool.PoolReadout` each composer fills
 when Prometheus scrapes, from what the hub already knows, so a scrape never
-waits on the fabric; :class:`PoolCollector` only formats it.
+waits on the fabric; :class:`PoolCollector` only formats it, and joins the
+registry when the hub's first spawner starts (``settings.register_pool_metrics``).
 """
 
 from __future__ import annotations

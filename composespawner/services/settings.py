@@ -18,9 +18,10 @@ import logging
 import os
 import socket
 from typing import Any
+from weakref import WeakSet
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from traitlets import Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Config, LoggingConfigurable
 
@@ -225,8 +226,20 @@ def build_composer(
 
 
 _shared: dict[tuple[Any, ...], tuple[Composer, asyncio.Task[None]]] = {}
-# The hub's /hub/metrics shows the pool as its shared composers see it.
-REGISTRY.register(PoolCollector(lambda: [c.readout() for c, _ in _shared.values()]))
+_metrics_in: WeakSet[CollectorRegistry] = WeakSet()  # the registries the pool's metrics joined
+
+
+def register_pool_metrics(registry: CollectorRegistry = REGISTRY) -> None:
+    """Show the pool as this process's shared composers see it, in ``registry`` (the
+    default one is what JupyterHub serves at /hub/metrics); once per registry.
+
+    Called when the hub's spawners first ask for a composer (:func:`shared_composer`),
+    never on import: a process that imports these modules and builds no shared
+    composer (the portal, the reconciler, a test) registers nothing.
+    """
+    if registry not in _metrics_in:
+        registry.register(PoolCollector(lambda: [c.readout() for c, _ in _shared.values()]))
+        _metrics_in.add(registry)
 
 
 def shared_composer(settings: ComposeSettings, log: logging.Logger) -> Composer:
@@ -236,8 +249,10 @@ def shared_composer(settings: ComposeSettings, log: logging.Logger) -> Composer:
     value never reuses a composer built from the old one. It is closed when
     the hub shuts down: JupyterHub cancels every pending task then, and the
     task made here closes the composer when it is cancelled (as KubeSpawner
-    closes its shared Kubernetes clients).
+    closes its shared Kubernetes clients). The first call registers the pool's
+    metrics, so the hub serves them from its spawners' first use on.
     """
+    register_pool_metrics()
     loop = asyncio.get_running_loop()
     key = (loop, *(getattr(settings, name) for name in setting_names()))
     if key not in _shared:

@@ -103,3 +103,19 @@ def test_upgrade_db_without_a_config_file_says_so(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "no config file 'nowhere.py'" in result.stderr
     assert not list(tmp_path.iterdir())  # no ledger made from defaults
+
+
+def test_importing_registers_no_collector_and_registering_is_once_per_registry() -> None:
+    # A fresh interpreter: this process's default registry may have the pool's already.
+    script = (
+        "from prometheus_client import REGISTRY, generate_latest\n"
+        "import composespawner.services.settings as settings\n"
+        "assert b'composespawner_devices' not in generate_latest(REGISTRY), 'on import'\n"
+        "settings.register_pool_metrics()\n"
+        "settings.register_pool_metrics()\n"
+        "assert b'composespawner_devices' in generate_latest(REGISTRY), 'not registered'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
