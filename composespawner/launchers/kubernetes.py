@@ -19,8 +19,9 @@ decides, in :func:`pin_to_machine`:
   create or clean up, and it lives exactly as long as the pod.
 
 KubeSpawner's pod watch tells the mixin at once when the pod fails, is evicted
-or disappears (:class:`PodWatch`), so devices go back within moments, not at
-the hub's next poll.
+or disappears (:class:`~composespawner.launchers.kubespawner_internals.PodWatch`),
+so devices go back within moments, not at the hub's next poll. What that takes
+of KubeSpawner's internals is in :mod:`.kubespawner_internals`, and nowhere else.
 """
 
 from __future__ import annotations
@@ -47,15 +48,18 @@ from kubernetes_asyncio.client import (
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
-from kubespawner.clients import shared_client
-from kubespawner.reflector import ResourceReflector
-from kubespawner.spawner import PodReflector
-from traitlets import CaselessStrEnum, Unicode, default, validate
+from traitlets import CaselessStrEnum, Unicode, default
 
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.base import Launcher
 from composespawner.launchers.dra import NoDeviceIds, gpu_claim, use_claim
+from composespawner.launchers.jupyterhub_internals import log_name
+from composespawner.launchers.kubespawner_internals import (
+    PodCallback,
+    PodWatchingKubeSpawner,
+    kube_api,
+)
 from composespawner.launchers.refusal import ComposeRefusal
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -67,8 +71,6 @@ RUN_MANIFEST_PATH = f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
 RUN_MANIFEST_VOLUME = "composespawner-run"
 SCRATCH_VOLUME = "composespawner-scratch"
 ENDED_PHASES = ("Failed", "Succeeded")
-
-PodCallback = Callable[[dict[str, Any] | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,59 +239,7 @@ class StartingPod:
             self.ready.set_result(pod)
 
 
-class PodWatch(PodReflector):
-    """KubeSpawner's pod reflector that also tells whoever asked when a pod changes.
-
-    KubeSpawner reads ``resources`` (a dict per pod key) and only on its polls;
-    every change the watch brings goes through here as it arrives.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._callbacks: dict[str, PodCallback] = {}
-        super().__init__(*args, **kwargs)
-
-    def watch(self, key: str, callback: PodCallback) -> None:
-        """Call ``callback`` with the pod ``key`` ("namespace/name") at each change."""
-        self._callbacks[key] = callback
-
-    def unwatch(self, key: str, callback: PodCallback) -> None:
-        if self._callbacks.get(key) == callback:
-            del self._callbacks[key]
-
-    def _changed(self, key: str, pod: dict[str, Any] | None) -> None:
-        callback = self._callbacks.get(key)
-        if callback is not None:
-            callback(pod)
-
-    @validate("resources")
-    def _observe_each_change(self, proposal: Any) -> dict[str, Any]:
-        # A full listing replaces the dict: what changed in it is told too.
-        listed = _ObservedPods(proposal.value, self._changed)
-        previous = self.resources if isinstance(self.resources, dict) else {}
-        for key in self._callbacks:
-            if previous.get(key) is not listed.get(key):
-                self._changed(key, listed.get(key))
-        return listed
-
-
-class _ObservedPods(dict[str, Any]):
-    """The reflector's pods; each set or removal is reported."""
-
-    def __init__(self, pods: Mapping[str, Any], changed: Callable[[str, Any], None]) -> None:
-        super().__init__(pods)
-        self._report = changed
-
-    def __setitem__(self, key: str, pod: Any) -> None:
-        super().__setitem__(key, pod)
-        self._report(key, pod)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        found = super().pop(key, *default)
-        self._report(key, None)
-        return found
-
-
-class KubeLauncher(Launcher, KubeSpawner):
+class KubeLauncher(Launcher, PodWatchingKubeSpawner):
     """Run the notebook as a pod on the composed host's node; say at once when it ends."""
 
     node_name_template = Unicode(
@@ -428,8 +378,7 @@ class KubeLauncher(Launcher, KubeSpawner):
         between looks), and waits out ``start_timeout`` for a pod that has failed.
         """
         self._unwatch_pod()
-        reflector = await self._start_watching_pods()
-        assert isinstance(reflector, PodWatch), "another pod reflector took this namespace"
+        reflector = await self.pod_watch()
         key = self._pod_key
         starting = StartingPod(reflector.pods.get(key), self.is_pod_running)
         reflector.watch(key, starting)
@@ -464,10 +413,7 @@ class KubeLauncher(Launcher, KubeSpawner):
         if starting.ended.done():
             status, pod = starting.ended.result()
             raise NotebookNotStarted(pod_ended_message(pod, status))
-        pod = starting.ready.result()
-        self.pod_id = pod["metadata"]["uid"]
-        url = self._get_pod_url(pod)
-        return url
+        return self.take_ready_pod(starting.ready.result())
 
     async def _relay_pod_events(self) -> None:
         """KubeSpawner's progress (the pod's events) on the spawn page, beside ours."""
@@ -507,7 +453,7 @@ class KubeLauncher(Launcher, KubeSpawner):
                 namespace=self.namespace,
                 device_class=self.dra_device_class,
                 attribute_domain=self.dra_attribute_domain,
-                labels=self._build_common_labels(self._expand_all(self.extra_labels)),
+                labels=self.object_labels(),
             )
         except NoDeviceIds as e:
             raise NotebookNotStarted(
@@ -516,14 +462,14 @@ class KubeLauncher(Launcher, KubeSpawner):
             ) from e
         await self.delete_gpu_claim()
         try:
-            await shared_client("ResourceV1Api").create_namespaced_resource_claim(
+            await kube_api("ResourceV1Api").create_namespaced_resource_claim(
                 self.namespace, claim, _request_timeout=self.k8s_api_request_timeout
             )
         except ApiException as e:
             if e.status == 404:
                 self.log.error(
                     "%s: the cluster does not serve %s: %s",
-                    self._log_name,
+                    log_name(self),
                     claim["apiVersion"],
                     e.reason,
                 )
@@ -538,7 +484,7 @@ class KubeLauncher(Launcher, KubeSpawner):
         if self.gpu_allocation != "dra":
             return
         try:
-            await shared_client("ResourceV1Api").delete_namespaced_resource_claim(
+            await kube_api("ResourceV1Api").delete_namespaced_resource_claim(
                 self._claim_name, self.namespace, _request_timeout=self.k8s_api_request_timeout
             )
         except ApiException as e:
@@ -549,17 +495,8 @@ class KubeLauncher(Launcher, KubeSpawner):
     def _pod_key(self) -> str:
         return f"{self.namespace}/{self.pod_name}"
 
-    async def _start_watching_pods(self, replace: bool = False) -> ResourceReflector:
-        return await self._start_reflector(
-            kind="pods",
-            reflector_class=PodWatch,
-            labels={"component": self.component_label},
-            omit_namespace=self.enable_user_namespaces,
-            replace=replace,
-        )
-
     async def _watch_pod(self) -> None:
-        reflector = await self._start_watching_pods()
+        reflector = await self.pod_watch()
         key = self._pod_key
 
         def changed(pod: dict[str, Any] | None) -> None:
@@ -567,16 +504,15 @@ class KubeLauncher(Launcher, KubeSpawner):
             if status is None:
                 return
             self._unwatch_pod()
-            self.log.info("%s: pod %s ended (status %s)", self._log_name, key, status)
+            self.log.info("%s: pod %s ended (status %s)", log_name(self), key, status)
             self._exit_seen = asyncio.ensure_future(self.notebook_exited(status))
 
-        assert isinstance(reflector, PodWatch), "another pod reflector took this namespace"
         reflector.watch(key, changed)
         self._pod_watched = changed
         changed(reflector.pods.get(key))  # it may have ended before we looked
 
     def _unwatch_pod(self) -> None:
         callback, self._pod_watched = self._pod_watched, None
-        reflector = self.pod_reflector
-        if callback is not None and isinstance(reflector, PodWatch):
+        reflector = self.running_pod_watch
+        if callback is not None and reflector is not None:
             reflector.unwatch(self._pod_key, callback)

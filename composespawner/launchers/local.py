@@ -53,6 +53,7 @@ from composespawner.launchers.environments import (
     StackEnvironments,
     default_root,
 )
+from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.ports import NoFreePort, notebook_port
 from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.ledger.runner import whole_in_thread
@@ -207,7 +208,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         if process.returncode != 0:
             raise KitNotDelivered(err.decode(errors="replace").strip()[-500:] or "it failed")
         self.log.info(
-            "%s: kit %s merged into %s: %s", self._log_name, kit.id, home, out.decode().strip()
+            "%s: kit %s merged into %s: %s", log_name(self), kit.id, home, out.decode().strip()
         )
 
     def _system_account(self) -> pwd.struct_passwd | None:
@@ -307,7 +308,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         machine and get its stop's signals. The pid must name the process that
         started when the notebook did."""
         if self.proc is None and self.pid and not self._is_the_notebook():
-            self.log.info("%s: notebook process %d is gone", self._log_name, self.pid)
+            self.log.info("%s: notebook process %d is gone", log_name(self), self.pid)
             self.clear_state()
             return 0
         status: int | None = await super().poll()
@@ -339,7 +340,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         try:
             return notebook_port(self.ip, others)
         except NoFreePort as e:
-            self.log.error("Cannot start %s's notebook: %s", self._log_name, e)
+            self.log.error("Cannot start %s's notebook: %s", log_name(self), e)
             raise ComposeRefusal(
                 "This machine has no free port for another notebook. "
                 "Try again in a few minutes, or tell the hub's administrators.",
@@ -410,7 +411,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         try:
             pidfd = os.pidfd_open(proc.pid)
         except OSError as e:
-            self.log.info("Not watching %s's notebook for its exit (%s)", self._log_name, e)
+            self.log.info("Not watching %s's notebook for its exit (%s)", log_name(self), e)
             return
         loop = asyncio.get_running_loop()
 

@@ -14,7 +14,6 @@ from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.kubernetes import (
     Placement,
-    PodWatch,
     StartingPod,
     nvidia_visible_devices,
     pin_to_machine,
@@ -23,6 +22,7 @@ from composespawner.launchers.kubernetes import (
     pushed_image,
     stack_image,
 )
+from composespawner.launchers.kubespawner_internals import PodWatch
 from composespawner.launchers.refusal import ComposeRefusal
 from harness.kube import serialized
 from harness.paths import ROOT
