@@ -28,7 +28,9 @@ Modules, from the inside out:
 ``sessions``, ``tasks``, ``faults``   login sessions, task monitors, fault switches
 ``quirks``       switches that answer like an older or looser service
 ``persistence``  the ``--state-file``
-``app``          the tornado application
+``simulator``    the running service: state, sessions, tasks, faults, saving
+``handlers``     the tornado request handlers, by resource
+``app``          the tornado application: the routes
 ``__main__``     the command line
 
 The tests' ``tests.support.inprocess.InProcessFabric`` drives the same state

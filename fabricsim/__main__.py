@@ -19,10 +19,11 @@ import ssl
 import sys
 from urllib.parse import urlsplit
 
-from .app import Simulator, SimulatorConfig, make_app
+from .app import make_app
 from .inventory import InventoryError, load_inventory
 from .persistence import StateFile
 from .quirks import ERROR_BODIES, ServiceQuirks
+from .simulator import Simulator, SimulatorConfig
 from .state import COMPOSITION_MODES, FabricState, StateFileError
 
 log = logging.getLogger("fabricsim")

@@ -1,0 +1,131 @@
+"""Systems and what changes them: composing, decomposing, tagging, attaching and
+detaching blocks, the Compose action, and the task monitors of those writes."""
+
+from __future__ import annotations
+
+from .. import resources, uris
+from ..commands import (
+    parse_block_command,
+    parse_compose_action,
+    parse_system_create,
+    parse_tag_patch,
+)
+from ..errors import ETagMismatch, InternalError, OperationNotAllowed, ResourceMissing
+from ..simulator import Simulator
+from ..tasks import Outcome
+from .base import RedfishHandler
+
+
+class SystemsHandler(RedfishHandler):
+    """The Systems collection; POST composes a system under specific composition."""
+
+    def initialize(self, simulator: Simulator) -> None:
+        super().initialize(simulator)
+        self.ALLOW = "GET, HEAD, POST" if self._creates() else "GET, HEAD"
+
+    def _creates(self) -> bool:
+        return self.sim.state.composition == "specific"
+
+    def get(self) -> None:
+        self.send_resource(resources.system_collection(self.sim.view))
+
+    async def post(self) -> None:
+        if not self._creates():
+            raise OperationNotAllowed()
+        request = parse_system_create(self.request.body)
+        check_attachments(self.sim, request.blocks)
+        await self.sim.write(self, f"compose {request.name}", lambda: self.sim.compose(request))
+
+    def _not_allowed(self) -> None:
+        raise OperationNotAllowed()
+
+    put = patch = delete = _not_allowed
+
+
+class SystemHandler(RedfishHandler):
+    ALLOW = "GET, HEAD, PATCH"
+
+    def initialize(self, simulator: Simulator) -> None:
+        super().initialize(simulator)
+        if not simulator.state.expandable:
+            self.ALLOW = "GET, HEAD, PATCH, DELETE"
+
+    async def delete(self, system_id: str) -> None:
+        """Decompose a system of specific composition; hosts of expandable mode stay."""
+        if not self.sim.state.has_system(system_id):
+            raise ResourceMissing(self.request.path)
+        if self.sim.state.expandable:
+            raise OperationNotAllowed()
+        await self.sim.write(self, f"decompose {system_id}", lambda: self.sim.decompose(system_id))
+
+    def get(self, system_id: str) -> None:
+        self.send_resource(resources.system(self.sim.view, system_id))
+
+    async def patch(self, system_id: str) -> None:
+        readable = resources.system(self.sim.view, system_id)
+        if readable is None:
+            raise ResourceMissing(self.request.path)
+        tag = parse_tag_patch(self.request.body, readable)
+        if_match = self.request.headers.get("If-Match")
+        if if_match is not None and self.sim.faults.settings.stale_etags:
+            raise ETagMismatch()
+        self.sim.state.set_tag(system_id, tag, if_match=if_match)
+        await self.sim.saved()
+        self.send_resource(resources.system(self.sim.view, system_id))
+
+
+class ActionHandler(RedfishHandler):
+    """``POST /Systems/{id}/Actions/ComputerSystem.{Add,Remove}ResourceBlock``."""
+
+    ALLOW = "POST"
+
+    async def post(self, system_id: str, action: str) -> None:
+        command = parse_block_command(system_id, action, self.request.body)
+        command.check(self.sim.state)
+        if command.action == uris.ADD_RESOURCE_BLOCK and self.sim.faults.attachment_fails():
+            raise InternalError()
+        if command.gives_etags and self.sim.faults.settings.stale_etags:
+            raise ETagMismatch()
+
+        def work() -> Outcome:
+            command.apply(self.sim.state)
+            return Outcome(204)
+
+        await self.sim.write(self, f"{command.action} {command.block_id}", work)
+
+
+class ComposeActionHandler(RedfishHandler):
+    """``POST .../Actions/CompositionService.Compose``, where the service offers it."""
+
+    ALLOW = "POST"
+
+    async def post(self) -> None:
+        if self.sim.state.composition != "action":
+            raise ResourceMissing(self.request.path)
+        stanzas = parse_compose_action(self.request.body)
+        for stanza in stanzas:
+            if stanza.compose is not None:
+                check_attachments(self.sim, stanza.compose.blocks)
+        await self.sim.write(self, "compose manifest", lambda: self.sim.apply_manifest(stanzas))
+
+
+def check_attachments(simulator: Simulator, blocks: tuple[str, ...]) -> None:
+    """The fail-after-k-attachments fault, counting each device a composition takes."""
+    for block_id in blocks:
+        if not simulator.state.is_host_block(block_id) and simulator.faults.attachment_fails():
+            raise InternalError()
+
+
+class TaskMonitorHandler(RedfishHandler):
+    """A task monitor: 202 while the task runs, then the operation's final answer."""
+
+    ALLOW = "GET"
+
+    def get(self, task_id: str) -> None:
+        task = self.sim.tasks.get(task_id)
+        if task is None:
+            raise ResourceMissing(self.request.path)
+        if task.outcome is None:
+            self.send_accepted(task)
+        else:
+            self.send_outcome(task.outcome)
