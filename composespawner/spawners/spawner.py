@@ -8,50 +8,59 @@ process (the embedded default); a Kubernetes launcher plugs in the same way.
 
 This module holds no allocation logic: it parses and renders, then asks the
 :class:`~composespawner.services.composer.Composer` (one per hub process) to do the work.
+Its collaborators are its siblings: the form (:mod:`.form`), the progress page
+(:mod:`.progress`), requests checked (:mod:`.requests`), the saved state
+(:mod:`.state`), the notebook's environment (:mod:`.environment`) and refusals
+(:mod:`.refusals`). JupyterHub's internals are reached only through
+:mod:`composespawner.launchers.jupyterhub_internals`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
-from jupyterhub import orm
 from jupyterhub.spawner import Spawner
-from jupyterhub.utils import maybe_future
-from sqlalchemy import event
-from tornado.log import app_log
 from traitlets import Float, Unicode, default
 
-from composespawner.domain.catalog import Catalog, Kit, Stack
-from composespawner.domain.colocation import Registration
-from composespawner.domain.machine import ComposedMachine, machine_env
+from composespawner.domain.catalog import Catalog, Kit
+from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.manifest import run_manifest
-from composespawner.domain.request import (
-    MAX_OPTIONS_BYTES,
-    MachineRequest,
-    RequestError,
-    check_server_name,
-    check_size,
-    options_size,
-    parse_form,
-    parse_options,
-    settle_stack,
-)
-from composespawner.fabric.base import FabricError
+from composespawner.domain.request import MachineRequest
 from composespawner.launchers.base import KitNotDelivered, Launcher
+from composespawner.launchers.jupyterhub_internals import (
+    guard_stored_user_options,
+    is_new_record,
+    log_name,
+)
 from composespawner.launchers.kits import HOME_FOLDER
 from composespawner.launchers.local import LocalLauncher
 from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.ledger import SchemaNotCurrent
 from composespawner.services.admission import Admission
 from composespawner.services.composer import Composer
-from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.settings import ComposeSettings, shared_composer
+from composespawner.spawners.environment import compose_env, kit_default_url
 from composespawner.spawners.form import render_form, render_unavailable
-
-STATE_VERSION = 1
+from composespawner.spawners.progress import StartProgress
+from composespawner.spawners.refusals import (
+    forget_refused,
+    ledger_upgrading,
+    options_to_store,
+    refused_compose,
+    refused_if_ended,
+)
+from composespawner.spawners.requests import (
+    LinkChoices,
+    UserRequests,
+    options_to_start,
+    stack_asked_for,
+)
+from composespawner.spawners.state import ComposeState, restored_state, saved_state
 
 
 class ConfirmLinkChoices(Exception):
@@ -62,28 +71,6 @@ class ConfirmLinkChoices(Exception):
     """
 
     jupyterhub_message = ""
-
-
-def _refusal(error: RequestError) -> ComposeRefusal:
-    return ComposeRefusal(str(error), reason="invalid-options", status_code=error.status)
-
-
-@event.listens_for(orm.Spawner.user_options, "set", retval=True)
-def _keep_oversized_options_out(
-    target: orm.Spawner, value: Any, previous: Any, initiator: Any
-) -> Any:
-    """JupyterHub writes requested ``user_options`` to its database before start().
-
-    Oversized ones would stay there (a 10 MB body grew the database by as
-    much) and be offered to the next start: what was stored stays instead.
-    start() refuses the request itself (``Spawner.user_options`` keeps it).
-    """
-    del initiator
-    size = 0 if value is None else options_size(value)
-    if size <= MAX_OPTIONS_BYTES:
-        return value
-    app_log.warning("Not storing %d bytes of user_options for server %r", size, target.name)
-    return previous if isinstance(previous, dict) else None
 
 
 class ComposeMixin(ComposeSettings, Launcher, Spawner):
@@ -110,9 +97,6 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         use the client.""",
     )
 
-    # Removals of refused servers' records, kept referenced until they finish.
-    _removals: ClassVar[set[asyncio.Future[None]]] = set()
-
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
         return _options_read_at_start
@@ -122,23 +106,21 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         return ComposeMixin.render_options_form
 
     def __init__(self, **kwargs: Any) -> None:
+        # JupyterHub has no start-up hook for its spawner class, and stores a start's
+        # options after making its spawner: the first spawner made installs the guard.
+        guard_stored_user_options(options_to_store)
         super().__init__(**kwargs)
         self.machine: ComposedMachine | None = None
         self.kit: Kit | None = None  # the starter kit this start asked for
-        self._events: list[dict[str, Any]] = []
-        self._events_changed = asyncio.Event()
-        self._starting = False
+        self._steps = StartProgress()
         self._composer: Composer | None = None
         # The options of the last start that composed a machine (kept in state):
         # what the form pre-selects and what a request without options reuses.
         self.accepted_options: dict[str, Any] = {}
-        # Choices a spawn link asked for, checked, for the form that answers
-        # that same request (JupyterHub sets ``handler`` for each form request).
-        self._link_choices: tuple[Any, dict[str, Any]] | None = None
+        self._link_choices = LinkChoices()
         # A hub record with no activity yet was created for this spawn: a
         # refusal removes it, so it counts toward no named-server limit.
-        orm_spawner = self.orm_spawner
-        self._record_is_new = orm_spawner is not None and orm_spawner.last_activity is None
+        self._record_is_new = is_new_record(self)
         # What the running server runs on (composespawner.domain.manifest), while it runs.
         self.run_manifest: dict[str, Any] | None = None
         # start_timeout as configured, before a start that builds its stack adds to it.
@@ -150,20 +132,12 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     def composer(self) -> Composer:
         # Looked up once per spawner: the shared composer's key reads every setting.
         if self._composer is None:
-            self._composer = self._shared_composer()
+            try:
+                self._composer = shared_composer(self, self.log)
+            except SchemaNotCurrent as e:
+                self.log.error("The ledger cannot be used: %s", e)
+                raise ledger_upgrading() from e
         return self._composer
-
-    def _shared_composer(self) -> Composer:
-        try:
-            return shared_composer(self, self.log)
-        except SchemaNotCurrent as e:
-            self.log.error("The ledger cannot be used: %s", e)
-            raise ComposeRefusal(
-                "The GPU pool is not available right now: it is being upgraded."
-                " Try again later, and tell the admins if it persists.",
-                reason="ledger-schema",
-                status_code=503,
-            ) from e
 
     @property
     def catalog(self) -> Catalog:
@@ -172,6 +146,9 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     @property
     def groups(self) -> frozenset[str]:
         return frozenset(g.name for g in self.user.groups)
+
+    def _requests(self) -> UserRequests:
+        return UserRequests(self.composer, self.user.name, self.groups, self.log, log_name(self))
 
     # -- the form --------------------------------------------------------------
 
@@ -183,21 +160,15 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         except Exception:
             self.log.exception("Could not read the fabric for %s's spawn form", self.user.name)
             return render_unavailable()
-        link_choices = self._choices_from_link()
+        link_choices = self._link_choices.take(self.handler)
         previous = link_choices or self.accepted_options
         return render_form(self.catalog, offer, previous, from_link=link_choices is not None)
 
-    def _choices_from_link(self) -> dict[str, Any] | None:
-        link, self._link_choices = self._link_choices, None
-        if link is None or link[0] is not self.handler:
-            return None  # none, or a link's whose form was never shown
-        return link[1]
-
     async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         try:
-            return await self._checked_form(formdata)
+            return await self._requests().from_form(formdata)
         except ComposeRefusal:
-            self._forget_refused()
+            forget_refused(self, self.accepted_options, self._record_is_new)
             raise
 
     async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -207,44 +178,18 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         the hub's cookies go with it, so it must not claim hardware. The form's
         POST carries the hub's XSRF token, which no other site can read.
         """
-        self._link_choices = (self.handler, await self._checked_form(query))
-        raise ConfirmLinkChoices(f"{self._log_name}: spawn link shown as a form to confirm")
-
-    async def _checked_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        try:
-            request = parse_form(formdata, self.catalog, await self._visible_model_ids())
-        except RequestError as e:
-            raise _refusal(e) from e
-        return request.to_options()
-
-    async def _visible_model_ids(
-        self, registrations: Mapping[str, Registration] | None = None
-    ) -> frozenset[str]:
-        try:
-            return await self.composer.pool.visible_models(
-                self.user.name, self.groups, registrations
-            )
-        except FabricError as e:
-            # Nothing is claimed before this read, so there is nothing to undo.
-            self.log.warning("Fabric unreadable for %s's spawn: %s", self._log_name, e)
-            raise ComposeRefusal(
-                "The GPU fabric is not answering right now, so nothing was claimed."
-                " Try again in a few minutes, and tell the admins if it persists.",
-                reason="fabric",
-                status_code=503,
-            ) from e
+        self._link_choices.keep(self.handler, await self._requests().from_form(query))
+        raise ConfirmLinkChoices(f"{log_name(self)}: spawn link shown as a form to confirm")
 
     # -- start -----------------------------------------------------------------
 
     async def start(self) -> Any:
-        self._events.clear()
-        self._starting = True
+        self._steps.begin()
         try:
             try:
-                options = self._options_to_start()
+                options = options_to_start(self.user_options, self.accepted_options, self.name)
                 admitted = await self.composer.admission_for(self.user.name, self.groups)
-                request = await self._parse_request(options, admitted)
-                request = self._settled(request, admitted)
+                request = await self._requests().for_start(options, admitted)
                 self.stack = self.catalog.stack(request.stack) if request.stack else None
                 self.kit = self.catalog.kit(request.kit) if request.kit else None
                 if self.stack is not None:  # before anything is claimed
@@ -253,7 +198,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                     self.check_kit(self.kit)
                 self.machine = await self._compose(request, admitted)
             except ComposeRefusal:
-                self._forget_refused()
+                forget_refused(self, self.accepted_options, self._record_is_new)
                 raise
             self.accepted_options = request.to_options()
             try:
@@ -262,73 +207,10 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 await asyncio.shield(self._release(self.machine, f"launch failed: {e!r}", True))
                 raise
         finally:
-            self._starting = False
-            self._notify()
-
-    def _options_to_start(self) -> dict[str, Any]:
-        """This start's options, their size and the server's name checked before anything
-        is read for them. Without options of its own a start reuses the last accepted ones."""
-        options = self.user_options or self.accepted_options
-        try:
-            check_server_name(self.name)
-            check_size(options)
-        except RequestError as e:
-            raise _refusal(e) from e
-        return options
-
-    async def _parse_request(self, options: dict[str, Any], admitted: Admission) -> MachineRequest:
-        # The admission read brought the portal's registrations: not read again.
-        visible = await self._visible_model_ids(admitted.registrations)
-        try:
-            return parse_options(options, self.catalog, visible)
-        except RequestError as e:
-            raise _refusal(e) from e
-
-    def _settled(self, request: MachineRequest, admitted: Admission) -> MachineRequest:
-        try:
-            return settle_stack(request, self.catalog, admitted.stacks)
-        except RequestError as e:
-            raise _refusal(e) from e
-
-    def _forget_refused(self) -> None:
-        """Leave nothing of a refused request: its options, or a record made for it.
-
-        JupyterHub stored the options before start() and would pass them to
-        the next start without options, and to the form.
-        """
-        self.user_options = dict(self.accepted_options)
-        if self.orm_spawner is not None:
-            self.orm_spawner.user_options = dict(self.accepted_options)
-        if self.name and self._record_is_new:
-            removal = asyncio.ensure_future(self._remove_record())
-            self._removals.add(removal)
-            removal.add_done_callback(self._removals.discard)
-
-    async def _remove_record(self) -> None:
-        """Delete this named server's hub record once the hub has finished failing its spawn.
-
-        As the hub's own DELETE with ``remove`` does it. The record counts
-        toward ``named_server_limit_per_user`` however it ended.
-        """
-        spawn = self._spawn_future
-        if spawn is not None:
-            await asyncio.wait([spawn])
-        user = self.user
-        if user.spawners.get(self.name) is not self or self.active:
-            return  # a newer request for this name took over
-        try:
-            await maybe_future(self.delete_forever())
-            user.spawners.pop(self.name, None)
-            user.db.delete(self.orm_spawner)
-            user.db.commit()
-        except Exception:
-            self.log.exception("Could not remove the record of refused server %s", self._log_name)
-            user.db.rollback()
-            return
-        self.log.info("Removed the record of %s: its first start was refused", self._log_name)
+            self._steps.end()
 
     async def _compose(self, request: MachineRequest, admitted: Admission) -> ComposedMachine:
-        try:
+        with refused_compose():
             return await self.composer.compose(
                 user=self.user.name,
                 groups=self.groups,
@@ -338,10 +220,6 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 then=("launching", "starting notebook"),
                 admitted=admitted,
             )
-        except ComposeRefused as e:
-            raise ComposeRefusal(str(e), reason="no-capacity", status_code=e.status) from e
-        except ComposeFailed as e:
-            raise ComposeRefusal(str(e), reason="fabric", status_code=503) from e
 
     def allow_time_for(self, options: dict[str, Any]) -> None:
         """Give a start that builds its stack's environment first the time to do it.
@@ -350,14 +228,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         with the options not yet checked: start() checks them.
         """
         options = options if isinstance(options, dict) and options else self.accepted_options
-        wanted = options.get("stack")
-        kit = self.catalog.kit(options["kit"]) if isinstance(options.get("kit"), str) else None
-        if not wanted and kit is not None:
-            wanted = kit.stack
-        if not wanted:
-            stack = self.catalog.default_stack
-        else:
-            stack = self.catalog.stack(wanted) if isinstance(wanted, str) else None
+        stack = stack_asked_for(self.catalog, options)
         self.start_timeout = self._configured_start_timeout + self.extra_start_time(stack)
 
     def launch_progress(self, message: str, percent: int) -> None:
@@ -373,12 +244,10 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         await self._write_run_manifest(self.machine)
         self._progress(f"starting notebook on {self.machine.host}")
         url = await super().start()
-        try:
+        with refused_if_ended():
             await self.composer.record(
                 self.machine.machine_id, "running", "notebook started", self.run_manifest
             )
-        except ComposeRefused as e:
-            raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
         return url
 
     async def _deliver_kit(self, kit: Kit) -> None:
@@ -387,7 +256,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         try:
             await self.deliver_kit(kit)
         except KitNotDelivered as e:
-            self.log.warning("%s: kit %s not merged: %s", self._log_name, kit.id, e)
+            self.log.warning("%s: kit %s not merged: %s", log_name(self), kit.id, e)
             self._progress(
                 f"the {kit.label} kit could not be put in your home ({e}); your server starts"
                 " without it. Free some space or remove what is in its way, and start again."
@@ -405,7 +274,10 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             machine=machine,
             # What composespawner gives the notebook: not get_env(), which holds tokens
             # (and costs a storm's hub as much again as the rest of this).
-            environment={**self.launcher_env(), **self._compose_env()},
+            environment={
+                **self.launcher_env(),
+                **compose_env(machine, self.stack, self.portal_url),
+            },
             started_at=datetime.now(UTC),
         )
         await self.deliver_run_manifest(manifest)
@@ -441,7 +313,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     async def _notebook_gone(self, machine: ComposedMachine | None, status: int | None) -> None:
         # Both poll and the launcher may see the same exit: releasing is idempotent.
         # A stop clears the machine first; a start under way releases on its own failure.
-        if machine is not None and not self._starting:
+        if machine is not None and not self._steps.under_way:
             await self._release(machine, f"notebook exited (status {status})")
 
     async def _release(
@@ -451,39 +323,23 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
             return
         if self.machine is machine:
             self.machine = None
-        # The fabric may take long to confirm (timeouts and retries): nobody waits
-        # for it. The devices stay held in the ledger until it does.
-        try:
-            await self.composer.release_in_background(
-                machine.machine_id, reason=reason, failed=failed
-            )
-        except Exception:
-            self.log.exception("Could not mark %s stopping; releasing anyway", machine.machine_id)
-            self.composer.release_soon(machine.machine_id, reason=reason, failed=failed)
+        await release_in_background(self.composer, machine, reason, failed, self.log)
 
     # -- state ---------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()
-        if self.machine is not None:
-            state["compose"] = {"version": STATE_VERSION, **self.machine.to_state()}
-        if self.accepted_options:
-            # Kept across stops (clear_state leaves it): the next start's defaults.
-            state["compose_options"] = self.accepted_options
-        if self.run_manifest is not None:
-            state["run_manifest"] = self.run_manifest
-        return state
+        kept = ComposeState(self.machine, self.accepted_options, self.run_manifest)
+        return {**super().get_state(), **saved_state(kept)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
-        compose = state.get("compose")
-        if compose:
-            # version 1 is the first; later versions must keep reading it.
-            self.machine = ComposedMachine.from_state(compose)
-        if isinstance(state.get("compose_options"), dict):
-            self.accepted_options = state["compose_options"]
-        if isinstance(state.get("run_manifest"), dict):
-            self.run_manifest = state["run_manifest"]
+        restored = restored_state(state)
+        if restored.machine is not None:
+            self.machine = restored.machine
+        if restored.accepted_options is not None:
+            self.accepted_options = restored.accepted_options
+        if restored.run_manifest is not None:
+            self.run_manifest = restored.run_manifest
 
     def clear_state(self) -> None:
         super().clear_state()
@@ -494,46 +350,22 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
 
     def get_env(self) -> dict[str, str]:
         env: dict[str, str] = super().get_env()
-        env.update(self._compose_env())
-        if self.kit is not None:  # the server opens on the kit's notebook
-            env["JUPYTERHUB_DEFAULT_URL"] = (
-                f"/lab/tree/{HOME_FOLDER}/{self.kit.id}/{self.kit.notebook}"
-            )
-        return env
-
-    def _compose_env(self) -> dict[str, str]:
-        """What the notebook is told of its machine, its stack and the portal."""
-        env: dict[str, str] = {}
-        if self.machine is not None:
-            env.update(machine_env(self.machine))
-        if self.portal_url:
-            env["COMPOSE_PORTAL_URL"] = self.portal_url
-        if self.stack is not None:
-            env.update(stack_env(self.stack))
+        env.update(compose_env(self.machine, self.stack, self.portal_url))
+        if self.kit is not None:
+            env["JUPYTERHUB_DEFAULT_URL"] = kit_default_url(self.kit)
         return env
 
     # -- progress ------------------------------------------------------------
 
     def _progress(self, message: str) -> None:
         # The user sees these; the log gets one line per compose (Composer.compose).
-        self.log.debug("%s: %s", self._log_name, message)
-        self._events.append({"progress": _percent(len(self._events)), "message": message})
-        self._notify()
-
-    def _notify(self) -> None:
-        self._events_changed.set()
-        self._events_changed = asyncio.Event()
+        self.log.debug("%s: %s", log_name(self), message)
+        self._steps.add(message)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        shown = 0
-        while True:
-            changed = self._events_changed
-            while shown < len(self._events):
-                yield self._events[shown]
-                shown += 1
-            if not self._starting:
-                return
-            await changed.wait()
+        async with aclosing(self._steps.follow()) as steps:
+            async for event in steps:
+                yield event
 
 
 class ComposeSpawner(ComposeMixin, LocalLauncher):
@@ -549,10 +381,20 @@ def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> No
         spawner.allow_time_for(user_options)
 
 
-def stack_env(stack: Stack) -> dict[str, str]:
-    """What a notebook on ``stack`` is given: the stack's own settings, and which it is."""
-    return {**dict(stack.env), "COMPOSE_STACK": stack.id}
+async def release_in_background(
+    composer: Composer,
+    machine: ComposedMachine,
+    reason: str,
+    failed: bool,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """Give ``machine`` back without waiting for the fabric to confirm.
 
-
-def _percent(step: int) -> int:
-    return min(10 + step * 12, 90)
+    The fabric may take long to confirm (timeouts and retries): nobody waits
+    for it. The devices stay held in the ledger until it does.
+    """
+    try:
+        await composer.release_in_background(machine.machine_id, reason=reason, failed=failed)
+    except Exception:
+        log.exception("Could not mark %s stopping; releasing anyway", machine.machine_id)
+        composer.release_soon(machine.machine_id, reason=reason, failed=failed)

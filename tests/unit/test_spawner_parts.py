@@ -1,0 +1,100 @@
+"""The composing spawner's parts that need no hub: progress, saved state, requests, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import Device
+from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.request import MAX_OPTIONS_BYTES
+from composespawner.launchers.refusal import ComposeRefusal
+from composespawner.spawners.progress import StartProgress, step_percent
+from composespawner.spawners.refusals import options_to_store
+from composespawner.spawners.requests import LinkChoices, options_to_start, stack_asked_for
+from composespawner.spawners.state import ComposeState, restored_state, saved_state
+from harness.paths import HUB_CONFIG
+
+CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
+GPU = Device("b1", "gpu", "NVIDIA T4 16GB", frozenset({"r1"}), "c1", "attached", uuid="u-1")
+MACHINE = ComposedMachine("m-1", "host-01", "r1", (GPU,), None, ())
+
+
+async def test_the_progress_page_follows_each_step_until_the_start_ends() -> None:
+    steps = StartProgress()
+    steps.begin()
+    seen: list[dict[str, Any]] = []
+
+    async def follow() -> None:
+        async for event in steps.follow():
+            seen.append(event)
+
+    following = asyncio.ensure_future(follow())
+    steps.add("claiming")
+    await asyncio.sleep(0)
+    assert [e["message"] for e in seen] == ["claiming"]
+    steps.add("starting notebook")
+    steps.end()
+    await asyncio.wait_for(following, 5)
+    assert seen == [
+        {"progress": 10, "message": "claiming"},
+        {"progress": 22, "message": "starting notebook"},
+    ]
+    # A page opened after the start ended still sees every step, and ends.
+    assert [e async for e in steps.follow()] == seen
+    assert step_percent(100) == 90
+
+
+def test_saved_state_is_read_back_as_it_was_kept() -> None:
+    kept = ComposeState(MACHINE, {"gpu_model": "t4"}, {"machine": "m-1"})
+    state = saved_state(kept)
+    assert state["compose"]["version"] == 1
+    assert restored_state(state) == kept
+
+
+def test_a_state_of_none_of_ours_or_not_ours_to_read_restores_nothing() -> None:
+    assert saved_state(ComposeState(None, {}, None)) == {}
+    assert restored_state({"pid": 7}) == ComposeState()
+    assert restored_state({"compose_options": "t4", "run_manifest": []}) == ComposeState()
+
+
+def test_oversized_options_are_not_stored_and_the_previous_ones_stay() -> None:
+    small, big = {"gpu_count": 1}, {"notes": "x" * (MAX_OPTIONS_BYTES + 1)}
+    assert options_to_store("thesis", small, None) is small
+    assert options_to_store("thesis", big, small) is small
+    assert options_to_store("thesis", big, "not options") is None
+
+
+def test_a_start_without_options_reuses_the_last_accepted_ones() -> None:
+    accepted = {"gpu_model": "t4", "gpu_count": 1}
+    assert options_to_start({}, accepted, "thesis") is accepted
+    with pytest.raises(ComposeRefusal) as refused:
+        options_to_start({}, accepted, "<b>")
+    assert refused.value.reason == "invalid-options"
+
+
+def test_the_stack_a_start_builds_is_asked_for_or_its_kits_or_the_default() -> None:
+    assert stack_asked_for(CATALOG, {"stack": "tensorflow"}) == CATALOG.stack("tensorflow")
+    assert stack_asked_for(CATALOG, {"kit": "digits"}) == CATALOG.stack("pytorch")
+    assert stack_asked_for(CATALOG, {}) == CATALOG.default_stack
+    assert stack_asked_for(CATALOG, {"stack": ["pytorch"]}) is None  # checked later by start
+
+
+def test_a_links_choices_are_for_the_form_of_that_same_request_only() -> None:
+    link, other = object(), object()
+    choices = LinkChoices()
+    choices.keep(link, {"gpu_model": "t4"})
+    assert choices.take(other) is None
+    choices.keep(link, {"gpu_model": "t4"})
+    assert choices.take(link) == {"gpu_model": "t4"}
+    assert choices.take(link) is None  # once
+
+
+def test_options_not_stored_are_logged_naming_the_server(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        options_to_store("thesis", {"notes": "x" * (MAX_OPTIONS_BYTES + 1)}, None)
+    assert "for server 'thesis'" in caplog.text
