@@ -1,9 +1,10 @@
 """Command-line applications that read the hub's own config file.
 
-Every composespawner process other than the hub (``composespawner reconcile``,
-``composespawner upgrade-db``) is a traitlets ``Application``, as
-jupyterhub-idle-culler is: it loads the same ``jupyterhub_config.py`` the hub
-does, so the ledger, the fabric and the catalog are configured in one place.
+The hub's services and the deploy steps (``composespawner reconcile``,
+``portal``, ``upgrade-db``, ``build-stacks``) are traitlets applications,
+subcommands of the ``composespawner`` root (``commands/cli.py``), as
+jupyterhub-idle-culler is one: each loads the same ``jupyterhub_config.py`` the
+hub does, so the ledger, the fabric and the catalog are configured in one place.
 """
 
 from __future__ import annotations
