@@ -23,6 +23,7 @@ from traitlets import Integer, Unicode, default
 
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.environments import default_root
+from composespawner.launchers.jupyterhub_internals import hub_templates
 from composespawner.portal import handlers
 from composespawner.portal.scoring import Scorer, read_secret
 from composespawner.services.application import ComposeApplication
@@ -155,7 +156,7 @@ class PortalApp(ComposeApplication):
         ]
         # JupyterHub's own templates after ours: the pages extend its page.html.
         loader = jinja2.ChoiceLoader(
-            [jinja2.FileSystemLoader(TEMPLATES), jinja2.FileSystemLoader(_hub_templates())]
+            [jinja2.FileSystemLoader(TEMPLATES), jinja2.FileSystemLoader(hub_templates())]
         )
         return Application(
             routes,
@@ -175,13 +176,6 @@ class PortalApp(ComposeApplication):
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )
-
-
-def _hub_templates() -> Path:
-    """JupyterHub's templates, wherever its package put them."""
-    from jupyterhub._data import DATA_FILES_PATH
-
-    return Path(DATA_FILES_PATH) / "templates"
 
 
 def collect_on_a_timer(every: float) -> asyncio.Task[None]:
