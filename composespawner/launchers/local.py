@@ -22,13 +22,11 @@ LocalProcessSpawner.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pwd
 import shlex
 import shutil
-import sys
 import weakref
 from pathlib import Path
 from subprocess import Popen
@@ -41,11 +39,9 @@ from composespawner.domain.catalog import Kit, Stack
 from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
     make_home,
-    notebook_account_for,
     switch_account_command,
-    useradd_command,
 )
-from composespawner.launchers.base import KitNotDelivered, Launcher
+from composespawner.launchers.base import Launcher
 from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
@@ -54,12 +50,18 @@ from composespawner.launchers.environments import (
     default_root,
 )
 from composespawner.launchers.jupyterhub_internals import log_name
+from composespawner.launchers.local_files import (
+    merge_kit,
+    notebook_account,
+    stack_builder,
+    write_for_notebook,
+)
+from composespawner.launchers.local_process import process_started, watch_exit
 from composespawner.launchers.ports import NoFreePort, notebook_port
 from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.ledger.runner import whole_in_thread
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
-KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
 
 
 class LocalLauncher(Launcher, LocalProcessSpawner):
@@ -107,9 +109,6 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     _launchers: ClassVar[weakref.WeakSet[LocalLauncher]] = weakref.WeakSet()
     _assigned_port = 0  # the port start chose (not configured), chosen afresh each start
 
-    # One builder per folder in a hub: two first starts on a stack share one build.
-    _builders: ClassVar[dict[tuple[str, Path, float], StackEnvironments]] = {}
-
     stack_variant = "cpu"
     _environment: StackEnvironment | None = None
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
@@ -122,18 +121,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     # -- the stack's environment -----------------------------------------------
 
     def _builder(self, stack: Stack) -> StackEnvironments:
-        assert stack.common is not None
-        key = (self.stack_environments_dir, stack.common, self.stack_build_timeout)
-        builder = self._builders.get(key)
-        if builder is None:
-            builder = StackEnvironments(
-                Path(self.stack_environments_dir),
-                stack.common,
-                build_timeout=self.stack_build_timeout,
-                log=self.log,
-            )
-            self._builders[key] = builder
-        return builder
+        return stack_builder(self.stack_environments_dir, stack, self.stack_build_timeout, self.log)
 
     def check_stack(self, stack: Stack) -> None:
         try:
@@ -182,34 +170,8 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             make_home(home, account)
         else:
             account, home = self._system_account(), Path(self._system_home())
-        merge = [
-            sys.executable,
-            "-I",
-            "-m",
-            "composespawner.launchers.kits",
-            str(kit.folder),
-            str(home),
-            kit.id,
-        ]
-        process = await asyncio.create_subprocess_exec(
-            *switch_account_command(account),
-            *merge,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd="/",
-        )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), KIT_MERGE_TIMEOUT)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise KitNotDelivered(f"merging took over {KIT_MERGE_TIMEOUT:.0f} s") from None
-        if process.returncode != 0:
-            raise KitNotDelivered(err.decode(errors="replace").strip()[-500:] or "it failed")
-        self.log.info(
-            "%s: kit %s merged into %s: %s", log_name(self), kit.id, home, out.decode().strip()
-        )
+        said = await merge_kit(kit, account, home)
+        self.log.info("%s: kit %s merged into %s: %s", log_name(self), kit.id, home, said)
 
     def _system_account(self) -> pwd.struct_passwd | None:
         """The user's own system account, when the hub may hand files to it (as root)."""
@@ -353,19 +315,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
 
     def _runs_as(self) -> pwd.struct_passwd | None:
         """The account notebooks run as, or None for the hub's own."""
-        name = notebook_account_for(self.shared_account, os.geteuid(), self.notebook_account)
-        if name is None:
-            return None
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            raise ComposeRefusal(
-                f"The notebook account {name!r} does not exist, so no notebook can start. "
-                "An administrator creates it with "
-                f"`{' '.join(useradd_command(name))}` (composespawner demo does).",
-                reason="no-notebook-account",
-                status_code=503,
-            ) from None
+        return notebook_account(self.shared_account, self.notebook_account)
 
     @default("popen_kwargs")
     def _default_popen_kwargs(self) -> dict[str, Any]:
@@ -400,80 +350,13 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     # -- a notebook that exits is seen at once ---------------------------------
 
     def _watch_exit(self, proc: Popen[bytes] | None) -> None:
-        """Tell notebook_exited when the process exits, not at the hub's next poll.
-
-        A pidfd becomes readable when the process exits: the event loop watches
-        it like a socket, no thread and no busy loop. Without pidfds (Linux < 5.3)
-        the hub's poll() finds the exit, as it would anyway.
-        """
-        if proc is None or not hasattr(os, "pidfd_open"):
+        """Tell notebook_exited when the process exits, not at the hub's next poll
+        (see :func:`~composespawner.launchers.local_process.watch_exit`)."""
+        if proc is None:
             return
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError as e:
-            self.log.info("Not watching %s's notebook for its exit (%s)", log_name(self), e)
-            return
-        loop = asyncio.get_running_loop()
 
         def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
             if self.proc is proc:  # not a newer start's process
                 self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
 
-        loop.add_reader(pidfd, exited)
-
-
-def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None) -> None:
-    """Write ``path`` (mode 0444, the hub's) into a folder of the notebook's (``owner``'s).
-
-    The notebook owns the folder, so as root nothing is trusted by name: the
-    folder is opened without following a symlink, and the file made in it by
-    descriptor, exclusively, so no link the notebook planted is written through.
-    It is written in place, not renamed into place: it is written before the
-    notebook starts, so nothing reads it half-written, and each metadata write
-    saved is one fewer for the hub database's next fsync to wait on (ext4).
-    """
-    folder = path.parent
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o755)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        where = os.open(folder, flags)
-    except OSError as e:
-        raise ComposeRefusal(
-            f"{folder} is not a folder (it may be a link): remove it and start again.",
-            reason="home",
-            status_code=409,
-        ) from e
-    try:
-        found = os.fstat(where)
-        if owner is not None and (found.st_uid, found.st_gid) != (owner.pw_uid, owner.pw_gid):
-            os.fchown(where, owner.pw_uid, owner.pw_gid)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.name, dir_fd=where)  # the last start's, or a link planted there
-        created = os.open(
-            path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=where
-        )
-        with os.fdopen(created, "wb") as file:
-            file.write(data)
-    finally:
-        os.close(where)
-
-
-def process_started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot); None if it is gone or a zombie."""
-    try:
-        return started_from_stat(Path(f"/proc/{pid}/stat").read_text())
-    except OSError:
-        return None
-
-
-def started_from_stat(stat: str) -> int | None:
-    """The start time in a ``/proc/PID/stat`` line; None for a zombie (proc(5))."""
-    # The command's name, in parentheses, may hold spaces and parentheses itself:
-    # the fields that follow start after the last ")".
-    fields = stat[stat.rfind(")") + 1 :].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
-        return None
-    return int(fields[19])  # field 22, starttime
+        watch_exit(proc, exited, self.log, log_name(self))

@@ -25,6 +25,7 @@ from jupyterhub.user import User
 
 from composespawner.launchers import local, ports
 from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.local_process import started_from_stat
 
 SLEEP = [sys.executable, "-I", "-c", "import time; time.sleep(60)"]
 
@@ -230,6 +231,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10) -> None:
 
 def test_the_start_time_is_read_after_a_command_name_with_spaces_and_parentheses() -> None:
     rest = " ".join(str(n) for n in range(4, 53))  # fields 4-52: starttime is field 22
-    assert local.started_from_stat(f"42 (a) (b c) S {rest}\n") == 22
-    assert local.started_from_stat(f"42 (nb) Z {rest}\n") is None
-    assert local.started_from_stat("42 (cut short") is None
+    assert started_from_stat(f"42 (a) (b c) S {rest}\n") == 22
+    assert started_from_stat(f"42 (nb) Z {rest}\n") is None
+    assert started_from_stat("42 (cut short") is None
