@@ -26,6 +26,7 @@ from composespawner.launchers.environments import default_root
 from composespawner.launchers.jupyterhub_internals import hub_templates
 from composespawner.portal import handlers
 from composespawner.portal.scoring import Scorer, read_secret
+from composespawner.portal.service import Portal
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
 from composespawner.services.hub_api import HubClient
@@ -163,7 +164,7 @@ class PortalApp(ComposeApplication):
             cookie_secret=os.urandom(32),
             # No xsrf_cookies: HubOAuth accepts its cookie on a change only with the
             # XSRF token, and a token in the Authorization header needs none.
-            portal=handlers.Portal(
+            portal=Portal(
                 ledger=composer.ledger,
                 hub=hub,
                 catalog=composer.catalog,

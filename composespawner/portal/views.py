@@ -1,15 +1,13 @@
 """What the portal shows and accepts, as plain data: pure functions, no I/O.
 
-Handlers read the ledger and the hub, then call these to build their JSON (and
-the pages' context), and to turn request bodies into quota rules or refuse them
-with a message a person can act on.
+The portal's service and handlers read the ledger and the hub, then call these
+to build their JSON (and the pages' context), and to turn request bodies into
+quota rules or refuse them with a message a person can act on. The starter
+kits' are in ``kit_views``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import date, datetime, timedelta
@@ -20,7 +18,7 @@ from composespawner.domain.cohorts import Cohort, InvalidCohort, Session
 from composespawner.domain.colocation import InvalidRegistration, Registration
 from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
 from composespawner.domain.usage import DayUse, UsageReport
-from composespawner.ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest, Standing
+from composespawner.ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest
 from composespawner.services.resize import MOST_AT_ONCE
 
 T = TypeVar("T")
@@ -139,7 +137,7 @@ def cohort_from_json(name: str, body: object, catalog: Catalog) -> Cohort:
         raise InvalidCohort(f"unknown GPU model {model!r}; the catalog has: {known}")
     if stacks is not None:
         _known("stack", _strings(stacks, "stacks"), [s.id for s in catalog.stacks])
-    kit = _optional_text(body.get("starter_kit"), "starter_kit")
+    kit = optional_text(body.get("starter_kit"), "starter_kit")
     if kit is not None:
         _known("starter kit", [kit], [k.id for k in catalog.kits])
         on = catalog.kit(kit)
@@ -463,7 +461,8 @@ def _text(value: object, name: str) -> str:
     return value
 
 
-def _optional_text(value: object, name: str) -> str | None:
+def optional_text(value: object, name: str) -> str | None:
+    """Text of at most MOST_SUBJECT characters, or None; InvalidCohort otherwise."""
     return None if value is None else _text(value, name)
 
 
@@ -566,86 +565,3 @@ def page_of(
     number = min(max(number, 1), pages)
     start = (number - 1) * per_page
     return rows[start : start + per_page], Paging(number, pages, len(rows))
-
-
-# -- starter-kit submissions and leaderboards -----------------------------------------
-
-TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class SubmissionAsk:
-    """A submission as posted: the model, its run's record, and where it goes."""
-
-    model: bytes
-    record: dict[str, Any]
-    server: str
-    team: str | None
-    cohort: str | None
-
-
-def submission_from_json(body: object) -> SubmissionAsk:
-    """``{"model": base64, "record": {...}, "server": "", "team": "blue", "cohort": ...}``;
-    InvalidCohort says what is wrong."""
-    example = '{"model": "<base64 of torch.jit.save>", "record": {...}}'
-    if not isinstance(body, dict):
-        raise InvalidCohort(f"send a JSON object: {example}")
-    unknown = sorted(set(body) - {"model", "record", "server", "team", "cohort"})
-    if unknown:
-        raise InvalidCohort(f"unknown field {unknown[0]!r}; send {example}")
-    model = body.get("model")
-    try:
-        decoded = base64.b64decode(model, validate=True) if isinstance(model, str) else None
-    except (binascii.Error, ValueError):
-        decoded = None
-    if not decoded:
-        raise InvalidCohort("model must be the base64 of a TorchScript file (torch.jit.save)")
-    record = body.get("record")
-    if not isinstance(record, dict):
-        raise InvalidCohort("record must be the run's repro record, a JSON object")
-    team = body.get("team")
-    if team is not None and (not isinstance(team, str) or not TEAM.match(team)):
-        raise InvalidCohort(
-            "team must be up to 64 letters, digits, spaces, '.', '_' or '-', starting with"
-            " a letter or digit"
-        )
-    server = body.get("server", "")
-    if not isinstance(server, str):
-        raise InvalidCohort("server must be the name of your server ('' for the default)")
-    return SubmissionAsk(
-        decoded, record, server, team, _optional_text(body.get("cohort"), "cohort")
-    )
-
-
-def board_for(kit: str, cohorts: Sequence[Cohort], asked: str | None) -> str | None:
-    """Which cohort's leaderboard a submission goes to: the one asked for (one of the
-    user's), else the first whose starter kit it is, else the first they are in; None
-    (the open board) for a user in no cohort."""
-    names = [c.name for c in cohorts]
-    if asked is not None:
-        if asked not in names:
-            raise InvalidCohort(f"you are not in cohort {asked!r}; yours: {', '.join(names)}")
-        return asked
-    chosen = next((c.name for c in cohorts if c.starter_kit == kit), None)
-    return chosen or (names[0] if names else None)
-
-
-def standing_json(standing: Standing) -> dict[str, Any]:
-    s = standing.submission
-    stack = (s.manifest or {}).get("stack") or {}
-    return {
-        "rank": standing.rank,
-        "name": standing.name,
-        "score": standing.score,
-        "submissions": standing.submissions,
-        "best": {
-            "id": s.id,
-            "user": s.user_name,
-            "team": s.team,
-            "submitted_at": s.submitted_at.isoformat(),
-            "model_sha256": s.model_sha256,
-            "weights": s.record.get("weights"),
-            "stack": stack.get("id"),
-            "lock_sha256": stack.get("lock_sha256"),
-        },
-    }

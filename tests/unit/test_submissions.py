@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from composespawner.domain.cohorts import Cohort, InvalidCohort
+from composespawner.portal.kit_views import board_for, submission_from_json
 from composespawner.portal.scoring import blind_seed, read_secret
-from composespawner.portal.views import board_for, submission_from_json
 
 MODEL = base64.b64encode(b"torchscript").decode()
 
