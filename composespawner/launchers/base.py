@@ -12,7 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyterhub.spawner import SpawnException
+
 from composespawner.domain.catalog import Kit, Stack
+
+
+class SpawnRefused(SpawnException):
+    """The spawn refused, shown to the user as-is: on the form, the progress page and in the API.
+
+    (The composer's own :class:`~composespawner.services.failures.ComposeRefused` becomes
+    one of these in the spawner.)
+    """
+
+    def __init__(self, message: str, *, reason: str, status_code: int) -> None:
+        super().__init__(message, reason=reason, status_code=status_code)
+        # The spawn form shows ``jupyterhub_message`` verbatim (str() adds a prefix).
+        self.jupyterhub_message = message
 
 
 class KitNotDelivered(Exception):
@@ -45,13 +60,13 @@ class Launcher:
     def check_stack(self, stack: Stack) -> None:
         """Refuse, before anything is claimed, a stack this launcher cannot run.
 
-        Raises :class:`~composespawner.launchers.refusal.ComposeRefusal` with what to do.
+        Raises :class:`~composespawner.launchers.refusal.SpawnRefused` with what to do.
         """
 
     def check_kit(self, kit: Kit) -> None:
         """Refuse, before anything is claimed, a starter kit this launcher cannot deliver.
 
-        Raises :class:`~composespawner.launchers.refusal.ComposeRefusal` with what to do.
+        Raises :class:`~composespawner.launchers.refusal.SpawnRefused` with what to do.
         """
 
     def extra_start_time(self, stack: Stack | None) -> float:

@@ -52,7 +52,7 @@ from traitlets import CaselessStrEnum, Unicode, default
 
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.machine import ComposedMachine
-from composespawner.launchers.base import Launcher
+from composespawner.launchers.base import Launcher, SpawnRefused
 from composespawner.launchers.dra import NoDeviceIds, gpu_claim, use_claim
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.kubespawner_internals import (
@@ -60,7 +60,6 @@ from composespawner.launchers.kubespawner_internals import (
     PodWatchingKubeSpawner,
     kube_api,
 )
-from composespawner.launchers.refusal import ComposeRefusal
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container
@@ -96,7 +95,7 @@ def pushed_image(stack: Stack) -> str:
     """:func:`stack_image`, or a refusal that says what to do when there is none."""
     image = stack_image(stack)
     if image is None:
-        raise ComposeRefusal(
+        raise SpawnRefused(
             f"The {stack.label} stack cannot run on this cluster yet: its GPU image"
             " has not been pushed. Choose another stack, or ask the admins to publish"
             " it (its digest goes in the catalog).",
@@ -311,7 +310,7 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
     def check_kit(self, kit: Kit) -> None:
         # A kit is merged into the home by the hub; here the home is the pod's volume,
         # which the hub does not mount.
-        raise ComposeRefusal(
+        raise SpawnRefused(
             f"Starter kits cannot be put in your home on this cluster yet, so the {kit.label}"
             " kit was not started and nothing was claimed. Start without a kit (choose its"
             f" stack, {kit.stack}, yourself), or ask the admins for the kit's files.",

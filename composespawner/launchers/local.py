@@ -41,7 +41,7 @@ from composespawner.launchers.accounts import (
     make_home,
     switch_account_command,
 )
-from composespawner.launchers.base import Launcher
+from composespawner.launchers.base import Launcher, SpawnRefused
 from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
@@ -58,7 +58,6 @@ from composespawner.launchers.local_files import (
 )
 from composespawner.launchers.local_process import process_started, watch_exit
 from composespawner.launchers.ports import NoFreePort, notebook_port
-from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.ledger.runner import whole_in_thread
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
@@ -127,7 +126,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         try:
             self._builder(stack).environment(stack)
         except StackBuildError as e:
-            raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
+            raise SpawnRefused(str(e), reason="stack", status_code=503) from e
 
     def extra_start_time(self, stack: Stack | None) -> float:
         if stack is None:
@@ -147,7 +146,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
                 self.stack, self.launch_progress
             )
         except StackBuildError as e:
-            raise ComposeRefusal(str(e), reason="stack", status_code=503) from e
+            raise SpawnRefused(str(e), reason="stack", status_code=503) from e
 
     async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """``~/.composespawner/<server>.run.json``, the hub's and read-only (0444).
@@ -303,7 +302,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             return notebook_port(self.ip, others)
         except NoFreePort as e:
             self.log.error("Cannot start %s's notebook: %s", log_name(self), e)
-            raise ComposeRefusal(
+            raise SpawnRefused(
                 "This machine has no free port for another notebook. "
                 "Try again in a few minutes, or tell the hub's administrators.",
                 reason="no-port",

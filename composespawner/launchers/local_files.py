@@ -20,9 +20,8 @@ from composespawner.launchers.accounts import (
     switch_account_command,
     useradd_command,
 )
-from composespawner.launchers.base import KitNotDelivered
+from composespawner.launchers.base import KitNotDelivered, SpawnRefused
 from composespawner.launchers.environments import StackEnvironments
-from composespawner.launchers.refusal import ComposeRefusal
 
 KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
 
@@ -51,7 +50,7 @@ def notebook_account(shared_account: bool, configured: str) -> pwd.struct_passwd
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        raise ComposeRefusal(
+        raise SpawnRefused(
             f"The notebook account {name!r} does not exist, so no notebook can start. "
             "An administrator creates it with "
             f"`{' '.join(useradd_command(name))}` (composespawner demo does).",
@@ -108,7 +107,7 @@ def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None)
     try:
         where = os.open(folder, flags)
     except OSError as e:
-        raise ComposeRefusal(
+        raise SpawnRefused(
             f"{folder} is not a folder (it may be a link): remove it and start again.",
             reason="home",
             status_code=409,

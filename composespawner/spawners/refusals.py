@@ -17,12 +17,12 @@ from jupyterhub.spawner import Spawner
 from tornado.log import app_log
 
 from composespawner.domain.request import MAX_OPTIONS_BYTES, RequestError, options_size
+from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.jupyterhub_internals import (
     log_name,
     remove_server_record,
     store_user_options,
 )
-from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 
 # Removals of refused servers' records, kept referenced until they finish.
@@ -35,7 +35,7 @@ def refused_options() -> Iterator[None]:
     try:
         yield
     except RequestError as e:
-        raise ComposeRefusal(str(e), reason="invalid-options", status_code=e.status) from e
+        raise SpawnRefused(str(e), reason="invalid-options", status_code=e.status) from e
 
 
 @contextmanager
@@ -44,9 +44,9 @@ def refused_compose() -> Iterator[None]:
     try:
         yield
     except ComposeRefused as e:
-        raise ComposeRefusal(str(e), reason="no-capacity", status_code=e.status) from e
+        raise SpawnRefused(str(e), reason="no-capacity", status_code=e.status) from e
     except ComposeFailed as e:
-        raise ComposeRefusal(str(e), reason="fabric", status_code=503) from e
+        raise SpawnRefused(str(e), reason="fabric", status_code=503) from e
 
 
 @contextmanager
@@ -55,11 +55,11 @@ def refused_if_ended() -> Iterator[None]:
     try:
         yield
     except ComposeRefused as e:
-        raise ComposeRefusal(str(e), reason="machine-ended", status_code=e.status) from e
+        raise SpawnRefused(str(e), reason="machine-ended", status_code=e.status) from e
 
 
-def ledger_upgrading() -> ComposeRefusal:
-    return ComposeRefusal(
+def ledger_upgrading() -> SpawnRefused:
+    return SpawnRefused(
         "The GPU pool is not available right now: it is being upgraded."
         " Try again later, and tell the admins if it persists.",
         reason="ledger-schema",
@@ -67,8 +67,8 @@ def ledger_upgrading() -> ComposeRefusal:
     )
 
 
-def fabric_unreadable() -> ComposeRefusal:
-    return ComposeRefusal(
+def fabric_unreadable() -> SpawnRefused:
+    return SpawnRefused(
         "The GPU fabric is not answering right now, so nothing was claimed."
         " Try again in a few minutes, and tell the admins if it persists.",
         reason="fabric",

@@ -31,7 +31,7 @@ from composespawner.domain.catalog import Catalog, Kit
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.manifest import run_manifest
 from composespawner.domain.request import MachineRequest
-from composespawner.launchers.base import KitNotDelivered, Launcher
+from composespawner.launchers.base import KitNotDelivered, Launcher, SpawnRefused
 from composespawner.launchers.jupyterhub_internals import (
     guard_stored_user_options,
     is_new_record,
@@ -39,13 +39,18 @@ from composespawner.launchers.jupyterhub_internals import (
 )
 from composespawner.launchers.kits import HOME_FOLDER
 from composespawner.launchers.local import LocalLauncher
-from composespawner.launchers.refusal import ComposeRefusal
 from composespawner.ledger import SchemaNotCurrent
 from composespawner.services.admission import Admission
 from composespawner.services.composer import Composer
 from composespawner.services.settings import ComposeSettings, shared_composer
-from composespawner.spawners.environment import compose_env, kit_default_url
 from composespawner.spawners.form import render_form, render_unavailable
+from composespawner.spawners.notebook_env import compose_env, kit_default_url
+from composespawner.spawners.options import (
+    LinkChoices,
+    UserRequests,
+    options_to_start,
+    stack_asked_for,
+)
 from composespawner.spawners.progress import StartProgress
 from composespawner.spawners.refusals import (
     forget_refused,
@@ -53,12 +58,6 @@ from composespawner.spawners.refusals import (
     options_to_store,
     refused_compose,
     refused_if_ended,
-)
-from composespawner.spawners.requests import (
-    LinkChoices,
-    UserRequests,
-    options_to_start,
-    stack_asked_for,
 )
 from composespawner.spawners.state import ComposeState, restored_state, saved_state
 
@@ -167,7 +166,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         try:
             return await self._requests().from_form(formdata)
-        except ComposeRefusal:
+        except SpawnRefused:
             forget_refused(self, self.accepted_options, self._record_is_new)
             raise
 
@@ -197,7 +196,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 if self.kit is not None:
                     self.check_kit(self.kit)
                 self.machine = await self._compose(request, admitted)
-            except ComposeRefusal:
+            except SpawnRefused:
                 forget_refused(self, self.accepted_options, self._record_is_new)
                 raise
             self.accepted_options = request.to_options()

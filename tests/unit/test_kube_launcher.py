@@ -12,6 +12,7 @@ from kubespawner.objects import make_pod
 from composespawner.domain.catalog import Stack, StackBuild
 from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
+from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.kubernetes import (
     Placement,
     StartingPod,
@@ -23,7 +24,6 @@ from composespawner.launchers.kubernetes import (
     stack_image,
 )
 from composespawner.launchers.kubespawner_internals import PodWatch
-from composespawner.launchers.refusal import ComposeRefusal
 from harness.kube import serialized
 from harness.paths import ROOT
 
@@ -87,7 +87,7 @@ def test_a_stack_whose_image_was_never_pushed_has_none() -> None:
 
 def test_an_unpushed_stack_is_refused_with_what_to_do() -> None:
     assert pushed_image(a_stack()) == stack_image(a_stack())
-    with pytest.raises(ComposeRefusal) as refused:
+    with pytest.raises(SpawnRefused) as refused:
         pushed_image(a_stack(digest=""))
     assert refused.value.status_code == 503
     assert "has not been pushed" in str(refused.value)

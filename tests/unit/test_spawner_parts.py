@@ -12,10 +12,10 @@ from composespawner.domain.catalog import Catalog
 from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MAX_OPTIONS_BYTES
-from composespawner.launchers.refusal import ComposeRefusal
+from composespawner.launchers.base import SpawnRefused
+from composespawner.spawners.options import LinkChoices, options_to_start, stack_asked_for
 from composespawner.spawners.progress import StartProgress, step_percent
 from composespawner.spawners.refusals import options_to_store
-from composespawner.spawners.requests import LinkChoices, options_to_start, stack_asked_for
 from composespawner.spawners.state import ComposeState, restored_state, saved_state
 from harness.paths import HUB_CONFIG
 
@@ -72,7 +72,7 @@ def test_oversized_options_are_not_stored_and_the_previous_ones_stay() -> None:
 def test_a_start_without_options_reuses_the_last_accepted_ones() -> None:
     accepted = {"gpu_model": "t4", "gpu_count": 1}
     assert options_to_start({}, accepted, "thesis") is accepted
-    with pytest.raises(ComposeRefusal) as refused:
+    with pytest.raises(SpawnRefused) as refused:
         options_to_start({}, accepted, "<b>")
     assert refused.value.reason == "invalid-options"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.local import write_for_notebook
-from composespawner.launchers.refusal import ComposeRefusal
 
 
 def test_the_file_is_written_read_only_and_replaced_whole(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_a_folder_that_is_a_link_is_refused_and_its_target_untouched(tmp_path: P
     home = tmp_path / "home"
     home.mkdir()
     (home / ".composespawner").symlink_to(elsewhere)
-    with pytest.raises(ComposeRefusal, match=r"is not a folder \(it may be a link"):
+    with pytest.raises(SpawnRefused, match=r"is not a folder \(it may be a link"):
         write_for_notebook(home / ".composespawner" / "default.run.json", b"{}", None)
     assert list(elsewhere.iterdir()) == []
 
