@@ -17,7 +17,7 @@ hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transp
                    through Oem.ComposeSpawner.
     composition.py WholeSystems: compose/decompose where the service creates systems
                    (POST to Systems, or the CompositionService.Compose action).
-    client.py      RedfishFabric: the Fabric protocol, each operation under its
+    fabric.py      RedfishFabric: the Fabric protocol, each operation under its
                    deadline, handed to the three above.
 
 Usage::
@@ -37,8 +37,8 @@ failure. 5xx answers are retried a few times and then surface as ``FabricRefused
 the service answered, and the caller decides whether to try again later.
 """
 
-from composespawner.fabric.redfish.client import RedfishFabric
 from composespawner.fabric.redfish.discovery import ServiceMap
+from composespawner.fabric.redfish.fabric import RedfishFabric
 from composespawner.fabric.redfish.transport import Deadline, RedfishRetry, RedfishTimeouts
 
 __all__ = ["Deadline", "RedfishFabric", "RedfishRetry", "RedfishTimeouts", "ServiceMap"]
