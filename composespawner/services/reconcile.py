@@ -1,4 +1,4 @@
-"""Make the ledger, the fabric and the hub's servers agree (ARCHITECTURE.md invariant 8).
+"""Make the ledger, the fabric and the hub's servers agree (docs/architecture.md invariant 8).
 
 A hub can die at any step of a spawn or a stop, a release can outlast the
 process that started it, and an admin can change the fabric by hand. The

@@ -2,7 +2,7 @@
 
 A real hub runs the simulated fabric with its fault switches (``/sim/faults``,
 through harness/simulator.py).
-Each test switches one fault on and checks ARCHITECTURE.md's invariants from
+Each test switches one fault on and checks docs/architecture.md's invariants from
 the outside:
 
 * compose is all-or-nothing (4): a spawn the fabric breaks fails with a message

@@ -19,7 +19,7 @@ from composespawner.ledger import (
 )
 from composespawner.ledger.limits import Use, check_use
 
-# The lifecycle as agreed (ARCHITECTURE.md invariant 7), written out independently
+# The lifecycle as agreed (docs/architecture.md invariant 7), written out independently
 # of the code so a change to the table has to change this test too.
 EXPECTED = {
     "requested": {"claimed", "failed"},

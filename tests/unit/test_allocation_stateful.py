@@ -6,7 +6,7 @@ with faults on cue (tests/support/faulty.py), as :class:`CheckedFabric`, which
 also records any call the composer should never make. Rules compose and
 release machines, switch faults on and off, let another client take or disable
 devices directly in the fabric's state, restart the hub between calls, and retry the releases that
-could not finish. After every step the invariants of ARCHITECTURE.md are read
+could not finish. After every step the invariants of docs/architecture.md are read
 off the ledger and the fabric's state (never the composer's own view).
 
 Background retries are the one thing driven by a rule instead of by the clock:

@@ -619,7 +619,7 @@ async def test_racing_composes_never_share_a_device(rig: Rig) -> None:
 
 
 # ---------------------------------------------------------------------------
-# All-or-nothing (ARCHITECTURE.md invariant 4) at the edges of the claim
+# All-or-nothing (docs/architecture.md invariant 4) at the edges of the claim
 # ---------------------------------------------------------------------------
 
 
