@@ -20,7 +20,9 @@ Modules, from the inside out:
 ``inventory``    the hardware list (TOML -> frozen specs)
 ``uris``         every Redfish path the service answers
 ``errors``       every refusal, with its HTTP status and registry message
-``state``        the fabric's state and its rules (pure; no tornado, no I/O)
+``state``        the fabric's state and its rules (pure; no tornado, no I/O), with
+                 ``hosts`` (standing hosts, expandable mode) and ``composed``
+                 (composed systems, specific and action modes)
 ``commands``     request bodies parsed into commands on the state
 ``resources``    Redfish representations
 ``expand``       ``$expand=.($levels=N)``

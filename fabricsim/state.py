@@ -1,6 +1,6 @@
 """The simulated fabric's state: who holds which block, tags, ETags (pure).
 
-No tornado and no I/O here: the HTTP layer (:mod:`.app`) and the in-process
+No tornado and no I/O here: the HTTP layer (:mod:`.handlers`) and the in-process
 fake (``tests.support.inprocess``) are thin adapters over this
 model, so both accept and refuse exactly the same operations.
 
@@ -22,57 +22,34 @@ The composition mode says how systems come to be (:data:`COMPOSITION_MODES`):
 ``expandable`` hosts are standing ComputerSystems that devices are added to;
 under ``specific`` and ``action`` a host is only a free compute block, and a
 system exists while it is composed, of one compute block and device blocks,
-all at once or not at all (:meth:`FabricState.compose_system`), until it is
-decomposed. That is what DMTF's composability mockup shows: its Systems
-collection lists composed systems only, and its compute blocks are Unused
-until a composition takes them.
+all at once or not at all (:meth:`FabricState.compose_system`, with
+:mod:`.composed`), until it is decomposed. That is what DMTF's composability
+mockup shows: its Systems collection lists composed systems only, and its
+compute blocks are Unused until a composition takes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from . import uris
+from .composed import ComposedSystem, ComposedSystems, CompositionRequest
 from .errors import (
-    ActionNotSupported,
-    BlockInUse,
-    BlockNotEnabled,
     BlockNotFound,
     ETagMismatch,
     ETagRequired,
-    NotADeviceBlock,
-    NotOneComputeBlock,
     ResourceMissing,
     SimulatorError,
-    ZoneMismatch,
 )
+from .hosts import StandingHosts
 from .inventory import HostSpec, InventoryError, InventorySpec
 from .wire import CompositionTag, TagShape
 
 STATE_FORMAT = 1
 CompositionMode = Literal["expandable", "specific", "action"]
 COMPOSITION_MODES: tuple[CompositionMode, ...] = ("expandable", "specific", "action")
-COMPOSED_PREFIX = "composed-"
 _TAG_KEYS = ("Hub", "Machine", "Owner")
-
-
-@dataclass(frozen=True, slots=True)
-class ComposedSystem:
-    """A system made by specific composition: one compute block and devices."""
-
-    name: str
-    blocks: tuple[str, ...]  # the compute block first
-
-
-@dataclass(frozen=True, slots=True)
-class CompositionRequest:
-    """What a POST to Systems or a ComposeSystem stanza asks for."""
-
-    name: str
-    blocks: tuple[str, ...]
-    tag: TagShape | None = None
 
 
 class StateFileError(ValueError):
@@ -97,12 +74,28 @@ class FabricState:
         # file never match by accident.
         self.epoch = epoch
         self._holder: dict[str, str] = {}  # device block id -> system id
-        self._attached: dict[str, list[str]] = {h.id: [] for h in inventory.hosts}
         self._tags: dict[str, TagShape] = {}
         self._disabled: frozenset[str] = frozenset()
         self._versions: dict[str, int] = {}
-        self._composed: dict[str, ComposedSystem] = {}  # specific / action modes
-        self._next_system = 1
+        self._hosts = StandingHosts(  # expandable mode
+            inventory,
+            expandable=self.expandable,
+            not_expandable=self.not_expandable,
+            holder=self._holder,
+            tags=self._tags,
+            touch=self._touch,
+            check_etags=self._check_etags,
+            require_block=self.require_block,
+            is_enabled=self.is_enabled,
+        )
+        self._composed = ComposedSystems(  # specific / action modes
+            inventory,
+            holder=self._holder,
+            tags=self._tags,
+            touch=self._touch,
+            require_block=self.require_block,
+            is_enabled=self.is_enabled,
+        )
 
     @property
     def expandable(self) -> bool:
@@ -112,20 +105,17 @@ class FabricState:
 
     def host(self, system_id: str) -> HostSpec:
         """An expandable host's system; under specific composition hosts are no systems."""
-        host = self.inventory.host(system_id) if self.expandable else None
-        if host is None:
-            raise ResourceMissing(uris.system_uri(system_id))
-        return host
+        return self._hosts.host(system_id)
 
     def is_expandable_host(self, system_id: str) -> bool:
         """Whether a host's system takes devices (only standing hosts of expandable mode)."""
-        return self.expandable and system_id not in self.not_expandable
+        return self._hosts.is_expandable_host(system_id)
 
     def system_ids(self) -> list[str]:
         """The ComputerSystems the service shows now."""
         if self.expandable:
             return [h.id for h in self.inventory.hosts]
-        return list(self._composed)
+        return self._composed.ids()
 
     def has_system(self, system_id: str) -> bool:
         return system_id in self.system_ids()
@@ -160,12 +150,12 @@ class FabricState:
         """The system a block is composed into (a host block: its own host, once composed)."""
         host = self.inventory.host_of_block(block_id)
         if host is not None and self.expandable:
-            return host.id if self._attached[host.id] else None
+            return host.id if self._hosts.attached(host.id) else None
         return self._holder.get(block_id)
 
     def attached(self, system_id: str) -> tuple[str, ...]:
         """Device blocks attached to a host, in the order they were attached."""
-        return tuple(self._attached.get(system_id, ()))
+        return self._hosts.attached(system_id)
 
     def tag(self, system_id: str) -> TagShape | None:
         return self._tags.get(system_id)
@@ -184,13 +174,7 @@ class FabricState:
 
     def check_target(self, system_id: str, block_id: str, action: str) -> HostSpec:
         """The host, if ``block_id`` is a device block that ``action`` may name for it."""
-        host = self.host(system_id)
-        if not self.is_expandable_host(system_id):
-            raise ActionNotSupported(f"ComputerSystem.{action}")
-        self.require_block(block_id)
-        if self.is_host_block(block_id):
-            raise NotADeviceBlock("ResourceBlock", f"ComputerSystem.{action}")
-        return host
+        return self._hosts.check_target(system_id, block_id, action)
 
     # --- commands -----------------------------------------------------------
 
@@ -203,22 +187,7 @@ class FabricState:
         system_etag: str | None = None,
     ) -> bool:
         """ComputerSystem.AddResourceBlock; False if it was already attached here."""
-        host = self.check_target(system_id, block_id, uris.ADD_RESOURCE_BLOCK)
-        if self._holder.get(block_id) == system_id:
-            return False
-        self._check_etags(system_id, block_id, block_etag, system_etag)
-        holder = self._holder.get(block_id)
-        if holder is not None:
-            raise BlockInUse(block_id)
-        if not set(self.inventory.block_zones(block_id)) & set(host.zones):
-            raise ZoneMismatch()
-        for needed in (block_id, host.block_id):
-            if not self.is_enabled(needed):
-                raise BlockNotEnabled(needed)
-        self._holder[block_id] = system_id
-        self._attached[system_id].append(block_id)
-        self._touch_attachment(system_id, block_id)
-        return True
+        return self._hosts.add(system_id, block_id, block_etag, system_etag)
 
     def remove_resource_block(
         self,
@@ -229,16 +198,7 @@ class FabricState:
         system_etag: str | None = None,
     ) -> bool:
         """ComputerSystem.RemoveResourceBlock; False if it was not attached here."""
-        self.check_target(system_id, block_id, uris.REMOVE_RESOURCE_BLOCK)
-        if self._holder.get(block_id) != system_id:
-            return False
-        self._check_etags(system_id, block_id, block_etag, system_etag)
-        # A disabled (failed) device may still be detached: giving it back
-        # must always be possible.
-        del self._holder[block_id]
-        self._attached[system_id].remove(block_id)
-        self._touch_attachment(system_id, block_id)
-        return True
+        return self._hosts.remove(system_id, block_id, block_etag, system_etag)
 
     def set_tag(self, system_id: str, tag: TagShape | None, *, if_match: str | None) -> None:
         """PATCH of ``Oem.ComposeSpawner``: ``If-Match`` is required."""
@@ -259,29 +219,17 @@ class FabricState:
 
         All or nothing: every block is checked before anything changes.
         """
-        self._check_composition(request.blocks)
-        system_id = f"{COMPOSED_PREFIX}{self._next_system}"
-        self._next_system += 1
-        self._put_system(system_id, ComposedSystem(request.name, request.blocks), request.tag)
-        return system_id
+        return self._composed.compose(request)
 
     def decompose_system(self, system_id: str) -> tuple[ComposedSystem, TagShape | None]:
         """Give a composed system's blocks back to the free pool; what it was."""
-        composed = self._composed.get(system_id)
-        if composed is None:
-            raise ResourceMissing(uris.system_uri(system_id))
-        del self._composed[system_id]
-        for block_id in composed.blocks:
-            self._holder.pop(block_id, None)
-        tag = self._tags.pop(system_id, None)
-        self._touch(f"system:{system_id}", *(f"block:{b}" for b in composed.blocks))
-        return composed, tag
+        return self._composed.decompose(system_id)
 
     def restore_system(
         self, system_id: str, composed: ComposedSystem, tag: TagShape | None
     ) -> None:
         """Undo :meth:`decompose_system` (a failed manifest puts back what it took apart)."""
-        self._put_system(system_id, composed, tag)
+        self._composed.put(system_id, composed, tag)
 
     def set_disabled(self, block_ids: Iterable[str]) -> None:
         """Mark exactly these blocks not Enabled (a fault switch; not persisted)."""
@@ -294,11 +242,10 @@ class FabricState:
 
     def reset(self) -> None:
         """Detach everything and clear tags; ETags keep counting up."""
-        for system_id in list(self._composed):
+        for system_id in self._composed.ids():
             self.decompose_system(system_id)
-        for system_id, blocks in self._attached.items():
-            for block_id in list(blocks):
-                self.remove_resource_block(system_id, block_id)
+        for system_id, block_id in self._hosts.attachments():
+            self.remove_resource_block(system_id, block_id)
         for system_id in list(self._tags):
             self.set_tag(system_id, None, if_match="*")
         self.set_disabled(())
@@ -320,15 +267,8 @@ class FabricState:
             },
             # Written in every mode, so a file shows what it holds; restored only
             # under specific composition.
-            "composed": {
-                system_id: {
-                    "name": composed.name,
-                    "blocks": list(composed.blocks),
-                    "tag": _tag_json(self.tag(system_id)),
-                }
-                for system_id, composed in self._composed.items()
-            },
-            "next_system": self._next_system,
+            "composed": self._composed.to_json(_tag_json),
+            "next_system": self._composed.next_system,
         }
 
     def restore(self, document: Any) -> list[str]:
@@ -343,9 +283,9 @@ class FabricState:
         self._versions = dict(versions)
         problems: list[str] = []
         for system_id, entry in hosts.items():
-            problems += self._restore_host(system_id, entry)
+            problems += self._hosts.restore_host(system_id, entry)
         next_system = document.get("next_system", 1)
-        self._next_system = next_system if isinstance(next_system, int) else 1
+        self._composed.next_system = next_system if isinstance(next_system, int) else 1
         composed = document.get("composed") or {}
         if not isinstance(composed, dict):
             return [*problems, "dropped composed systems: not an object"]
@@ -362,7 +302,7 @@ class FabricState:
         if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
             return f"dropped composed system {system_id!r}: `blocks` is not a list of block ids"
         try:
-            self._check_composition(blocks)
+            self._composed.check(blocks)
         except SimulatorError as err:
             return f"dropped composed system {system_id!r}: {err}"
         tag = entry.get("tag")
@@ -371,35 +311,10 @@ class FabricState:
             shape = CompositionTag(hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"])
         name = entry.get("name")
         composed = ComposedSystem(name if isinstance(name, str) else system_id, tuple(blocks))
-        self._put_system(system_id, composed, shape)
+        self._composed.put(system_id, composed, shape)
         return None
 
     # --- internals ------------------------------------------------------------
-
-    def _check_composition(self, blocks: Sequence[str]) -> None:
-        for block_id in blocks:
-            self.require_block(block_id)
-        computes = [b for b in blocks if self.is_host_block(b)]
-        if len(computes) != 1 or blocks[0] != computes[0] or len(set(blocks)) != len(blocks):
-            # The compute block first is our own rule, so a system's first block names its host.
-            raise NotOneComputeBlock("Links/ResourceBlocks")
-        for block_id in blocks:
-            if block_id in self._holder:
-                raise BlockInUse(block_id)
-        zones = [set(self.inventory.block_zones(b)) for b in blocks]
-        if not set.intersection(*zones):
-            raise ZoneMismatch()
-        for block_id in blocks:
-            if not self.is_enabled(block_id):
-                raise BlockNotEnabled(block_id)
-
-    def _put_system(self, system_id: str, composed: ComposedSystem, tag: TagShape | None) -> None:
-        self._composed[system_id] = composed
-        for block_id in composed.blocks:
-            self._holder[block_id] = system_id
-        if tag is not None:
-            self._tags[system_id] = tag
-        self._touch(f"system:{system_id}", *(f"block:{b}" for b in composed.blocks))
 
     def _check_etags(
         self, system_id: str, block_id: str, block_etag: str | None, system_etag: str | None
@@ -409,45 +324,12 @@ class FabricState:
         if system_etag is not None and not etags_equal(system_etag, self.system_etag(system_id)):
             raise ETagMismatch()
 
-    def _touch_attachment(self, system_id: str, block_id: str) -> None:
-        host_block = self.host(system_id).block_id
-        self._touch(f"block:{block_id}", f"block:{host_block}", f"system:{system_id}")
-
     def _touch(self, *keys: str) -> None:
         for key in keys:
             self._versions[key] = self._versions.get(key, 0) + 1
 
     def _etag(self, key: str) -> str:
         return f'"{self.epoch}-{self._versions.get(key, 0)}"'
-
-    def _restore_host(self, system_id: str, entry: Mapping[str, Any]) -> list[str]:
-        if self.inventory.host(system_id) is None:
-            return [f"dropped state of unknown host {system_id!r}"]
-        if not self.expandable:
-            held = entry.get("attached") or entry.get("tag")
-            return [f"dropped expandable state of host {system_id!r}"] if held else []
-        problems = []
-        for block_id in entry.get("attached", []):
-            problem = self._restore_attachment(system_id, block_id)
-            if problem:
-                problems.append(problem)
-        tag = entry.get("tag")
-        if tag is not None:
-            self._tags[system_id] = CompositionTag(
-                hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"]
-            )
-        return problems
-
-    def _restore_attachment(self, system_id: str, block_id: str) -> str | None:
-        if self.inventory.device(block_id) is None:
-            return f"dropped attachment of unknown block {block_id!r} to {system_id}"
-        if not self.is_expandable_host(system_id):
-            return f"dropped attachment of {block_id!r} to {system_id}: it is not expandable"
-        if block_id in self._holder:
-            return f"dropped second attachment of {block_id!r} (to {system_id})"
-        self._holder[block_id] = system_id
-        self._attached[system_id].append(block_id)
-        return None
 
 
 def _fixed_hosts(
