@@ -1,6 +1,6 @@
 """The async Redfish client: the Fabric protocol over DMTF Redfish.
 
-Shape, from the wire up (data flows one way; only ``client`` and the parts it
+Shape, from the wire up (data flows one way; only ``fabric`` and the parts it
 hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transport``)::
 
     transport.py   RedfishTransport: aiohttp with kept-alive connections, sessions
