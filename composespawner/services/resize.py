@@ -42,6 +42,8 @@ from composespawner.services.pool import PoolView
 
 MOST_AT_ONCE = 16  # GPUs one grow may add; the quota usually says less
 
+GROW_CONTENTION = "Other users took the free GPUs while we claimed them. Try again."
+
 NO_HOT_ATTACH = (
     "This GPU fabric cannot add devices to a running machine. Stop your server and start"
     " it again with more GPUs."
@@ -232,7 +234,10 @@ class MoreGpus:
         return True
 
     async def refused(self, why: str, reason: str) -> ComposeRefused:
-        return ComposeRefused(why, status=409, reason=reason)
+        # A grow's user chose no devices: claiming.CONTENTION's words are a compose's.
+        return ComposeRefused(
+            GROW_CONTENTION if reason == "contention" else why, status=409, reason=reason
+        )
 
     async def attach(self, blocks: tuple[str, ...]) -> None:
         machine, ledger = self.machine, self.runner.ledger

@@ -14,10 +14,10 @@ from composespawner.domain.quotas import QuotaRule
 from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError
 from composespawner.ledger import Actor, DevicesTaken, Ledger, Machine
-from composespawner.services.claiming import CLAIM_ATTEMPTS, CONTENTION
+from composespawner.services.claiming import CLAIM_ATTEMPTS
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
-from composespawner.services.resize import FABRIC_FAILED
+from composespawner.services.resize import FABRIC_FAILED, GROW_CONTENTION
 from harness.paths import HUB_CONFIG
 from tests.support.faulty import FaultyFabric
 
@@ -123,7 +123,9 @@ async def test_a_grow_whose_attach_fails_is_undone_and_the_machine_is_as_it_was(
     assert composer.ledger.holders() == {b: before.id for b in before.block_ids}
 
 
-async def test_a_grow_that_loses_every_race_is_refused_as_a_compose_is(tmp_path: Path) -> None:
+async def test_a_grow_that_loses_every_race_is_refused_saying_others_took_the_gpus(
+    tmp_path: Path,
+) -> None:
     composer = await _composer(tmp_path, RacedLedger)
     try:
         before = await _running(composer)
@@ -131,7 +133,7 @@ async def test_a_grow_that_loses_every_race_is_refused_as_a_compose_is(tmp_path:
         with pytest.raises(ComposeRefused) as refused:
             await composer.grow("u", frozenset(), "", 1)
 
-        assert (str(refused.value), refused.value.status) == (CONTENTION, 409)
+        assert (str(refused.value), refused.value.status) == (GROW_CONTENTION, 409)
         assert refused.value.reason == "contention"
         assert isinstance(composer.ledger, RacedLedger)
         assert composer.ledger.grows == CLAIM_ATTEMPTS
