@@ -22,9 +22,8 @@ import requests
 from playwright.sync_api import Page
 
 from harness.hub import Hub
-
-from .ports import free_port
-from .tls import TLSFiles
+from harness.ports import free_port
+from harness.tls import TLSFiles
 
 FOLDER = Path(__file__).resolve().parent / "oidc_provider"
 READY_WITHIN_S = 30.0
