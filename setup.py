@@ -16,7 +16,7 @@ setup(
     # the data package composespawner.hub_config, so `composespawner demo` runs
     # from a wheel; composespawner.commands.embedded.config_dir() finds them either way.
     packages=[
-        *find_packages(include=["composespawner", "composespawner.*", "fabricsim"]),
+        *find_packages(include=["composespawner", "composespawner.*", "fabricsim", "fabricsim.*"]),
         "composespawner.hub_config",
     ],
     package_dir={"composespawner.hub_config": "hub_config"},

@@ -171,7 +171,7 @@ class PortalApp(ComposeApplication):
                 site_quota=composer.site_quota,
                 prefix=prefix,
                 timezone=timezone,
-                resizer=composer,
+                composer=composer,
                 scorer=self._scorer(),
                 stack_environments=Path(self.stack_environments_dir),
             ),

@@ -50,7 +50,7 @@ from composespawner.portal.leaderboards import Leaderboards
 from composespawner.portal.scoring import Scorer
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
-from composespawner.services.hub_api import HubClient
+from composespawner.services.hub_api import HubClient, Stop
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ class Portal:
     site_quota: QuotaRule
     prefix: str
     timezone: tzinfo = UTC  # where cohort session times are told
-    resizer: Composer | None = None  # grows and shrinks running machines (None: it cannot)
+    composer: Composer | None = None  # grows and shrinks running machines (None: it cannot)
     scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
     stack_environments: Path | None = None  # where the stacks' environments are built
     runner: LedgerRunner = field(init=False)
@@ -115,16 +115,16 @@ class Portal:
     async def resize(self, change: Callable[[Composer], Awaitable[Machine]]) -> dict[str, Any]:
         """Grow or shrink a running machine; the server as it is now, and what a kernel
         must do to see the change."""
-        if self.resizer is None:
+        if self.composer is None:
             raise NotOffered("This portal cannot change running machines.")
         try:
-            machine = await change(self.resizer)
+            machine = await change(self.composer)
         except ComposeRefused as e:
             raise PortalError(str(e), e.status) from None
         except ComposeFailed as e:
             raise Unavailable(str(e)) from None
         devices = await self.devices_of([machine])
-        composed = await self.resizer.composed(machine)
+        composed = await self.composer.composed(machine)
         return views.resized(machine, devices, machine_env(composed))
 
     async def run_of(self, user: str, machine_id: str, *, sees_all: bool) -> RunManifest:
@@ -246,7 +246,7 @@ class Portal:
         await self._run(
             self.ledger.policy.note_force_release, machine_id, user, server, reason, actor
         )
-        stopping = await self.hub.stop_server(user, server)
+        stopping = await self.hub.stop_server(user, server) is Stop.STOPPING
         return {"machine": machine_id, "user": user, "server": server, "stopping": stopping}
 
     async def colocated(self, groups: Collection[str] | None) -> list[dict[str, Any]]:

@@ -23,13 +23,15 @@ from composespawner.services.failures import ComposeRefused
 # A claim can lose a race for the devices placement picked (someone claimed
 # them between our read and our transaction): place again on fresh data.
 CLAIM_ATTEMPTS = 3
-CONTENTION = "The devices you chose were taken by other users while we claimed them. Try again."
 
 PlanT = TypeVar("PlanT")
 
 
 class ClaimStep(Protocol[PlanT]):
     """What one claim-and-attach places, claims, attaches and undoes."""
+
+    # What the user reads when every attempt lost its race (its reason: "contention").
+    contention: str
 
     async def place(self, *, fresh: bool) -> PlanT | NoFit:
         """Where the ask fits now; ``fresh``: on data read again, not the cached pool."""
@@ -77,7 +79,7 @@ async def _claim(step: ClaimStep[PlanT]) -> PlanT:
             raise await step.refused(plan.reason, "no-fit")
         if await step.take(plan):
             return plan
-    raise await step.refused(CONTENTION, "contention")
+    raise await step.refused(step.contention, "contention")
 
 
 async def _undo(step: ClaimStep[PlanT], plan: PlanT | None, error: BaseException) -> NoReturn:

@@ -1,8 +1,9 @@
 """The use cases of a composed machine: compose one, grow or shrink it, release it.
 
 This is the service layer between the JupyterHub glue (``spawners/``, the
-portal) and the adapters (ledger, fabric), and the one door to it: callers ask
-the :class:`Composer`, never its parts. It owns the order of operations that
+portal) and the adapters (ledger, fabric): every change to a machine goes
+through the :class:`Composer` (the reconciler, which audits the ledger and the
+pool themselves, reads them directly). It owns the order of operations that
 keeps the invariants of docs/architecture.md:
 
 * the claim (quota check + compare-and-set of every device) happens in one
@@ -72,7 +73,12 @@ __all__ = ["ComposeFailed", "ComposeRefused", "ComposedMachine", "Composer"]
 
 
 class Composer:
-    """Composes, resizes and releases machines for every spawner of one hub."""
+    """Composes, resizes and releases machines for every spawner of one hub.
+
+    It measures nothing itself: the composition root (``settings.build_composer``)
+    builds a ``MeasuredComposer`` and a ``MeasuredFabric`` for that, so one built
+    directly, as unit tests do, counts nothing.
+    """
 
     def __init__(
         self,
@@ -379,6 +385,9 @@ class MachineClaim:
     terms: ClaimTerms
     tag: CompositionTag
     progress: Progress
+    contention: str = (
+        "The devices you chose were taken by other users while we claimed them. Try again."
+    )
 
     async def place(self, *, fresh: bool) -> Plan | NoFit:
         plan = place(await self._pool(fresh), self.ask)

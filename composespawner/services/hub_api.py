@@ -29,6 +29,7 @@ each call says which ones are answers.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -50,6 +51,14 @@ Model = dict[str, Any]
 
 class HubUnavailable(Exception):
     """The hub's API did not answer as it documents; the message is for logs."""
+
+
+class Stop(enum.Enum):
+    """What the hub answered a stop: each caller decides what is done and what is not."""
+
+    STOPPING = "stopping"  # 202 or 204: stopping, or stopped
+    GONE = "gone"  # 404: no such user or server (already gone)
+    REFUSED = "refused"  # 400: not now (named servers off, a rename in progress)
 
 
 def server_path(user: str, server: str) -> str:
@@ -110,20 +119,18 @@ class HubClient:
 
     # -- servers ------------------------------------------------------------------
 
-    async def stop_server(self, user: str, server: str) -> bool:
+    async def stop_server(self, user: str, server: str) -> Stop:
         """Ask the hub to stop a server (its spawner gives the devices back).
 
-        True: stopping or stopped. False: nothing to stop, the hub having no such
-        user or server (404), or refusing to stop it now (400: named servers are
-        off, or it is being renamed); a stop asked again later is safe either way.
+        A stop asked again later is safe whatever the answer.
         """
         path = server_path(user, server)
         try:
             async with self._session_().delete(self._url(path), timeout=self._timeout()) as answer:
                 if answer.status in (202, 204):
-                    return True
+                    return Stop.STOPPING
                 if answer.status in (400, 404):
-                    return False
+                    return Stop.REFUSED if answer.status == 400 else Stop.GONE
                 raise HubUnavailable(f"DELETE {path}: {answer.status} {await answer.text()}")
         except (aiohttp.ClientError, TimeoutError) as e:
             raise HubUnavailable(f"DELETE {path}: {_said(e)}") from e

@@ -53,7 +53,7 @@ from composespawner.fabric.base import FabricError
 from composespawner.ledger import TERMINAL, LedgerError, Machine
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
-from composespawner.services.hub_api import HubClient, HubUnavailable
+from composespawner.services.hub_api import HubClient, HubUnavailable, Stop
 from composespawner.services.settings import build_composer
 
 HUB_CALL_TIMEOUT = 20.0  # seconds for one call to the hub's API (one page of 200 active users)
@@ -237,8 +237,11 @@ class ServersFromHub:
         return [view for user in await self.hub.users(state="active") for view in _views(user)]
 
     async def stop_server(self, user: str, server: str) -> None:
-        # False is a server the hub no longer has: already stopped is what we wanted.
-        await self.hub.stop_server(user, server)
+        answer = await self.hub.stop_server(user, server)
+        if answer is Stop.REFUSED:
+            # Not now: this pass's action failed, and the next pass plans it afresh.
+            raise HubUnavailable(f"the hub would not stop {user}'s server {server!r} now (400)")
+        # Stop.GONE, a server the hub no longer has: already stopped is what we wanted.
 
 
 def _views(user: Mapping[str, Any]) -> Iterable[ServerView]:

@@ -42,7 +42,6 @@ from composespawner.services.pool import PoolView
 
 MOST_AT_ONCE = 16  # GPUs one grow may add; the quota usually says less
 
-GROW_CONTENTION = "Other users took the free GPUs while we claimed them. Try again."
 
 NO_HOT_ATTACH = (
     "This GPU fabric cannot add devices to a running machine. Stop your server and start"
@@ -202,6 +201,7 @@ class MoreGpus:
     groups: frozenset[str]
     ask: DeviceAsk
     terms: ClaimTerms
+    contention: str = "Other users took the free GPUs while we claimed them. Try again."
     attached: list[str] = field(default_factory=list)
 
     async def place(self, *, fresh: bool) -> tuple[str, ...] | NoFit:
@@ -234,10 +234,7 @@ class MoreGpus:
         return True
 
     async def refused(self, why: str, reason: str) -> ComposeRefused:
-        # A grow's user chose no devices: claiming.CONTENTION's words are a compose's.
-        return ComposeRefused(
-            GROW_CONTENTION if reason == "contention" else why, status=409, reason=reason
-        )
+        return ComposeRefused(why, status=409, reason=reason)
 
     async def attach(self, blocks: tuple[str, ...]) -> None:
         machine, ledger = self.machine, self.runner.ledger

@@ -9,8 +9,8 @@ process (the embedded default); a Kubernetes launcher plugs in the same way.
 This module holds no allocation logic: it parses and renders, then asks the
 :class:`~composespawner.services.composer.Composer` (one per hub process) to do the work.
 Its collaborators are its siblings: the form (:mod:`.form`), the progress page
-(:mod:`.progress`), requests checked (:mod:`.requests`), the saved state
-(:mod:`.state`), the notebook's environment (:mod:`.environment`) and refusals
+(:mod:`.progress`), the options checked (:mod:`.options`), the saved state
+(:mod:`.state`), the notebook's environment (:mod:`.notebook_env`) and refusals
 (:mod:`.refusals`). JupyterHub's internals are reached only through
 :mod:`composespawner.launchers.jupyterhub_internals`.
 """

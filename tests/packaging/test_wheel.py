@@ -39,6 +39,19 @@ hub = JupyterHub()
 hub.spawner_class = "compose"
 assert hub.spawner_class is ComposeSpawner, hub.spawner_class
 
+import importlib, pkgutil
+import composespawner, fabricsim
+
+# Every module of both packages imports (a subpackage left out of the wheel would not).
+modules = sorted(
+    m.name
+    for package in (composespawner, fabricsim)
+    for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    if not m.name.endswith("__main__")
+)
+for name in modules:
+    importlib.import_module(name)
+
 config_dir = embedded.config_dir()
 config = PyFileConfigLoader(embedded.CONFIG_FILE, str(config_dir)).load_config()
 print("FOUND", json.dumps({
@@ -50,6 +63,7 @@ print("FOUND", json.dumps({
     "template_paths": list(config.JupyterHub.template_paths),
     "proxy": list(config.ConfigurableHTTPProxy.command),
     "catalog": config.ComposeMixin.catalog_file,
+    "modules": modules,
 }))
 """
 
@@ -112,6 +126,20 @@ def test_the_installed_wheel_resolves_the_spawner_and_ships_the_demo(venv: Path)
     assert Path(found["catalog"]) == site / "hub_config" / "catalog.toml"
     # No node_modules beside an installed package: the proxy comes from PATH.
     assert found["proxy"] == ["configurable-http-proxy"]
+    assert found["modules"] == checkout_modules()
+
+
+def checkout_modules() -> list[str]:
+    """The modules of the checkout's packages, named as an installed wheel's must be."""
+    names = []
+    for package in ("composespawner", "fabricsim"):
+        for path in (ROOT / package).rglob("*.py"):
+            folder = path.parent
+            if path.stem == "__main__" or not (folder / "__init__.py").is_file():
+                continue  # the migrations: read by Alembic, not imported
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names.append(".".join(parts[:-1] if path.stem == "__init__" else parts))
+    return sorted(n for n in names if n not in ("composespawner", "fabricsim"))
 
 
 @pytest.mark.timeout(900)

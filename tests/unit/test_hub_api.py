@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from composespawner.services.hub_api import PAGINATED, HubClient, HubUnavailable
+from composespawner.services.hub_api import PAGINATED, HubClient, HubUnavailable, Stop
 from harness.ports import free_ports
 from tests.support.fake_hub_api import TOKEN, FakeHubAPI, FakeHubAPIServer, Reply
 
@@ -82,7 +82,7 @@ async def test_names_are_single_path_segments(served: FakeHubAPIServer, hub: Hub
 
     assert await hub.user_groups("ada/lovelace+1@uni") == ["a/b"]
     assert await hub.group_exists("a/b")
-    assert await hub.stop_server("ada/lovelace+1@uni", "x/y z") is True
+    assert await hub.stop_server("ada/lovelace+1@uni", "x/y z") is Stop.STOPPING
     assert served.api.users["ada/lovelace+1@uni"].servers == {}
 
 
@@ -92,7 +92,7 @@ async def test_the_default_server_has_its_own_path(
     served.api.add_user("ada")
 
     assert await hub.start_server("ada", "", {"gpu_count": 1}) == (201, "")
-    assert await hub.stop_server("ada", "") is True
+    assert await hub.stop_server("ada", "") is Stop.STOPPING
     assert [(m, p) for m, p, _ in served.api.requests] == [
         ("POST", "/users/ada/server"),
         ("DELETE", "/users/ada/server"),
@@ -102,9 +102,9 @@ async def test_the_default_server_has_its_own_path(
 async def test_a_server_already_gone_is_stopped(served: FakeHubAPIServer, hub: HubClient) -> None:
     served.api.add_user("ada")
 
-    assert await hub.stop_server("ada", "") is True  # not running: 204
-    assert await hub.stop_server("ada", "thesis") is False  # no such named server: 404
-    assert await hub.stop_server("nobody", "") is False  # no such user: 404
+    assert await hub.stop_server("ada", "") is Stop.STOPPING  # not running: 204
+    assert await hub.stop_server("ada", "thesis") is Stop.GONE  # no such named server: 404
+    assert await hub.stop_server("nobody", "") is Stop.GONE  # no such user: 404
 
 
 async def test_a_hub_with_named_servers_off_stops_none(
@@ -113,7 +113,7 @@ async def test_a_hub_with_named_servers_off_stops_none(
     served.api.named_servers = False
     served.api.add_user("ada")
 
-    assert await hub.stop_server("ada", "thesis") is False  # 400: there can be none
+    assert await hub.stop_server("ada", "thesis") is Stop.REFUSED  # 400: there can be none
 
 
 async def test_a_missing_user_or_group_reads_as_none(hub: HubClient) -> None:

@@ -343,6 +343,28 @@ async def test_a_stop_of_a_server_the_hub_no_longer_has_is_done(
     assert (report.done, report.errors) == ({"stop-server": 1}, {})
 
 
+async def test_a_stop_the_hub_refuses_now_is_an_error_tried_again_next_pass(
+    world: World, hub_api: FakeHubAPIServer, over_http: Reconciler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = await world.compose("u1")
+    hub_api.api.add_user("u1")
+    hub_api.api.run("u1", "thesis", machine_id=machine.machine_id)
+    await world.composer.release(machine.machine_id, reason="released behind the hub's back")
+    handle = hub_api.api.handle
+
+    def not_now(method: str, parts: list[str], query: dict[str, str], accept: str) -> Reply:
+        if method == "DELETE":
+            return Reply(400, '{"status": 400, "message": "Server is being renamed"}')
+        return handle(method, parts, query, accept)
+
+    monkeypatch.setattr(hub_api.api, "handle", not_now)
+
+    report = await over_http.run_once()
+
+    assert (report.done, report.errors) == ({}, {"stop-server": 1})
+    assert "thesis" in hub_api.api.users["u1"].named
+
+
 async def test_a_hub_answering_5xx_is_unknown_and_orphans_are_left_alone(
     world: World, hub_api: FakeHubAPIServer, over_http: Reconciler
 ) -> None:

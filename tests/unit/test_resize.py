@@ -17,7 +17,7 @@ from composespawner.ledger import Actor, DevicesTaken, Ledger, Machine
 from composespawner.services.claiming import CLAIM_ATTEMPTS
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
-from composespawner.services.resize import FABRIC_FAILED, GROW_CONTENTION
+from composespawner.services.resize import FABRIC_FAILED, MoreGpus
 from harness.paths import HUB_CONFIG
 from tests.support.faulty import FaultyFabric
 
@@ -133,7 +133,7 @@ async def test_a_grow_that_loses_every_race_is_refused_saying_others_took_the_gp
         with pytest.raises(ComposeRefused) as refused:
             await composer.grow("u", frozenset(), "", 1)
 
-        assert (str(refused.value), refused.value.status) == (GROW_CONTENTION, 409)
+        assert (str(refused.value), refused.value.status) == (MoreGpus.contention, 409)
         assert refused.value.reason == "contention"
         assert isinstance(composer.ledger, RacedLedger)
         assert composer.ledger.grows == CLAIM_ATTEMPTS

@@ -30,7 +30,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "composespawner.launchers": {"domain", "ledger", "client"},
     "composespawner.services": BELOW_SERVICES,
     "composespawner.spawners": BELOW_SERVICES | {"services"},
-    "composespawner.auth": BELOW_SERVICES | {"services"},
+    "composespawner.auth": BELOW_SERVICES,
     "composespawner.portal": BELOW_SERVICES | {"services"},
     "composespawner.commands": BELOW_SERVICES | {"services", "spawners", "auth", "portal"},
 }

@@ -89,7 +89,7 @@ class MyGpusApi(ApiHandler):
         name, groups = self.user["name"], frozenset(await self.groups())
         server = unquote(server)
         self.write_json(
-            await self.portal.resize(lambda resizer: resizer.grow(name, groups, server, count))
+            await self.portal.resize(lambda composer: composer.grow(name, groups, server, count))
         )
 
 
@@ -99,7 +99,7 @@ class MyGpuApi(ApiHandler):
     async def delete(self, server: str, gpu: str) -> None:
         name, server, gpu = self.user["name"], unquote(server), unquote(gpu)
         self.write_json(
-            await self.portal.resize(lambda resizer: resizer.shrink(name, server, [gpu]))
+            await self.portal.resize(lambda composer: composer.shrink(name, server, [gpu]))
         )
 
 
