@@ -7,10 +7,9 @@ errors, never an HTTP status.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from composespawner.domain.catalog import Catalog, Kit
 from composespawner.domain.cohorts import InvalidCohort
@@ -22,8 +21,6 @@ from composespawner.portal import kit_views
 from composespawner.portal.errors import Forbidden, InvalidInput, NotFound, PortalError, Unavailable
 from composespawner.portal.scoring import Scorer, SubmissionRefused
 
-T = TypeVar("T")
-
 
 @dataclass
 class Leaderboards:
@@ -34,9 +31,6 @@ class Leaderboards:
     catalog: Catalog
     scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
     stack_environments: Path | None = None  # where the stacks' environments are built
-
-    async def _run(self, func: Callable[..., T], *args: Any) -> T:
-        return await self.runner.run(func, *args)
 
     def kit(self, kit_id: str) -> Kit:
         kit = self.catalog.kit(kit_id)
@@ -54,7 +48,7 @@ class Leaderboards:
     async def standings(self, kit: Kit, cohort: str | None, by: str) -> list[Standing]:
         """The kit's board for ``cohort`` (None: the open one), each one's best by ``by``."""
         self.check_order(by)
-        board = await self._run(self.ledger.submissions.of_board, kit.id, cohort)
+        board = await self.runner.run(self.ledger.submissions.of_board, kit.id, cohort)
         return standings(board, by)
 
     async def submit(
@@ -63,7 +57,7 @@ class Leaderboards:
         """Score ``ask``'s model on ``kit``'s blind data and put it on its leaderboard."""
         if self.scorer is None or self.stack_environments is None:
             raise Unavailable("This hub takes no starter-kit submissions.")
-        mine = await self._run(self.ledger.policy.cohorts, groups) if groups else []
+        mine = await self.runner.run(self.ledger.policy.cohorts, groups) if groups else []
         try:
             board = kit_views.board_for(kit.id, sorted(mine, key=lambda c: c.name), ask.cohort)
         except InvalidCohort as e:
@@ -74,7 +68,7 @@ class Leaderboards:
         except SubmissionRefused as e:
             raise PortalError(str(e), e.status) from None
         manifest = await self._run_manifest_of(user, ask.server)
-        submission = await self._run(
+        submission = await self.runner.run(
             functools.partial(
                 self.ledger.submissions.add,
                 kit=kit.id,
@@ -87,7 +81,7 @@ class Leaderboards:
                 manifest=manifest,
             )
         )
-        on_board = await self._run(self.ledger.submissions.of_board, kit.id, board)
+        on_board = await self.runner.run(self.ledger.submissions.of_board, kit.id, board)
         rank = next(s.rank for s in standings(on_board, "user") if s.name == user)
         return {
             "id": submission.id,
@@ -114,9 +108,9 @@ class Leaderboards:
 
     async def _run_manifest_of(self, user: str, server: str) -> dict[str, Any] | None:
         """The run manifest of ``user``'s running ``server``, if it is running."""
-        machines = await self._run(self.ledger.live_machines, user)
+        machines = await self.runner.run(self.ledger.live_machines, user)
         machine = next((m for m in machines if m.server_name == server), None)
         if machine is None:
             return None
-        run = await self._run(self.ledger.run_manifest, machine.id)
+        run = await self.runner.run(self.ledger.run_manifest, machine.id)
         return None if run is None else run.manifest

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.cohorts import Cohort, next_session_start
@@ -52,8 +52,6 @@ from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.hub_api import HubClient, Stop
 
-T = TypeVar("T")
-
 AUDIT_PAGE_ROWS = 500
 NOTICES_FOR = timedelta(days=7)  # how long "my machine" shows what admins did to my servers
 RECENT_RUNS = 10  # the runs "my machine" lists, newest first
@@ -85,9 +83,6 @@ class Portal:
     def model_ids(self) -> list[str]:
         return [m.id for m in self.catalog.gpu_models]
 
-    async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.runner.run(func, *args, **kwargs)
-
     async def check_group_exists(self, group: str) -> None:
         """Cohorts and owners are hub groups: naming one that does not exist is a typing slip."""
         if not await self.hub.group_exists(group):
@@ -96,19 +91,19 @@ class Portal:
     # -- me ---------------------------------------------------------------------
 
     async def quota_of(self, user: str, groups: list[str]) -> Quota:
-        return await self._run(self.ledger.policy.quota_of, user, groups, self.site_quota)
+        return await self.runner.run(self.ledger.policy.quota_of, user, groups, self.site_quota)
 
     async def my_machine(self, user: str, groups: list[str]) -> dict[str, Any]:
         quota = await self.quota_of(user, groups)
-        machines = await self._run(self.ledger.live_machines, user)
+        machines = await self.runner.run(self.ledger.live_machines, user)
         devices = await self.devices_of(machines)
-        hours = await self._run(self.ledger.gpu_hours, user)
+        hours = await self.runner.run(self.ledger.gpu_hours, user)
         mine = views.my_machine(user, groups, quota, machines, devices, hours)
         mine["cohorts"] = await self.cohorts(groups)
         since = datetime.now(UTC) - NOTICES_FOR
-        notices = await self._run(self.ledger.policy.notices, user, since)
+        notices = await self.runner.run(self.ledger.policy.notices, user, since)
         mine["notices"] = [views.notice_text(entry) for entry in notices]
-        runs = await self._run(self.ledger.run_manifests, user, RECENT_RUNS)
+        runs = await self.runner.run(self.ledger.run_manifests, user, RECENT_RUNS)
         mine["runs"] = [views.run_json(run) for run in runs]
         return mine
 
@@ -130,7 +125,7 @@ class Portal:
     async def run_of(self, user: str, machine_id: str, *, sees_all: bool) -> RunManifest:
         """The run on ``machine_id``: its user's and (``sees_all``) the admins' alone; anyone
         else is told what they would be of a machine that never was."""
-        run = await self._run(self.ledger.run_manifest, machine_id)
+        run = await self.runner.run(self.ledger.run_manifest, machine_id)
         if run is None or (run.user_name != user and not sees_all):
             raise NotFound("No run of yours has that machine id.")
         return run
@@ -160,12 +155,12 @@ class Portal:
     async def devices_of(self, machines: Iterable[Machine]) -> dict[str, DeviceRecord]:
         """The devices the machines hold, by block id."""
         held = {block for machine in machines for block in machine.block_ids}
-        return {d.block_id: d for d in await self._run(self.ledger.devices, held)}
+        return {d.block_id: d for d in await self.runner.run(self.ledger.devices, held)}
 
     # -- quotas -----------------------------------------------------------------
 
     async def quota_rules(self) -> list[QuotaRule]:
-        return await self._run(self.ledger.policy.quota_rules)
+        return await self.runner.run(self.ledger.policy.quota_rules)
 
     async def quota_rule(self, level: Level, subject: str) -> QuotaRule:
         rules = await self.quota_rules()
@@ -177,11 +172,11 @@ class Portal:
     async def set_quota_rule(self, rule: QuotaRule, actor: Actor) -> None:
         if rule.level == "cohort":
             await self.check_group_exists(rule.subject)
-        await self._run(self.ledger.policy.set_quota_rule, rule, actor)
+        await self.runner.run(self.ledger.policy.set_quota_rule, rule, actor)
 
     async def delete_quota_rule(self, level: str, subject: str, actor: Actor) -> bool:
         """Whether there was such a rule to delete."""
-        return await self._run(self.ledger.policy.delete_quota_rule, level, subject, actor)
+        return await self.runner.run(self.ledger.policy.delete_quota_rule, level, subject, actor)
 
     async def user_quota(self, name: str) -> dict[str, Any]:
         """Any user's effective quota, each limit with where it comes from."""
@@ -199,7 +194,7 @@ class Portal:
         now = datetime.now(self.timezone)
         return [
             views.cohort_json(c, next_session_start(c, now))
-            for c in await self._run(self.ledger.policy.cohorts, names)
+            for c in await self.runner.run(self.ledger.policy.cohorts, names)
         ]
 
     async def cohort(self, name: str) -> dict[str, Any]:
@@ -209,13 +204,13 @@ class Portal:
         return found[0]
 
     async def cohort_names(self) -> list[str]:
-        return await self._run(self.ledger.policy.cohort_names)
+        return await self.runner.run(self.ledger.policy.cohort_names)
 
     async def set_cohort(self, name: str, body: object, actor: Actor, *, admin: bool) -> Cohort:
         """Store the cohort ``body`` describes: an admin's whole, course staff's but for
         its reservation."""
         if not admin:
-            stored = await self._run(self.ledger.policy.cohorts, [name])
+            stored = await self.runner.run(self.ledger.policy.cohorts, [name])
             try:
                 body = views.staff_change(body, stored[0] if stored else None)
             except views.NotStaffsToChange as e:
@@ -225,25 +220,25 @@ class Portal:
         except InvalidQuota as e:
             raise InvalidInput(str(e)) from None
         await self.check_group_exists(cohort.name)
-        await self._run(self.ledger.policy.set_cohort, cohort, actor)
+        await self.runner.run(self.ledger.policy.set_cohort, cohort, actor)
         return cohort
 
     async def delete_cohort(self, name: str, actor: Actor) -> bool:
         """Whether there was such a cohort to delete."""
-        return await self._run(self.ledger.policy.delete_cohort, name, actor)
+        return await self.runner.run(self.ledger.policy.delete_cohort, name, actor)
 
     # -- devices ----------------------------------------------------------------
 
     async def holdings(self) -> list[Holding]:
-        return await self._run(self.ledger.holdings)
+        return await self.runner.run(self.ledger.holdings)
 
     async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
         """Stop the server a live machine serves, cleanly, telling its user why."""
-        machine = await self._run(self.ledger.machine, machine_id)
+        machine = await self.runner.run(self.ledger.machine, machine_id)
         if machine is None or machine.state in TERMINAL:
             raise NotFound(f"No live machine {machine_id!r}: it may have ended already.")
         user, server = machine.user_name, machine.server_name
-        await self._run(
+        await self.runner.run(
             self.ledger.policy.note_force_release, machine_id, user, server, reason, actor
         )
         stopping = await self.hub.stop_server(user, server) is Stop.STOPPING
@@ -252,13 +247,15 @@ class Portal:
     async def colocated(self, groups: Collection[str] | None) -> list[dict[str, Any]]:
         """Co-located GPUs: every one (``groups`` None, for admins) or those ``groups`` own."""
         holdings = await self.holdings()
-        registrations = await self._run(self.ledger.policy.registrations)
+        registrations = await self.runner.run(self.ledger.policy.registrations)
         return views.colocated(holdings, registrations, groups)
 
     async def register_device(self, block: str, owner_group: str, actor: Actor) -> Registration:
         await self.check_group_exists(owner_group)
         try:
-            return await self._run(self.ledger.policy.register_device, block, owner_group, actor)
+            return await self.runner.run(
+                self.ledger.policy.register_device, block, owner_group, actor
+            )
         except UnknownDevices:
             raise NotFound(f"No device {block!r} has been seen in the fabric.") from None
 
@@ -267,14 +264,14 @@ class Portal:
         holdings = await self.holdings()
         chassis = next((h.device.chassis for h in holdings if h.device.block_id == block), "")
         owner = self.catalog.owner_of_chassis(chassis)
-        return await self._run(self.ledger.policy.unregister_device, block, actor, owner)
+        return await self.runner.run(self.ledger.policy.unregister_device, block, actor, owner)
 
     async def lend(
         self, block: str, body: object, actor: Actor, groups: Collection[str] | None
     ) -> Registration:
         """Lend (or, with body None, take back) a device: any (``groups`` None, for admins)
         or one ``groups`` own."""
-        registration = (await self._run(self.ledger.policy.registrations)).get(block)
+        registration = (await self.runner.run(self.ledger.policy.registrations)).get(block)
         if registration is None:
             raise NotFound(f"{block!r} is not a registered co-located device.")
         if groups is not None and registration.owner_group not in groups:
@@ -287,7 +284,7 @@ class Portal:
             except InvalidQuota as e:
                 raise InvalidInput(str(e)) from None
             await self._check_borrower_exists(lent)
-        await self._run(self.ledger.policy.lend, lent, actor)
+        await self.runner.run(self.ledger.policy.lend, lent, actor)
         return lent
 
     async def _check_borrower_exists(self, lent: Registration) -> None:
@@ -310,21 +307,21 @@ class Portal:
 
     async def usage(self, period: Period) -> dict[str, Any]:
         """GPU-hours in ``period`` by day and model, user, cohort; and what runs now."""
-        sums = await self._run(self.ledger.usage_sums, period)
+        sums = await self.runner.run(self.ledger.usage_sums, period)
         cohorts = await self.cohort_names()
         members = {}
         if cohorts:
             groups = await self.hub.group_members()
             members = {name: groups.get(name, []) for name in cohorts}
         report = usage_report(period, sums.days, sums.users, sums.live, members)
-        held = await self._run(self.ledger.holdings, held_only=True)
+        held = await self.runner.run(self.ledger.holdings, held_only=True)
         return views.usage_json(report, views.running(held))
 
     async def day_uses(self, period: Period) -> list[DayUse]:
-        return await self._run(self.ledger.day_uses, period)
+        return await self.runner.run(self.ledger.day_uses, period)
 
     async def audit_log(self, rows: int | None = AUDIT_PAGE_ROWS) -> list[AuditEntry]:
         """The newest ``rows`` entries, newest first; None: all of them, oldest first."""
         if rows is None:
-            return await self._run(self.ledger.policy.audit_log, None, True)
-        return await self._run(self.ledger.policy.audit_log, rows)
+            return await self.runner.run(self.ledger.policy.audit_log, None, True)
+        return await self.runner.run(self.ledger.policy.audit_log, rows)
