@@ -16,16 +16,15 @@ How the invariants hold here:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from datetime import datetime, tzinfo
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.domain.quotas import NO_QUOTA, Quota
-from composespawner.ledger.database import LedgerPart
+from composespawner.ledger.database import ZonedLedgerPart
 from composespawner.ledger.errors import (
     DevicesTaken,
     NotOwner,
@@ -108,18 +107,8 @@ _HELD_UNDER_COHORT = (
 _LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
 
 
-class Claims(LedgerPart):
+class Claims(ZonedLedgerPart):
     """Who takes which device: claims, growth and giving back (``Ledger.claim`` and the rest)."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        write: Callable[[], AbstractContextManager[Connection]],
-        now: Callable[[], datetime],
-        usage_zone: tzinfo,
-    ) -> None:
-        super().__init__(engine, write, now)
-        self._usage_zone = usage_zone
 
     def claim(
         self,

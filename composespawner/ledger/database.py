@@ -18,7 +18,7 @@ import math
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -125,3 +125,17 @@ class LedgerPart:
         self._engine = engine
         self._write = write
         self._now = now
+
+
+class ZonedLedgerPart(LedgerPart):
+    """A part that also splits use into days, in the site's time zone (usage records)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[], AbstractContextManager[Connection]],
+        now: Callable[[], datetime],
+        usage_zone: tzinfo,
+    ) -> None:
+        super().__init__(engine, write, now)
+        self._usage_zone = usage_zone

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from datetime import datetime, tzinfo
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
-from composespawner.ledger.database import LedgerPart
+from composespawner.ledger.database import ZonedLedgerPart
 from composespawner.ledger.errors import IllegalTransition, ServerBusy
 from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL
 from composespawner.ledger.records import Machine
@@ -43,18 +40,8 @@ _INSERT_MACHINE = insert(MACHINES)
 _INSERT_RUN_MANIFEST = insert(RUN_MANIFESTS)
 
 
-class Machines(LedgerPart):
+class Machines(ZonedLedgerPart):
     """A machine's way from request to its end (``Ledger.request_machine`` and the rest)."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        write: Callable[[], AbstractContextManager[Connection]],
-        now: Callable[[], datetime],
-        usage_zone: tzinfo,
-    ) -> None:
-        super().__init__(engine, write, now)
-        self._usage_zone = usage_zone
 
     def request_machine(self, user: str, server: str, request: dict[str, Any]) -> str:
         """Record a new machine for ``user``'s ``server`` in state ``requested``; its id.

@@ -14,7 +14,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Row, func, select
 
 from composespawner.domain.usage import DayUse, Period
-from composespawner.ledger.database import LedgerPart
+from composespawner.ledger.database import ZonedLedgerPart
 from composespawner.ledger.lifecycle import TERMINAL
 from composespawner.ledger.records import (
     DeviceRecord,
@@ -61,7 +61,7 @@ _HOLDINGS = (
 )
 
 
-class Queries(LedgerPart):
+class Queries(ZonedLedgerPart):
     """The ledger's reads (``Ledger.machine``, ``Ledger.holdings`` and the rest)."""
 
     def __init__(
@@ -71,8 +71,7 @@ class Queries(LedgerPart):
         now: Callable[[], datetime],
         usage_zone: tzinfo,
     ) -> None:
-        super().__init__(engine, write, now)
-        self._usage_zone = usage_zone
+        super().__init__(engine, write, now, usage_zone)
         self._device_records: dict[tuple[Any, ...], DeviceRecord] = {}
         self._user_sums = UserSums()
 
