@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
+
+from tests.support.loopback import LoopbackServer
 
 USER, PASSWORD = "hubadmin", "s3cret-pass"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
@@ -412,27 +412,16 @@ class _Handler(RequestHandler):
     get = post = patch = delete = _answer
 
 
-class FakeRedfishServer:
+class FakeRedfishServer(LoopbackServer):
     """Serves a :class:`FakeRedfish` on a free port of 127.0.0.1."""
 
     def __init__(self, service: FakeRedfish) -> None:
+        super().__init__()
         self.service = service
-        self.released = asyncio.Event()
-        self._server: HTTPServer | None = None
-        self.port = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        sockets = bind_sockets(0, "127.0.0.1")
-        self._server = HTTPServer(Application([(r".*", _Handler, {"server": self})]))
-        self._server.add_sockets(sockets)
-        self.port = sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        self.released.set()
-        if self._server is not None:
-            self._server.stop()
-            await self._server.close_all_connections()
+    def application(self) -> Application:
+        return Application([(r".*", _Handler, {"server": self})])

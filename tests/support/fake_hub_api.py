@@ -17,16 +17,15 @@ handler around it only moves bytes or hangs.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from tornado.escape import url_unescape
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
+
+from tests.support.loopback import LoopbackServer
 
 TOKEN = "service-token-for-tests"
 PAGINATED = "application/jupyterhub-pagination+json"
@@ -211,27 +210,16 @@ class _Handler(RequestHandler):
     get = post = delete = _answer
 
 
-class FakeHubAPIServer:
+class FakeHubAPIServer(LoopbackServer):
     """Serves a :class:`FakeHubAPI` on a free port of 127.0.0.1, at /hub/api."""
 
     def __init__(self, api: FakeHubAPI) -> None:
+        super().__init__()
         self.api = api
-        self.released = asyncio.Event()
-        self._server: HTTPServer | None = None
-        self.port = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}{PREFIX}"
 
-    def start(self) -> None:
-        sockets = bind_sockets(0, "127.0.0.1")
-        self._server = HTTPServer(Application([(r".*", _Handler, {"hub": self})]))
-        self._server.add_sockets(sockets)
-        self.port = sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        self.released.set()
-        if self._server is not None:
-            self._server.stop()
-            await self._server.close_all_connections()
+    def application(self) -> Application:
+        return Application([(r".*", _Handler, {"hub": self})])
