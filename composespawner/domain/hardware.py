@@ -66,6 +66,19 @@ class Host:
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """A machine's share of its host: the CPU cores and memory its notebook may use.
+
+    Several machines share one host; each gets its own devices and this much of
+    the host's own CPUs and memory (the launcher enforces it: a cgroup, a pod's
+    limits).
+    """
+
+    cores: int
+    memory_gib: int
+
+
+@dataclass(frozen=True, slots=True)
 class Inventory:
     """Everything placement needs to know about the fabric at one moment."""
 

@@ -15,6 +15,7 @@ from typing import Any
 from jupyterhub.spawner import SpawnException
 
 from composespawner.domain.catalog import Kit, Stack
+from composespawner.domain.hardware import Share
 
 
 class SpawnRefused(SpawnException):
@@ -44,6 +45,9 @@ class Launcher:
 
     # Set by the mixin before start: the stack the notebook runs on (None: as configured).
     stack: Stack | None = None
+    # Set by the mixin before start: the machine's share of its host's cores and memory,
+    # which the launcher enforces on the notebook (None: no share was composed).
+    share: Share | None = None
     # Which of a stack's builds this launcher runs: its GPU image, or its CPU lock.
     stack_variant: str = "gpu"
 
