@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from composespawner.domain.hardware import Device
+from composespawner.domain.hardware import Device, Share
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,7 @@ class ComposedMachine:
     gpus: tuple[Device, ...]
     nic: Device | None
     drives: tuple[Device, ...]
+    share: Share | None = None  # its share of a shared host (None: the whole host)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -27,6 +28,7 @@ class ComposedMachine:
             "gpus": [_device_state(d) for d in self.gpus],
             "nic": _device_state(self.nic) if self.nic else None,
             "drives": [_device_state(d) for d in self.drives],
+            "share": [self.share.cores, self.share.memory_gib] if self.share else None,
         }
 
     @classmethod
@@ -38,6 +40,7 @@ class ComposedMachine:
             gpus=tuple(_device_from_state(d) for d in state.get("gpus", [])),
             nic=_device_from_state(state["nic"]) if state.get("nic") else None,
             drives=tuple(_device_from_state(d) for d in state.get("drives", [])),
+            share=Share(*state["share"]) if state.get("share") else None,
         )
 
 
@@ -83,12 +86,34 @@ def machine_env(machine: ComposedMachine) -> dict[str, str]:
         "COMPOSE_GPUS": json.dumps(gpus),
         "COMPOSE_GPU_MODELS": ",".join(d.model for d in machine.gpus),
         "COMPOSE_DEVICE_IDS": ",".join(d.block_id for d in (*machine.gpus, *_extras(machine))),
-        # The host sees only the GPUs composed into it, numbered from 0 in the
-        # order they were attached.
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(machine.gpus))),
+        "CUDA_VISIBLE_DEVICES": gpu_selection(machine),
         "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
         "COMPOSE_NIC": _nic(machine),
     }
+
+
+def gpu_selection(machine: ComposedMachine) -> str:
+    """The machine's GPUs as CUDA (``CUDA_VISIBLE_DEVICES``) and the NVIDIA container
+    runtime select them: ``GPU-<uuid>`` each, in attach order; "" for none.
+
+    A shared host sees the GPUs of every machine composed into it, so indexes
+    would name a neighbour's; a UUID names this machine's GPU whatever else the
+    host has (``Device.uuid`` is the fabric's ``Processor.UUID``, without the
+    ``GPU-`` that ``nvidia-smi -L`` shows). A fabric that reports no UUIDs
+    leaves only the indexes, right where the host holds this machine alone.
+    """
+    if all(gpu.uuid for gpu in machine.gpus):
+        return ",".join(f"GPU-{gpu.uuid}" for gpu in machine.gpus)
+    return ",".join(str(index) for index in range(len(machine.gpus)))
+
+
+def nvidia_visible_devices(machine: ComposedMachine) -> str:
+    """``NVIDIA_VISIBLE_DEVICES`` for exactly the machine's GPUs (:func:`gpu_selection`).
+
+    ``none`` still gives a container the driver's tools, with no device ("" would
+    give it no driver at all).
+    """
+    return gpu_selection(machine) or "none"
 
 
 def _nic(machine: ComposedMachine) -> str:

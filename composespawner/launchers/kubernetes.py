@@ -6,6 +6,8 @@ decides, in :func:`pin_to_machine`:
 
 - the pod is pinned to the composed host's node (required node affinity on
   ``kubernetes.io/hostname``, ANDed into every term already configured);
+- the pod requests exactly the machine's share of its host's cores and memory,
+  and is limited to it (Guaranteed), in place of KubeSpawner's own resources;
 - the composed GPUs, and only those, are given to the container the way the
   NVIDIA container runtime selects devices: ``NVIDIA_VISIBLE_DEVICES`` with
   their UUIDs (``GPU-<uuid>``) where the fabric reports them, else their
@@ -34,6 +36,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import (
     V1Affinity,
+    V1Container,
     V1DownwardAPIVolumeFile,
     V1DownwardAPIVolumeSource,
     V1HostPathVolumeSource,
@@ -43,6 +46,7 @@ from kubernetes_asyncio.client import (
     V1NodeSelectorTerm,
     V1ObjectFieldSelector,
     V1Pod,
+    V1ResourceRequirements,
     V1Volume,
     V1VolumeMount,
 )
@@ -51,7 +55,8 @@ from kubespawner import KubeSpawner
 from traitlets import CaselessStrEnum, Unicode, default
 
 from composespawner.domain.catalog import Kit, Stack
-from composespawner.domain.machine import ComposedMachine
+from composespawner.domain.hardware import Share
+from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
 from composespawner.launchers.base import Launcher, SpawnRefused
 from composespawner.launchers.dra import NoDeviceIds, gpu_claim, use_claim
 from composespawner.launchers.jupyterhub_internals import log_name
@@ -82,6 +87,7 @@ class Placement:
     scratch_mount_path: str = ""
     run_manifest: str = ""  # JSON text, "" for none
     gpu_claim: str = ""  # the ResourceClaim that gives the GPUs (DRA), "" for none
+    share: Share | None = None  # the machine's share of its host: the pod's resources
 
 
 def stack_image(stack: Stack) -> str | None:
@@ -105,25 +111,13 @@ def pushed_image(stack: Stack) -> str:
     return image
 
 
-def nvidia_visible_devices(machine: ComposedMachine) -> str:
-    """``NVIDIA_VISIBLE_DEVICES`` for exactly the machine's GPUs.
-
-    UUIDs name a GPU whatever else the node has; without them the composed
-    GPUs are the host's only ones, numbered in attach order. ``none`` still
-    gives the container the driver's tools, with no device.
-    """
-    if not machine.gpus:
-        return "none"
-    if all(gpu.uuid for gpu in machine.gpus):
-        return ",".join(f"GPU-{gpu.uuid}" for gpu in machine.gpus)
-    return ",".join(str(index) for index in range(len(machine.gpus)))
-
-
 def pin_to_machine(pod: V1Pod, placement: Placement) -> V1Pod:
     """``pod`` (KubeSpawner's manifest) changed to run on the composed machine."""
     spec = pod.spec
     _require_node(spec, placement.node)
     container = next(c for c in spec.containers if c.name == NOTEBOOK_CONTAINER)
+    if placement.share is not None:
+        hold_to_share(container, placement.share)
     if placement.runtime_class:
         spec.runtime_class_name = placement.runtime_class
     if placement.gpu_claim:
@@ -166,6 +160,28 @@ def pin_to_machine(pod: V1Pod, placement: Placement) -> V1Pod:
             V1VolumeMount(name=RUN_MANIFEST_VOLUME, mount_path=RUN_MANIFEST_DIR, read_only=True)
         )
     return pod
+
+
+def share_resources(share: Share) -> dict[str, str]:
+    """A share as Kubernetes quantities: whole cores, memory in GiB."""
+    return {"cpu": str(share.cores), "memory": f"{share.memory_gib}Gi"}
+
+
+def hold_to_share(container: V1Container, share: Share) -> None:
+    """The notebook container requests exactly its share and is limited to it.
+
+    Requests equal to limits make the pod Guaranteed (its containers all so:
+    KubeSpawner's extra or init containers with resources of their own leave
+    it Burstable), so the kubelet never evicts it for a neighbour's use, and a
+    static CPU manager gives it whole cores. The share replaces KubeSpawner's
+    cpu_guarantee/limit and mem_guarantee/limit for this pod; other resources
+    (ephemeral storage, extended resources, a DRA claim) stay as they were.
+    """
+    resources = container.resources or V1ResourceRequirements()
+    amounts = share_resources(share)
+    resources.requests = {**(resources.requests or {}), **amounts}
+    resources.limits = {**(resources.limits or {}), **amounts}
+    container.resources = resources
 
 
 def _require_node(spec: Any, node: str) -> None:
@@ -357,6 +373,7 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
             ),
             scratch_mount_path=self.scratch_mount_path,
             run_manifest=self._run_manifest_text,
+            share=self.share,
         )
 
     async def get_pod_manifest(self) -> V1Pod:

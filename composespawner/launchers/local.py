@@ -32,10 +32,10 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
 
-from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Float, Unicode, default
 
 from composespawner.domain.catalog import Kit, Stack
+from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
 from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
     make_home,
@@ -56,15 +56,19 @@ from composespawner.launchers.local_files import (
     stack_builder,
     write_for_notebook,
 )
-from composespawner.launchers.local_process import process_started, watch_exit
+from composespawner.launchers.local_process import (
+    CgroupLimitedSpawner,
+    process_started,
+    watch_exit,
+)
 from composespawner.launchers.ports import NoFreePort, notebook_port
 from composespawner.ledger.runner import whole_in_thread
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 
 
-class LocalLauncher(Launcher, LocalProcessSpawner):
-    """Run the notebook as a local process; say at once when it exits."""
+class LocalLauncher(Launcher, CgroupLimitedSpawner):
+    """Run the notebook as a local process, held to its share; say at once when it exits."""
 
     shared_account = Bool(
         False,
@@ -109,6 +113,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
     _assigned_port = 0  # the port start chose (not configured), chosen afresh each start
 
     stack_variant = "cpu"
+    machine: ComposedMachine | None = None  # the mixin's; set before start
     _environment: StackEnvironment | None = None
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
     # What start() writes there, just before the notebook: (path, content, owner).
@@ -194,6 +199,8 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
                 env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.cpu.lock_sha256
         if self._run_manifest is not None:
             env["COMPOSE_RUN_MANIFEST"] = self._run_manifest
+        if self.machine is not None:  # for a container runtime the notebook runs (Apptainer)
+            env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
         return env
 
     def get_env(self) -> dict[str, str]:
@@ -242,7 +249,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
             if manifest is not None:
                 write_for_notebook(*manifest)
             try:
-                started.append(Popen(cmd, **popen_kwargs))
+                started.append(self.popen_in_share(Popen, cmd, popen_kwargs))
                 start_times.append(process_started(started[0].pid))  # a /proc read: here too
             except PermissionError:
                 self.log.error("Permission denied trying to run %r", shutil.which(cmd[0]) or cmd[0])
@@ -270,8 +277,7 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         started when the notebook did."""
         if self.proc is None and self.pid and not self._is_the_notebook():
             self.log.info("%s: notebook process %d is gone", log_name(self), self.pid)
-            self.clear_state()
-            return 0
+            self.pid = 0  # and so gone to LocalProcessSpawner's poll, which clears the state
         status: int | None = await super().poll()
         return status
 
@@ -357,5 +363,6 @@ class LocalLauncher(Launcher, LocalProcessSpawner):
         def exited() -> None:
             if self.proc is proc:  # not a newer start's process
                 self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
+                self.remove_cgroups()
 
         watch_exit(proc, exited, self.log, log_name(self))

@@ -1,7 +1,10 @@
-"""The local notebook's process: which process it is, and seeing it exit.
+"""The local notebook's process: which process it is, its share, and seeing it exit.
 
 After a hub restart a notebook is known by its pid and its start time: a
 zombie, or another process given the same pid since, must not pass for it.
+
+On a shared host the process runs in a cgroup of its own that holds it to its
+machine's share of the host (:class:`CgroupLimitedSpawner`, :mod:`.cgroups`).
 """
 
 from __future__ import annotations
@@ -9,9 +12,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Bool, TraitError, Unicode, validate
+
+from composespawner.domain.hardware import Share
+from composespawner.launchers.base import SpawnRefused
+from composespawner.launchers.cgroups import (
+    REMOVE_TIMEOUT,
+    CgroupError,
+    CgroupPlan,
+    cgroup_name,
+    find_hierarchies,
+    join_command,
+    join_then,
+    make_cgroup,
+    new_token,
+    parent_parts,
+    plan_cgroup,
+    remove_cgroups,
+)
+from composespawner.launchers.jupyterhub_internals import log_name
+from composespawner.ledger.runner import whole_in_thread
 
 
 def process_started(pid: int) -> int | None:
@@ -56,3 +82,151 @@ def watch_exit(
         exited()
 
     loop.add_reader(pidfd, readable)
+
+
+class CgroupLimitedSpawner(LocalProcessSpawner):
+    """A LocalProcessSpawner whose notebook runs in a cgroup of its share, when it has one.
+
+    Without a share (:attr:`share` None) nothing changes. With one, the start
+    makes the cgroups, the process enters them before it execs, and every end
+    (stop, an exit seen, a poll that finds it gone, a failed start) removes
+    them with whatever the notebook left running in them.
+    """
+
+    cgroup_parent = Unicode(
+        "composespawner",
+        config=True,
+        help="""The cgroup, below each hierarchy's root (/sys/fs/cgroup/... ), that holds a
+        cgroup per notebook (<user>-<server>-<token>), which enforces the notebook's share
+        of the host's cores and memory. Change it where that name is taken, or to nest
+        the notebooks under a cgroup you manage.""",
+    )
+    cgroup_required = Bool(
+        True,
+        config=True,
+        help="""Refuse a start whose share of the host cannot be enforced (the hub cannot
+        write the cgroup hierarchy: not root, or /sys/fs/cgroup read-only or without the
+        cpu and memory controllers). False runs such notebooks without limits, and logs
+        a warning: then one notebook can take every core and all the memory of a host
+        others share.""",
+    )
+
+    share: Share | None = None  # Launcher's: set by the composing mixin before start
+    _cgroups: tuple[Path, ...] = ()  # this notebook's cgroups, until removed
+    _cgroups_removal: asyncio.Future[None] | None = None
+
+    @validate("cgroup_parent")
+    def _valid_parent(self, proposal: dict[str, Any]) -> str:
+        try:
+            parent_parts(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"cgroup_parent: {e}") from e
+        return str(proposal["value"])
+
+    def popen_in_share(
+        self, popen: Callable[..., Popen[bytes]], cmd: Sequence[str], kwargs: dict[str, Any]
+    ) -> Popen[bytes]:
+        """``popen(cmd, **kwargs)`` in cgroups of :attr:`share` (in start's worker thread)."""
+        plan = self._make_cgroups()
+        if plan is None:
+            return popen(list(cmd), **kwargs)
+        preexec = kwargs.get("preexec_fn")
+        if preexec is None:  # Popen may vfork: the command enters them itself
+            cmd = join_command(plan.procs, cmd)
+        else:  # it forks anyway: enter them before the preexec_fn drops root
+            kwargs = {**kwargs, "preexec_fn": join_then(plan.procs, preexec)}
+        try:
+            return popen(list(cmd), **kwargs)
+        except BaseException:
+            self._cgroups = ()
+            self._remove(plan.cgroups)
+            raise
+
+    def _make_cgroups(self) -> CgroupPlan | None:
+        if self.share is None:
+            return None
+        if self._cgroups:  # an earlier start's, never removed
+            cgroups, self._cgroups = self._cgroups, ()
+            self._remove(cgroups)
+        name = cgroup_name(self.user.name, self.name, new_token())
+        try:
+            hierarchies = find_hierarchies()
+            plan = plan_cgroup(hierarchies, parent_parts(self.cgroup_parent), name, self.share)
+            make_cgroup(plan)
+        except CgroupError as e:
+            self._unenforced(self.share, e)
+            return None
+        self._cgroups = plan.cgroups
+        return plan
+
+    def _unenforced(self, share: Share, error: CgroupError) -> None:
+        """Refuse the start (``cgroup_required``), or say that it runs unlimited."""
+        fix = (
+            "Run the hub as root with the cgroup controllers cpu and memory mounted"
+            " read-write, or set c.LocalLauncher.cgroup_required = False to run such"
+            " notebooks without limits."
+        )
+        if not self.cgroup_required:
+            self.log.warning(
+                "%s: runs without its share (%d cores, %d GiB) enforced: %s",
+                log_name(self),
+                share.cores,
+                share.memory_gib,
+                error,
+            )
+            return
+        self.log.error("%s: its share cannot be enforced: %s. %s", log_name(self), error, fix)
+        raise SpawnRefused(
+            f"Your server was not started: this host cannot hold it to its share"
+            f" ({share.cores} cores, {share.memory_gib} GiB of memory), so it would take"
+            " from the servers beside it. Its devices were given back. Tell the hub's"
+            " administrators (the hub's log says what to change).",
+            reason="share",
+            status_code=503,
+        )
+
+    def remove_cgroups(self) -> asyncio.Future[None]:
+        """Remove this notebook's cgroups, taken now (a later start's are its own); done
+        once every removal asked for before it is done too (a stop's is the last)."""
+        cgroups, self._cgroups = self._cgroups, ()
+        earlier = self._cgroups_removal
+        self._cgroups_removal = asyncio.ensure_future(self._removed(cgroups, earlier))
+        return self._cgroups_removal
+
+    async def _removed(
+        self, cgroups: tuple[Path, ...], earlier: asyncio.Future[None] | None
+    ) -> None:
+        if cgroups:
+            await whole_in_thread(self._remove, cgroups)
+        if earlier is not None:
+            await asyncio.wait([earlier])
+
+    def _remove(self, cgroups: tuple[Path, ...]) -> None:
+        try:
+            remove_cgroups(cgroups, REMOVE_TIMEOUT)
+        except CgroupError as e:
+            self.log.warning(
+                "%s: %s; remove it (rmdir) once its processes have ended", log_name(self), e
+            )
+
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        await self.remove_cgroups()
+
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()
+        if status is not None:  # the hub never calls stop() for a server poll found gone
+            await self.remove_cgroups()
+        return status
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self._cgroups:  # paths: a later cgroup_parent must not lose them
+            state["cgroups"] = [str(cgroup) for cgroup in self._cgroups]
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        cgroups = state.get("cgroups")
+        if isinstance(cgroups, list):
+            self._cgroups = tuple(Path(cgroup) for cgroup in cgroups)

@@ -83,18 +83,22 @@ def test_a_notebook_reads_its_machine_and_quota_grows_and_shrinks(hub: Hub, runn
     )
     assert len(grown["gpus"]) == 2
     assert sorted(hub.attached(host)) == sorted(grown["gpus"])  # the fabric shows it attached
-    assert grown["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # Its own GPUs by UUID: on a shared host, indexes would name a neighbour's.
+    grown_gpus = json.loads(grown["env"]["COMPOSE_GPUS"])
+    assert [g["id"] for g in grown_gpus] == grown["gpus"]
+    visible = ",".join(f"GPU-{g['uuid']}" for g in grown_gpus)
+    assert grown["env"]["CUDA_VISIBLE_DEVICES"] == visible
     assert "restart" in grown["next"]
     manifest = json.loads((hub.homes / "student1" / ".composespawner" / "default.json").read_text())
     assert [g["id"] for g in manifest["gpus"]] == grown["gpus"]
     env_file = (hub.homes / "student1" / ".composespawner" / "default.env").read_text()
-    assert "export CUDA_VISIBLE_DEVICES='0,1'" in env_file
+    assert f"export CUDA_VISIBLE_DEVICES='{visible}'" in env_file
 
     # A new kernel takes the machine's new environment before its framework counts GPUs.
     applied = printed(
         hub, "client.apply()\nimport os\nprint(json.dumps(os.environ['CUDA_VISIBLE_DEVICES']))"
     )
-    assert applied == "0,1"
+    assert applied == visible
 
     given = printed(hub, "r = client.shrink()\nprint(json.dumps([g.id for g in r.machine.gpus]))")
     assert given == grown["gpus"][:1]

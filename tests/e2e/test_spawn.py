@@ -56,7 +56,10 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     assert Path(f"/proc/{pid}/cwd").resolve() == home.resolve()
     gpus = json.loads(env["COMPOSE_GPUS"])
     assert [g["model"] for g in gpus] == ["NVIDIA T4", "NVIDIA T4"]
-    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # Its own GPUs by UUID (the host may hold a neighbour's too), for CUDA and a runtime.
+    visible = ",".join(f"GPU-{g['uuid']}" for g in gpus)
+    assert all(g["uuid"] for g in gpus)
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == visible
     assert env["COMPOSE_SCRATCH_GB"] == "1920"
     host = env["COMPOSE_HOST"]
     attached = hub.attached(host)

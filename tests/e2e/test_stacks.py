@@ -137,7 +137,8 @@ def test_every_server_gets_a_read_only_run_manifest_the_portal_shows_too(hub: Hu
         assert stack["image_digest"] is None  # no image is built here
         given = manifest["environment"]
         assert given["PYTHONHASHSEED"] == "0"
-        assert given["CUDA_VISIBLE_DEVICES"] == "0,1"
+        gpus = json.loads(env["COMPOSE_GPUS"])
+        assert given["CUDA_VISIBLE_DEVICES"] == ",".join(f"GPU-{g['uuid']}" for g in gpus)
         assert not any("TOKEN" in name for name in given)
         assert manifest["options"]["gpu_count"] == 2
 

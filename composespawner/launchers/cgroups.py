@@ -1,0 +1,311 @@
+"""A local notebook's share of its host, enforced by the kernel: a cgroup of its own.
+
+Several machines share one composed host; each notebook may use its share's
+cores (a CFS quota: cores × period) and memory (a limit, and no swap beyond
+it where the kernel accounts swap). A notebook that allocates past its
+memory is killed by the kernel alone (SIGKILL, 137 in a shell), its
+neighbours untouched.
+
+Both layouts are served: the v2 unified hierarchy (``cpu.max``,
+``memory.max``, ``memory.swap.max``; controllers enabled top-down in
+``cgroup.subtree_control``) and v1 controllers, each on its own mount
+(``cpu.cfs_quota_us``, ``memory.limit_in_bytes``,
+``memory.memsw.limit_in_bytes``). A hybrid host has both; each controller is
+taken from whichever hierarchy holds it (the kernel puts a controller on one
+only), as ``/proc/self/mounts`` and the v2 root's ``cgroup.controllers`` say.
+
+The cgroup is ``<mount>/<parent>/<user>-<server>-<token>``, from the mount's
+root as Docker's cgroupfs driver places ``/docker/<id>``: the random token
+keeps two starts (or two hubs on one host) apart, and the paths are in the
+server's state, so a restarted hub removes exactly what it made. What to do
+is decided by pure functions (:func:`hierarchies_in`, :func:`plan_cgroup`);
+the reads and writes are at the edges, each write checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from composespawner.domain.hardware import Share
+
+MOUNTS = Path("/proc/self/mounts")
+CONTROLLERS = ("cpu", "memory")  # what a share limits
+CPU_PERIOD_US = 100_000  # the kernel's default CFS period
+GIB = 1 << 30
+REMOVE_TIMEOUT = 10.0  # seconds for a stopped notebook's leftovers to die
+# The notebook's process enters its cgroups itself, then execs the command (see
+# join_command). $$ is that process: sh execs, it does not fork.
+JOIN_SCRIPT = (
+    'while [ "$1" != -- ]; do echo $$ >"$1" || '
+    '{ echo "composespawner: cannot enter cgroup $1" >&2; exit 126; }; shift; done; '
+    'shift; exec "$@"'
+)
+
+
+class CgroupError(Exception):
+    """A cgroup could not be made, joined or removed; the message names the file and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """A mounted cgroup hierarchy and which of :data:`CONTROLLERS` it holds."""
+
+    mount: Path
+    v2: bool
+    controllers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One value for one interface file, written in plan order."""
+
+    path: Path
+    value: str
+    optional: bool = False  # absent where the kernel does not account it (swap): skipped
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupPlan:
+    """A notebook's cgroup in each hierarchy (its directories) and what to write there."""
+
+    cgroups: tuple[Path, ...]
+    writes: tuple[Write, ...]
+
+    @property
+    def procs(self) -> tuple[Path, ...]:
+        """The files the notebook's process writes its pid to, to enter its cgroups."""
+        return tuple(cgroup / "cgroup.procs" for cgroup in self.cgroups)
+
+
+# -- decisions (pure) -------------------------------------------------------------
+
+
+def cgroup_name(user: str, server: str, token: str) -> str:
+    """A cgroup name for one start of ``user``'s ``server``: safe characters, unique.
+
+    Dots are replaced too, so no name is ``..`` or looks like an interface file
+    (``cgroup.procs``); the token keeps apart names that replacing made alike.
+    """
+
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_-]", "_", text)[:64]
+
+    return f"{safe(user)}-{safe(server or 'default')}-{token}"
+
+
+def parent_parts(parent: str) -> tuple[str, ...]:
+    """The folders of ``cgroup_parent`` below a hierarchy's root; ValueError if it leaves it."""
+    parts = tuple(p for p in PurePosixPath(parent).parts if p != "/")
+    if not parts or any(p in (".", "..") for p in parts):
+        raise ValueError(f"{parent!r} is not a folder below the cgroup hierarchy's root")
+    return parts
+
+
+def unescape_mount(field: str) -> str:
+    """A path as ``/proc/self/mounts`` writes it: space, tab, newline, backslash as octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def hierarchies_in(mounts: str, v2_controllers: Callable[[Path], str]) -> tuple[Hierarchy, ...]:
+    """Where each of :data:`CONTROLLERS` is: the first hierarchy that holds it.
+
+    ``mounts`` is ``/proc/self/mounts``; ``v2_controllers`` reads a v2 mount's
+    ``cgroup.controllers`` (a v1 mount names its controllers in its options).
+    Raises CgroupError naming the controllers no hierarchy holds.
+    """
+    found: list[Hierarchy] = []
+    placed: set[str] = set()
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in ("cgroup", "cgroup2"):
+            continue
+        mount, v2 = Path(unescape_mount(fields[1])), fields[2] == "cgroup2"
+        names = v2_controllers(mount).split() if v2 else fields[3].split(",")
+        held = frozenset(names) & set(CONTROLLERS) - placed  # a second mount: the first's
+        if held:
+            placed |= held
+            found.append(Hierarchy(mount, v2, held))
+    missing = [c for c in CONTROLLERS if c not in placed]
+    if missing:
+        raise CgroupError(
+            f"no mounted cgroup hierarchy holds the {' and '.join(missing)} controller"
+            f"{'s' if len(missing) > 1 else ''} (see /proc/self/mounts)"
+        )
+    return tuple(found)
+
+
+def plan_cgroup(
+    hierarchies: Sequence[Hierarchy], parent: Sequence[str], name: str, share: Share
+) -> CgroupPlan:
+    """The cgroups a notebook with ``share`` runs in, and the values that limit it."""
+    quota = share.cores * CPU_PERIOD_US
+    memory = str(share.memory_gib * GIB)
+    cgroups: list[Path] = []
+    writes: list[Write] = []
+    for hierarchy in hierarchies:
+        cgroup = hierarchy.mount.joinpath(*parent, name)
+        cgroups.append(cgroup)
+        has = hierarchy.controllers
+        if hierarchy.v2:
+            # A controller reaches a cgroup only if every ancestor enables it for its children.
+            enable = " ".join(f"+{c}" for c in CONTROLLERS if c in has)
+            for depth in range(len(parent) + 1):
+                ancestor = hierarchy.mount.joinpath(*parent[:depth])
+                writes.append(Write(ancestor / "cgroup.subtree_control", enable))
+            if "cpu" in has:
+                writes.append(Write(cgroup / "cpu.max", f"{quota} {CPU_PERIOD_US}"))
+            if "memory" in has:
+                writes.append(Write(cgroup / "memory.max", memory))
+                writes.append(Write(cgroup / "memory.swap.max", "0", optional=True))
+            continue
+        if "cpu" in has:
+            writes.append(Write(cgroup / "cpu.cfs_period_us", str(CPU_PERIOD_US)))
+            writes.append(Write(cgroup / "cpu.cfs_quota_us", str(quota)))
+        if "memory" in has:
+            # memsw (memory + swap) may never be below the memory limit: that goes first.
+            writes.append(Write(cgroup / "memory.limit_in_bytes", memory))
+            writes.append(Write(cgroup / "memory.memsw.limit_in_bytes", memory, optional=True))
+    return CgroupPlan(tuple(cgroups), tuple(writes))
+
+
+def join_command(procs: Sequence[Path], command: Sequence[str]) -> list[str]:
+    """``command`` run by a shell that first enters the cgroups (writes its pid to ``procs``).
+
+    Why a wrapper: the process must be in its cgroup before it runs anything,
+    or a notebook's first children (and its first allocations) escape it;
+    moving it after Popen returns races with them. A ``preexec_fn`` would do it
+    before exec, but forces Popen to fork the hub rather than vfork it (see
+    :meth:`~composespawner.launchers.local.LocalLauncher.start`). The wrapper
+    goes before ``setpriv``: entering a cgroup needs the hub's privileges,
+    which setpriv then drops. ``/bin/sh`` is on every host and costs a
+    millisecond; a failed entry ends the start with status 126 and says why.
+    """
+    return ["/bin/sh", "-c", JOIN_SCRIPT, "composespawner-cgroup", *map(str, procs), "--", *command]
+
+
+# -- the reads and writes (the edges) -----------------------------------------------
+
+
+def find_hierarchies(mounts: Path = MOUNTS) -> tuple[Hierarchy, ...]:
+    """:func:`hierarchies_in` this host's mounts; CgroupError if unreadable or incomplete."""
+
+    def v2_controllers(mount: Path) -> str:
+        try:
+            return (mount / "cgroup.controllers").read_text()
+        except OSError:
+            return ""
+
+    try:
+        text = mounts.read_text()
+    except OSError as e:
+        raise CgroupError(f"cannot read {mounts}: {e.strerror}") from e
+    return hierarchies_in(text, v2_controllers)
+
+
+def new_token() -> str:
+    return secrets.token_hex(4)
+
+
+def write_value(path: Path, value: str) -> None:
+    """Write ``value`` to an interface file in one write, checked (the kernel answers it)."""
+    data = value.encode()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.EIO, f"short write of {value!r}")
+    finally:
+        os.close(fd)
+
+
+def make_cgroup(plan: CgroupPlan) -> None:
+    """Make the plan's cgroups and write its limits; on failure remove what was made."""
+    made: list[Path] = []
+    try:
+        for cgroup in plan.cgroups:
+            _checked(f"create {cgroup}", cgroup.mkdir, parents=True)
+            made.append(cgroup)
+        for write in plan.writes:
+            if not (write.optional and not write.path.exists()):
+                _checked(
+                    f"write {write.value!r} to {write.path}", write_value, write.path, write.value
+                )
+    except CgroupError:
+        with contextlib.suppress(CgroupError):
+            remove_cgroups(made, REMOVE_TIMEOUT)
+        raise
+
+
+def _checked(what: str, action: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    try:
+        action(*args, **kwargs)
+    except OSError as e:
+        raise CgroupError(f"cannot {what}: {e.strerror or e}") from e
+
+
+def join_then(procs: Sequence[Path], preexec: Callable[[], Any] | None) -> Callable[[], None]:
+    """A ``preexec_fn`` that enters the cgroups, then runs ``preexec`` (which may drop root).
+
+    For a start that forks anyway (a preexec_fn of its own, which changes the account).
+    """
+
+    def join() -> None:
+        pid = str(os.getpid())
+        for path in procs:
+            write_value(path, pid)
+        if preexec is not None:
+            preexec()
+
+    return join
+
+
+def pids_in(cgroup: Path) -> list[int]:
+    try:
+        return [int(line) for line in (cgroup / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def remove_cgroups(cgroups: Iterable[Path], within: float) -> None:
+    """End every process left in ``cgroups`` and remove them; gone already is done.
+
+    A stopped notebook's kernels may outlive it: they are its, and die with it
+    (``cgroup.kill`` where the kernel has it, else SIGKILL to each). Raises
+    CgroupError if one is still busy after ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    for cgroup in cgroups:
+        try:
+            _remove(cgroup, deadline)
+        except OSError as e:  # a read or a kill refused: said as the others are
+            raise CgroupError(f"cannot empty {cgroup}: {e.strerror or e}") from e
+
+
+def _remove(cgroup: Path, deadline: float) -> None:
+    kill = cgroup / "cgroup.kill"
+    with contextlib.suppress(FileNotFoundError):
+        write_value(kill, "1")
+    while True:
+        try:
+            cgroup.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise CgroupError(f"cannot remove {cgroup}: {e.strerror}") from e
+        for pid in pids_in(cgroup):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise CgroupError(f"cannot remove {cgroup}: processes {pids_in(cgroup)} will not die")
+        time.sleep(0.01)  # a killed process leaves its cgroup as it exits: moments

@@ -1,0 +1,51 @@
+"""A notebook stand-in for share tests: answers HTTP, and eats memory or starts a child on request.
+
+Run as ``python -I hungry_notebook.py PORT``. ``GET /`` answers ``ok``;
+``GET /allocate/N`` takes N MiB more, written (so the pages are really
+used), then answers; ``GET /child`` starts a long sleep in a session of its
+own (as a kernel outlives a notebook that dies) and answers its pid. SIGTERM
+and SIGINT end it at once, as a local spawner stops it.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+CHUNK = 64 << 20
+held: list[bytes] = []
+
+
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.startswith("/allocate/"):
+            for _ in range(int(self.path.rsplit("/", 1)[1]) * (1 << 20) // CHUNK):
+                held.append(b"\x01" * CHUNK)  # written, not a lazily mapped zero page
+            body = f"holding {len(held) * CHUNK >> 20} MiB"
+        elif self.path == "/child":
+            child = subprocess.Popen(
+                [sys.executable, "-I", "-c", "import time; time.sleep(600)"],
+                start_new_session=True,
+            )
+            body = str(child.pid)
+        else:
+            body = "ok"
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test says what matters."""
+
+
+def main() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: os._exit(0))
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

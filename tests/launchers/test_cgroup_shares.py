@@ -1,0 +1,232 @@
+"""Two notebooks on one host, each held to its share by a cgroup of its own (real cgroups).
+
+The local launcher starts two stand-in notebooks with a share of one core and
+1 GiB each: one through the ``/bin/sh`` wrapper and ``setpriv`` (the shared
+account), the other through a ``preexec_fn`` (a start that forks). The first
+is made to allocate past its memory: the kernel kills it alone, and its
+neighbour still answers. Every cgroup is gone after the stops.
+
+Needs root and the cpu and memory controllers mounted read-write (v1 or v2);
+run under ``flock /tmp/heavy.lock``: it holds a GiB of memory for a moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import pwd
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import User
+
+from composespawner.domain.hardware import Share
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from composespawner.launchers.cgroups import (
+    GIB,
+    CgroupError,
+    Hierarchy,
+    find_hierarchies,
+    new_token,
+)
+from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.local_process import process_started
+from composespawner.launchers.ports import notebook_port
+
+pytestmark = pytest.mark.timeout(120)
+
+HUNGRY = Path(__file__).with_name("hungry_notebook.py")
+SHARE = Share(cores=1, memory_gib=1)
+
+
+def notebook_uid() -> int:
+    return pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT).pw_uid
+
+
+def usable_hierarchies() -> tuple[Hierarchy, ...]:
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are written by root")
+    try:
+        notebook_uid()
+    except KeyError:
+        pytest.skip(f"no {DEFAULT_NOTEBOOK_ACCOUNT} account (make notebook-account)")
+    try:
+        return find_hierarchies()
+    except CgroupError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def parent() -> Iterator[str]:
+    """A cgroup parent of this test's own, checked empty and removed at the end."""
+    name = f"composespawner-test-{new_token()}"
+    hierarchies = usable_hierarchies()
+    yield name
+    left = {
+        h.mount: sorted(p.name for p in (h.mount / name).glob("*") if p.is_dir())
+        for h in hierarchies
+    }
+    for hierarchy in hierarchies:
+        if (hierarchy.mount / name).is_dir():
+            (hierarchy.mount / name).rmdir()
+    assert left == {h.mount: [] for h in hierarchies}, "cgroups left behind"
+
+
+@pytest.fixture
+def users() -> Iterator[list[User]]:
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    db.add_all([orm.User(name="ada"), orm.User(name="bob")])
+    db.commit()
+    yield [User(u, {}) for u in db.query(orm.User).order_by(orm.User.name)]
+    db.close()
+
+
+def notebook(user: User, homes: Path, parent: str, **config: object) -> LocalLauncher:
+    port = notebook_port("127.0.0.1", set())
+    spawner: LocalLauncher = user._new_spawner(
+        "",
+        spawner_class=LocalLauncher,
+        cmd=[sys.executable, "-I", str(HUNGRY), str(port)],
+        hub=Hub(),
+        shared_account=True,
+        home_dir_template=str(homes / "{username}"),
+        cgroup_parent=parent,
+        interrupt_timeout=2,
+        term_timeout=2,
+        kill_timeout=2,
+        **config,
+    )
+    spawner.port = port
+    spawner.share = SHARE
+    return spawner
+
+
+def get(spawner: LocalLauncher, path: str, timeout: float = 30) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", spawner.port, timeout=timeout)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()
+
+
+def answers(spawner: LocalLauncher, within: float = 30) -> str:
+    """What ``GET /`` answers, once the notebook listens."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return get(spawner, "/", timeout=5)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the notebook never listened"
+            time.sleep(0.05)  # polling the port: the condition itself
+
+
+def cgroups_of(pid: int, hierarchies: tuple[Hierarchy, ...]) -> set[Path]:
+    """The cgroup directories ``pid`` is in, in the hierarchies that hold cpu and memory."""
+    found = set()
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        for hierarchy in hierarchies:
+            v2_line = number == "0" and hierarchy.v2
+            if v2_line or (
+                not hierarchy.v2 and hierarchy.controllers & set(controllers.split(","))
+            ):
+                found.add(hierarchy.mount / path.lstrip("/"))
+    return found
+
+
+def limits(cgroups: set[Path]) -> dict[str, str]:
+    """The share's limits as the kernel shows them, whichever hierarchy holds each."""
+    names = (
+        "cpu.max",
+        "memory.max",
+        "memory.swap.max",
+        "cpu.cfs_quota_us",
+        "cpu.cfs_period_us",
+        "memory.limit_in_bytes",
+        "memory.memsw.limit_in_bytes",
+    )
+    return {
+        name: (cgroup / name).read_text().strip()
+        for cgroup in cgroups
+        for name in names
+        if (cgroup / name).exists()
+    }
+
+
+def expected_limits(hierarchies: tuple[Hierarchy, ...]) -> dict[str, str]:
+    expected: dict[str, str] = {}
+    for hierarchy in hierarchies:
+        cpu, memory = "cpu" in hierarchy.controllers, "memory" in hierarchy.controllers
+        if hierarchy.v2:
+            expected |= {"cpu.max": "100000 100000"} if cpu else {}
+            swap = Path("/sys/fs/cgroup/memory.swap.max").exists() or any(
+                hierarchy.mount.glob("*/memory.swap.max")
+            )
+            expected |= {"memory.max": str(GIB)} if memory else {}
+            expected |= {"memory.swap.max": "0"} if memory and swap else {}
+        else:
+            expected |= {"cpu.cfs_quota_us": "100000", "cpu.cfs_period_us": "100000"} if cpu else {}
+            expected |= {"memory.limit_in_bytes": str(GIB)} if memory else {}
+            if memory and (hierarchy.mount / "memory.memsw.limit_in_bytes").exists():
+                expected["memory.memsw.limit_in_bytes"] = str(GIB)
+    return expected
+
+
+async def exit_status(spawner: LocalLauncher, within: float = 30) -> int:
+    """The process's exit status, read on the loop (where the launcher's exit watch reads it)."""
+    deadline = time.monotonic() + within
+    while (status := spawner.proc.poll()) is None:
+        assert time.monotonic() < deadline, "the notebook did not exit"
+        await asyncio.sleep(0.05)  # polling the process: the condition itself
+    return status
+
+
+async def test_a_notebook_past_its_memory_is_killed_alone_and_every_cgroup_goes(
+    users: list[User], tmp_path: Path, parent: str
+) -> None:
+    hierarchies = usable_hierarchies()
+    # Through the sh wrapper, then setpriv to the notebook account (Popen may vfork) ...
+    hungry = notebook(users[0], tmp_path, parent)
+    # ... and through a preexec_fn (here entering the home, as without Popen's cwd).
+    neighbour = notebook(users[1], tmp_path, parent, popen_kwargs={})
+    spawners = [hungry, neighbour]
+    try:
+        await asyncio.gather(*(s.start() for s in spawners))
+        for spawner in spawners:
+            assert await asyncio.to_thread(answers, spawner) == "ok"
+            cgroups = cgroups_of(spawner.pid, hierarchies)
+            assert cgroups == set(spawner._cgroups)
+            assert all(c.parent.name == parent for c in cgroups)
+            assert limits(cgroups) == expected_limits(hierarchies)
+        assert not set(hungry._cgroups) & set(neighbour._cgroups)
+        # The wrapper entered as root, then setpriv dropped to the notebook account.
+        assert hungry.proc.args[0] == "/bin/sh"
+        assert os.stat(f"/proc/{hungry.pid}").st_uid == notebook_uid()
+        assert neighbour.proc.args[0] == "setpriv"  # entered in its preexec_fn
+        assert await asyncio.to_thread(get, neighbour, "/allocate/256") == "holding 256 MiB"
+        child = int(await asyncio.to_thread(get, neighbour, "/child"))
+        assert cgroups_of(child, hierarchies) == set(neighbour._cgroups)
+
+        hungrys = set(hungry._cgroups)
+        with pytest.raises(ConnectionResetError):  # http.client's RemoteDisconnected too
+            await asyncio.to_thread(get, hungry, "/allocate/2048", 60)
+        assert await exit_status(hungry) == -signal.SIGKILL  # the kernel's OOM kill: 137
+        assert await hungry.poll() == -signal.SIGKILL
+        assert not any(c.exists() for c in hungrys)
+
+        assert await neighbour.poll() is None
+        assert await asyncio.to_thread(answers, neighbour) == "ok"
+        neighbours = set(neighbour._cgroups)
+        await neighbour.stop()
+        assert not any(c.exists() for c in neighbours)
+        assert process_started(child) is None  # it left with its notebook's cgroup
+    finally:
+        await asyncio.gather(*(s.stop() for s in spawners))
