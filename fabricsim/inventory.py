@@ -52,15 +52,24 @@ class ChassisSpec:
 
 @dataclass(frozen=True, slots=True)
 class HostSpec:
+    """A compute host: its capacity is what machines sharing it divide among themselves."""
+
     id: str  # the ComputerSystem Id
     zones: tuple[str, ...]
     chassis: str
-    cpus: int
-    memory_gib: int
+    cores: int  # ProcessorSummary.CoreCount
+    memory_gib: int  # MemorySummary.TotalSystemMemoryGiB
+    # ProcessorSummary.Count; None (older files): Count is the cores, as it was served then.
+    sockets: int | None = None
 
     @property
     def block_id(self) -> str:
         return host_block_id(self.id)
+
+    @property
+    def cpus(self) -> int:
+        """The cores, by the name older readers of the inventory use."""
+        return self.cores
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +194,30 @@ def _host_group(group: Mapping[str, Any]) -> list[HostSpec]:
             id=f"{prefix}-{n:0{HOST_ID_DIGITS}d}",
             zones=zones,
             chassis=_str(group, "chassis", where),
-            cpus=_int(group, "cpus", where),
+            cores=_cores(group, where),
             memory_gib=_int(group, "memory_gib", where),
+            sockets=_optional_int(group, "sockets", where),
         )
         for n in _numbers(group, where)
     ]
+
+
+def _cores(group: Mapping[str, Any], where: str) -> int:
+    """``cores``, or ``cpus`` as older inventory files name them."""
+    key = "cores" if "cores" in group or "cpus" not in group else "cpus"
+    cores = _int(group, key, where)
+    if cores < 1:
+        raise InventoryError(f"{where}: `{key}` must be at least 1")
+    return cores
+
+
+def _optional_int(group: Mapping[str, Any], key: str, where: str) -> int | None:
+    if key not in group:
+        return None
+    value = _int(group, key, where)
+    if value < 1:
+        raise InventoryError(f"{where}: `{key}` must be at least 1")
+    return value
 
 
 def _device_group(group: Mapping[str, Any]) -> list[DeviceSpec]:

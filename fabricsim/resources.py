@@ -28,6 +28,8 @@ from .uris import link
 from .wire import OEM_KEY, TagShape
 
 REDFISH_VERSION = "1.20.0"
+# Logical processors per core (SMT) of the simulated hosts.
+THREADS_PER_CORE = 2
 OEM_TYPE = "#ComposeSpawner.v1_0_0.ComposeSpawner"
 # The one device function inside each device block, by kind.
 DEVICE_FUNCTION = {
@@ -480,8 +482,7 @@ def _host_system(
         "PowerState": "On",
         "Status": _status(state.is_enabled(host.block_id)),
         "Composition": {"UseCases": ["ExpandableSystem"]},
-        "ProcessorSummary": {"Count": host.cpus},
-        "MemorySummary": {"TotalSystemMemoryGiB": host.memory_gib},
+        **_capacity(host),
         "Links": {
             "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
             "Chassis": [link(uris.chassis_uri(host.chassis))],
@@ -512,13 +513,25 @@ def _composed_system(
         "UUID": str(uuid.uuid5(uuid.UUID(state.inventory.uuid), system_id)),
         "PowerState": "On",
         "Status": _status(all(state.is_enabled(b) for b in blocks)),
-        "ProcessorSummary": {"Count": host.cpus},
-        "MemorySummary": {"TotalSystemMemoryGiB": host.memory_gib},
+        **_capacity(host),
         "Links": {
             "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
             "Chassis": [link(uris.chassis_uri(host.chassis))],
         },
         "Oem": oem(state.tag(system_id)),
+    }
+
+
+def _capacity(host: HostSpec) -> dict[str, Any]:
+    """What a host offers the machines that share it: cores and memory."""
+    return {
+        "ProcessorSummary": {
+            # Older inventories name no sockets: Count is then the cores, as served before.
+            "Count": host.sockets if host.sockets is not None else host.cores,
+            "CoreCount": host.cores,
+            "LogicalProcessorCount": host.cores * THREADS_PER_CORE,
+        },
+        "MemorySummary": {"TotalSystemMemoryGiB": host.memory_gib},
     }
 
 

@@ -73,6 +73,27 @@ def test_inconsistent_inventories_are_refused(overrides: dict[str, Any], complai
         parse_inventory(minimal(**overrides))
 
 
+def test_hosts_give_cores_or_older_files_cpus() -> None:
+    older = parse_inventory(minimal())
+    assert [(h.cores, h.cpus, h.sockets, h.memory_gib) for h in older.hosts] == [
+        (8, 8, None, 64)
+    ] * 2
+    group = {"prefix": "h", "count": 1, "zone": "z1", "chassis": "c1", "memory_gib": 64}
+    newer = parse_inventory(minimal(hosts=[{**group, "cores": 96, "sockets": 2, "cpus": 4}]))
+    assert (newer.hosts[0].cores, newer.hosts[0].sockets) == (96, 2)  # cores wins over cpus
+
+
+@pytest.mark.parametrize(
+    ("sizes", "complaint"),
+    [({}, "`cores` must be an integer"), ({"cores": 0}, "at least 1"),
+     ({"cpus": 8, "sockets": 0}, "`sockets` must be at least 1")],
+)  # fmt: skip
+def test_host_sizes_are_checked(sizes: dict[str, Any], complaint: str) -> None:
+    group = {"prefix": "h", "count": 1, "zone": "z1", "chassis": "c1", "memory_gib": 64}
+    with pytest.raises(InventoryError, match=complaint):
+        parse_inventory(minimal(hosts=[{**group, **sizes}]))
+
+
 def test_unreadable_file(tmp_path: Any) -> None:
     with pytest.raises(InventoryError, match="cannot read"):
         load_inventory(tmp_path / "missing.toml")
