@@ -86,6 +86,11 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
         raise SwitchError(
             "--zone-capabilities needs --composition specific: only there is POST to Systems"
         )
+    if args.composed_blocks_read_only and args.composition == "expandable":
+        raise SwitchError(
+            "--composed-blocks-read-only needs --composition specific or action: "
+            "only there are systems composed of blocks"
+        )
     state = FabricState(
         load_inventory(args.inventory),
         epoch=secrets.token_hex(4),
@@ -106,6 +111,7 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
         faults_api=args.faults_api,
         quirks=ServiceQuirks(
             zone_capabilities=args.zone_capabilities,
+            composed_blocks_read_only=args.composed_blocks_read_only,
             stale_block_status=args.stale_block_status,
             error_bodies=args.error_bodies,
         ),
@@ -169,6 +175,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --composition specific: advertise POST of composed systems the way older "
         "services do, on each ResourceZone's Links.CapabilitiesObjects, not by "
         "@Redfish.CollectionCapabilities on Systems",
+    )
+    parser.add_argument(
+        "--composed-blocks-read-only",
+        action="store_true",
+        help="with --composition specific or action: refuse PATCH of a composed system's "
+        "Links.ResourceBlocks (PropertyNotWritable), as services do whose composed systems "
+        "keep their blocks until deleted; the Oem mark can still be patched",
     )
     parser.add_argument(
         "--not-expandable",

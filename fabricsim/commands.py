@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import uris
+from .composed import BLOCKS_PATH
 from .errors import (
     ActionParameterMissing,
     ActionParameterUnknown,
@@ -26,12 +27,12 @@ from .errors import (
     PropertyValueTypeError,
     ResourceMissing,
 )
+from .marks import MARK_PATH, parse_mark
 from .state import CompositionRequest, FabricState
-from .wire import OEM_KEY, CompositionTag
+from .wire import OEM_KEY, HostMark
 
 BLOCK_ACTIONS = (uris.ADD_RESOURCE_BLOCK, uris.REMOVE_RESOURCE_BLOCK)
 ETAG_PARAMETERS = ("ResourceBlockETag", "ComputerSystemETag")
-TAG_PROPERTIES = ("Hub", "Machine", "Owner")
 COMPOSE_ACTION = "CompositionService.Compose"
 # What a client may set when it creates a system (the Systems/Capabilities object).
 CREATE_PROPERTIES = ("Name", "Description", "Links", "Oem")
@@ -129,20 +130,42 @@ def _optional_string(document: Mapping[str, Any], key: str, action: str) -> str 
     return value
 
 
-def parse_tag_patch(body: bytes, readable: Mapping[str, Any]) -> CompositionTag | None:
-    """The body of ``PATCH /Systems/{id}``: only ``Oem.ComposeSpawner`` is writable.
+@dataclass(frozen=True, slots=True)
+class SystemPatch:
+    """``PATCH /Systems/{id}``: the whole desired block list and/or the mark, as one write."""
 
-    ``readable`` is the system as a GET shows it: properties found there are
-    read-only (PropertyNotWritable), others are unknown (PropertyUnknown).
+    blocks: tuple[str, ...] | None = None  # None: the blocks stay as they are
+    writes_mark: bool = False
+    mark: HostMark | None = None  # with writes_mark: None removes the mark
+
+    def apply(self, state: FabricState, system_id: str, if_match: str | None) -> None:
+        state.patch_system(
+            system_id,
+            if_match=if_match,
+            blocks=self.blocks,
+            mark=self.mark,
+            writes_mark=self.writes_mark,
+        )
+
+
+def parse_system_patch(body: bytes, readable: Mapping[str, Any]) -> SystemPatch:
+    """The body of ``PATCH /Systems/{id}``: ``Links.ResourceBlocks`` and ``Oem.ComposeSpawner``.
+
+    ``readable`` is the system as a GET shows it: other properties found
+    there are read-only (PropertyNotWritable), the rest unknown
+    (PropertyUnknown).
     """
     document = parse_json(body)
-    if not isinstance(document, Mapping):
-        raise PropertyMissing(f"/Oem/{OEM_KEY}")
+    if not isinstance(document, Mapping) or not document:
+        raise PropertyMissing(MARK_PATH)
     for key in document:
-        if key != "Oem":
+        if key not in ("Links", "Oem"):
             raise (PropertyNotWritable if key in readable else PropertyUnknown)(f"/{key}")
+    blocks = None
+    if "Links" in document:
+        blocks = _patched_blocks(document["Links"], readable.get("Links", {}))
     if "Oem" not in document:
-        raise PropertyMissing(f"/Oem/{OEM_KEY}")
+        return SystemPatch(blocks=blocks)
     oem = document["Oem"]
     if not isinstance(oem, Mapping):
         raise PropertyValueTypeError(json.dumps(oem), "/Oem")
@@ -150,28 +173,25 @@ def parse_tag_patch(body: bytes, readable: Mapping[str, Any]) -> CompositionTag 
         if key != OEM_KEY:
             raise PropertyUnknown(f"/Oem/{key}")
     if OEM_KEY not in oem:
-        raise PropertyMissing(f"/Oem/{OEM_KEY}")
-    return _tag(oem[OEM_KEY])
+        raise PropertyMissing(MARK_PATH)
+    return SystemPatch(blocks=blocks, writes_mark=True, mark=parse_mark(oem[OEM_KEY]))
 
 
-def _tag(value: Any) -> CompositionTag | None:
-    path = f"/Oem/{OEM_KEY}"
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise PropertyValueTypeError(json.dumps(value), path)
-    for key in value:
-        if key not in TAG_PROPERTIES and key != "@odata.type":
-            raise PropertyUnknown(f"{path}/{key}")
-    fields = []
-    for key in TAG_PROPERTIES:
-        if key not in value:
-            raise PropertyMissing(f"{path}/{key}")
-        if not isinstance(value[key], str):
-            raise PropertyValueTypeError(json.dumps(value[key]), f"{path}/{key}")
-        fields.append(value[key])
-    hub, machine, owner = fields
-    return CompositionTag(hub=hub, machine=machine, owner=owner)
+def _patched_blocks(links: Any, readable: Mapping[str, Any]) -> tuple[str, ...]:
+    """A PATCH's ``Links``: only ``ResourceBlocks`` is writable, a list of block references."""
+    if not isinstance(links, Mapping):
+        raise PropertyValueTypeError(json.dumps(links), "/Links")
+    for key in links:
+        if key != "ResourceBlocks":
+            raise (PropertyNotWritable if key in readable else PropertyUnknown)(f"/Links/{key}")
+    references = links.get("ResourceBlocks")
+    if not isinstance(references, list):
+        raise (
+            PropertyMissing(BLOCKS_PATH)
+            if references is None
+            else PropertyValueTypeError(json.dumps(references), BLOCKS_PATH)
+        )
+    return tuple(_block_id(reference, BLOCKS_PATH) for reference in references)
 
 
 def parse_login(body: bytes) -> tuple[str, str]:
@@ -222,7 +242,8 @@ def _composition_request(document: Mapping[str, Any], where: str) -> Composition
     for key in oem:
         if key != OEM_KEY:
             raise PropertyUnknown(f"{where}/Oem/{key}")
-    return CompositionRequest(name=name, blocks=blocks, tag=_tag(oem.get(OEM_KEY)))
+    mark = parse_mark(oem.get(OEM_KEY), f"{where}/Oem/{OEM_KEY}")
+    return CompositionRequest(name=name, blocks=blocks, tag=mark)
 
 
 def _block_id(reference: Any, where: str) -> str:

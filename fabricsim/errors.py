@@ -176,6 +176,13 @@ class NotOneComputeBlock(SimulatorError):
     message_key = "PropertyValueError"
 
 
+class OwnBlockRequired(SimulatorError):
+    """A system's new block list without its own compute block, or with another's (or
+    a block listed twice). Args: property path."""
+
+    message_key = "PropertyValueError"
+
+
 class ETagMismatch(SimulatorError):
     status = 412
     message_key = "PreconditionFailed"
@@ -227,6 +234,12 @@ class PropertyValueTypeError(SimulatorError):
     """Args: value, property path."""
 
     message_key = "PropertyValueTypeError"
+
+
+class PropertyValueError(SimulatorError):
+    """Args: property path. A value of the right type that the property cannot take."""
+
+    message_key = "PropertyValueError"
 
 
 class PropertyNotWritable(SimulatorError):

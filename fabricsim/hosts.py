@@ -9,20 +9,23 @@ repeated add or remove succeeds *before* any ETag is checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import uris
+from .composed import BLOCKS_PATH, Relink, wanted_devices
 from .errors import (
     ActionNotSupported,
     BlockInUse,
     BlockNotEnabled,
     NotADeviceBlock,
+    PropertyNotWritable,
     ResourceMissing,
     ZoneMismatch,
 )
 from .inventory import HostSpec, InventorySpec
-from .wire import CompositionTag, TagShape
+from .marks import parse_mark
+from .wire import HostMark
 
 # Checks a write's If-Match ETags: (system id, block id, block ETag, system ETag).
 ETagCheck = Callable[[str, str, "str | None", "str | None"], None]
@@ -38,7 +41,7 @@ class StandingHosts:
         expandable: bool,
         not_expandable: frozenset[str],
         holder: dict[str, str],
-        tags: dict[str, TagShape],
+        tags: dict[str, HostMark],
         touch: Callable[..., None],
         check_etags: ETagCheck,
         require_block: Callable[[str], None],
@@ -120,6 +123,42 @@ class StandingHosts:
         self._touch_attachment(system_id, block_id)
         return True
 
+    def plan_relink(self, system_id: str, blocks: Sequence[str]) -> Relink:
+        """PATCH of ``Links.ResourceBlocks``: check all, then a step that makes it so.
+
+        The same rules as the actions, for every device added or removed at
+        once; a host that is not expandable takes none (its block list is
+        read-only there).
+        """
+        host = self.host(system_id)
+        if not self.is_expandable_host(system_id):
+            raise PropertyNotWritable(BLOCKS_PATH)
+        wanted = wanted_devices(self._inventory, self._require_block, host.block_id, blocks)
+        current = self._attached[system_id]
+        added = [b for b in wanted if b not in current]
+        removed = [b for b in current if b not in wanted]
+        for block_id in added:
+            if block_id in self._holder:
+                raise BlockInUse(block_id)
+            if not set(self._inventory.block_zones(block_id)) & set(host.zones):
+                raise ZoneMismatch()
+        for needed in (*added, host.block_id) if added else ():
+            if not self._is_enabled(needed):
+                raise BlockNotEnabled(needed)
+
+        def relink() -> None:
+            for block_id in removed:
+                del self._holder[block_id]
+                current.remove(block_id)
+            for block_id in added:
+                self._holder[block_id] = system_id
+                current.append(block_id)
+            changed = [*removed, *added]
+            if changed:
+                self._touch(*(f"block:{b}" for b in changed), f"block:{host.block_id}")
+
+        return relink
+
     def _touch_attachment(self, system_id: str, block_id: str) -> None:
         host_block = self.host(system_id).block_id
         self._touch(f"block:{block_id}", f"block:{host_block}", f"system:{system_id}")
@@ -136,11 +175,9 @@ class StandingHosts:
             problem = self._restore_attachment(system_id, block_id)
             if problem:
                 problems.append(problem)
-        tag = entry.get("tag")
-        if tag is not None:
-            self._tags[system_id] = CompositionTag(
-                hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"]
-            )
+        mark = parse_mark(entry.get("tag"))  # checked by the state's document parser
+        if mark is not None:
+            self._tags[system_id] = mark
         return problems
 
     def _restore_attachment(self, system_id: str, block_id: str) -> str | None:

@@ -15,6 +15,12 @@ each switch is a command-line option of ``fabricsim``:
     case and no Add/RemoveResourceBlock actions (refused as
     ``ActionNotSupported``), while a PATCH of its ``Oem`` still succeeds, as
     on any server (the state model keeps this one: it refuses the actions);
+``--composed-blocks-read-only`` (with ``--composition specific`` or ``action``)
+    a composed system's ``Links.ResourceBlocks`` cannot be PATCHed (400
+    ``PropertyNotWritable``; its ``Oem`` still can), as on services whose
+    composed systems keep the blocks they were made of until DELETE; each
+    system says so, by ``Links`` carrying ``@Redfish.WriteableProperties``
+    without ``ResourceBlocks``;
 ``--stale-block-status``
     a block keeps reading ``CompositionState`` Unused, with no
     ``Links.ComputerSystems``, while it is composed: only the system's
@@ -42,6 +48,7 @@ class ServiceQuirks:
     """How the service's answers depart from DMTF's current mockups (all off by default)."""
 
     zone_capabilities: bool = False
+    composed_blocks_read_only: bool = False
     stale_block_status: bool = False
     error_bodies: ErrorBodies = "redfish"
 

@@ -25,12 +25,11 @@ from .sessions import Session, SessionStore
 from .state import FabricState
 from .tasks import Task, TaskStore
 from .uris import link
-from .wire import OEM_KEY, TagShape
+from .wire import OEM_KEY, HostMark, mark_json, mark_type
 
 REDFISH_VERSION = "1.20.0"
 # Logical processors per core (SMT) of the simulated hosts.
 THREADS_PER_CORE = 2
-OEM_TYPE = "#ComposeSpawner.v1_0_0.ComposeSpawner"
 # The one device function inside each device block, by kind.
 DEVICE_FUNCTION = {
     "gpu": ("Processors", "GPU0"),
@@ -483,10 +482,7 @@ def _host_system(
         "Status": _status(state.is_enabled(host.block_id)),
         "Composition": {"UseCases": ["ExpandableSystem"]},
         **_capacity(host),
-        "Links": {
-            "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
-            "Chassis": [link(uris.chassis_uri(host.chassis))],
-        },
+        "Links": _system_links(view, system_id, host, blocks),
         "Actions": {
             f"#ComputerSystem.{action}": {"target": uris.action_uri(system_id, action)}
             for action in (uris.ADD_RESOURCE_BLOCK, uris.REMOVE_RESOURCE_BLOCK)
@@ -514,10 +510,7 @@ def _composed_system(
         "PowerState": "On",
         "Status": _status(all(state.is_enabled(b) for b in blocks)),
         **_capacity(host),
-        "Links": {
-            "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
-            "Chassis": [link(uris.chassis_uri(host.chassis))],
-        },
+        "Links": _system_links(view, system_id, host, blocks),
         "Oem": oem(state.tag(system_id)),
     }
 
@@ -535,18 +528,35 @@ def _capacity(host: HostSpec) -> dict[str, Any]:
     }
 
 
-def oem(tag: TagShape | None) -> dict[str, Any]:
-    """The system's ``Oem`` object: our composition tag, when there is one."""
-    if tag is None:
-        return {}
+def _system_links(
+    view: ServiceView, system_id: str, host: HostSpec, blocks: tuple[str, ...]
+) -> dict[str, Any]:
+    """A system's Links; ``@Redfish.WriteableProperties`` says if a PATCH may change its blocks.
+
+    The schema marks ``Links.ResourceBlocks`` ReadWrite, so a service whose
+    systems refuse that PATCH says so the way Redfish offers: the annotation
+    lists the properties of this object that are writable here and now.
+    """
+    writable = ["ResourceBlocks"] if blocks_writable(view, system_id) else []
     return {
-        OEM_KEY: {
-            "@odata.type": OEM_TYPE,
-            "Hub": tag.hub,
-            "Machine": tag.machine,
-            "Owner": tag.owner,
-        }
+        "@Redfish.WriteableProperties": writable,
+        "ResourceBlocks": [link(uris.block_uri(b)) for b in blocks],
+        "Chassis": [link(uris.chassis_uri(host.chassis))],
     }
+
+
+def blocks_writable(view: ServiceView, system_id: str) -> bool:
+    """Whether a PATCH may change this system's ``Links.ResourceBlocks``."""
+    if view.state.composed(system_id) is not None:
+        return not view.quirks.composed_blocks_read_only
+    return view.state.is_expandable_host(system_id)
+
+
+def oem(mark: HostMark | None) -> dict[str, Any]:
+    """The system's ``Oem`` object: our mark, when there is one, as it was written."""
+    if mark is None:
+        return {}
+    return {OEM_KEY: {"@odata.type": mark_type(mark), **mark_json(mark)}}
 
 
 def chassis(view: ServiceView, chassis_id: str) -> dict[str, Any] | None:

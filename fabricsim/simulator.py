@@ -77,6 +77,8 @@ class Simulator:
         described = [f"not expandable: {h}" for h in sorted(self.state.not_expandable)]
         if quirks.zone_capabilities:
             described.append("composition advertised on resource zones")
+        if quirks.composed_blocks_read_only:
+            described.append("composed systems' blocks read-only")
         if quirks.stale_block_status:
             described.append("stale block status")
         if quirks.error_bodies != "redfish":
@@ -115,8 +117,8 @@ class Simulator:
         created = resources.system(self.view, system_id)
         return Outcome(201, created, location=uris.system_uri(system_id))
 
-    def decompose(self, system_id: str) -> Outcome:
-        self.state.decompose_system(system_id)
+    def decompose(self, system_id: str, if_match: str | None = None) -> Outcome:
+        self.state.decompose_system(system_id, if_match=if_match)
         return Outcome(204)
 
     def apply_manifest(self, stanzas: list[Stanza]) -> Outcome:

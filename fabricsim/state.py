@@ -9,14 +9,17 @@ Rules, as a composable PCIe fabric has them:
 * a device block is composed into at most one system (``MaxCompositions`` 1);
 * it may join a system only if they share a resource zone, and only while
   it is Enabled;
-* a host's own ComputerSystem block is never added or removed;
+* a host's own ComputerSystem block is never added or removed (a PATCH of a
+  system's whole ``Links.ResourceBlocks`` must keep it);
 * a host that is not expandable (``not_expandable``, like a service's fixed
   servers) takes no blocks at all: its system offers no block actions;
 * add and remove are idempotent: repeating one that already took effect
   changes nothing and succeeds, *before* any ETag is checked, so a client
   retrying after a lost answer is not refused for the ETag its own first
   attempt changed;
-* every write changes the ETags of the resources it touched.
+* every write changes the ETags of the resources it touched; a PATCH of a
+  system (its blocks and its mark together) is one write: all of it is
+  checked before any of it is done, and the system's ETag changes once.
 
 The composition mode says how systems come to be (:data:`COMPOSITION_MODES`):
 ``expandable`` hosts are standing ComputerSystems that devices are added to;
@@ -30,11 +33,11 @@ compute blocks are Unused until a composition takes them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from . import uris
-from .composed import ComposedSystem, ComposedSystems, CompositionRequest
+from .composed import ComposedSystem, ComposedSystems, CompositionRequest, Relink
 from .errors import (
     BlockNotFound,
     ETagMismatch,
@@ -44,12 +47,12 @@ from .errors import (
 )
 from .hosts import StandingHosts
 from .inventory import HostSpec, InventoryError, InventorySpec
-from .wire import CompositionTag, TagShape
+from .marks import parse_mark
+from .wire import HostMark, mark_json
 
 STATE_FORMAT = 1
 CompositionMode = Literal["expandable", "specific", "action"]
 COMPOSITION_MODES: tuple[CompositionMode, ...] = ("expandable", "specific", "action")
-_TAG_KEYS = ("Hub", "Machine", "Owner")
 
 
 class StateFileError(ValueError):
@@ -74,7 +77,7 @@ class FabricState:
         # file never match by accident.
         self.epoch = epoch
         self._holder: dict[str, str] = {}  # device block id -> system id
-        self._tags: dict[str, TagShape] = {}
+        self._tags: dict[str, HostMark] = {}
         self._disabled: frozenset[str] = frozenset()
         self._versions: dict[str, int] = {}
         self._hosts = StandingHosts(  # expandable mode
@@ -157,7 +160,8 @@ class FabricState:
         """Device blocks attached to a host, in the order they were attached."""
         return self._hosts.attached(system_id)
 
-    def tag(self, system_id: str) -> TagShape | None:
+    def tag(self, system_id: str) -> HostMark | None:
+        """The system's mark, exactly as it was written (either version)."""
         return self._tags.get(system_id)
 
     def is_enabled(self, block_id: str) -> bool:
@@ -200,19 +204,48 @@ class FabricState:
         """ComputerSystem.RemoveResourceBlock; False if it was not attached here."""
         return self._hosts.remove(system_id, block_id, block_etag, system_etag)
 
-    def set_tag(self, system_id: str, tag: TagShape | None, *, if_match: str | None) -> None:
-        """PATCH of ``Oem.ComposeSpawner``: ``If-Match`` is required."""
+    def set_tag(self, system_id: str, tag: HostMark | None, *, if_match: str | None) -> None:
+        """PATCH of ``Oem.ComposeSpawner`` alone: ``If-Match`` is required."""
+        self.patch_system(system_id, if_match=if_match, mark=tag, writes_mark=True)
+
+    def patch_system(
+        self,
+        system_id: str,
+        *,
+        if_match: str | None,
+        blocks: Sequence[str] | None = None,
+        mark: HostMark | None = None,
+        writes_mark: bool = False,
+    ) -> None:
+        """PATCH of a system: its whole block list (``blocks``) and/or its mark, as one write.
+
+        ``If-Match`` is required. Everything is checked before anything
+        changes; then the blocks are attached and detached, the mark written
+        (None removes it), and the system's ETag changes once.
+        """
+        self.check_if_match(system_id, if_match, required=True)
+        relink = self._plan_relink(system_id, blocks) if blocks is not None else None
+        if relink is not None:
+            relink()
+        if writes_mark and mark is None:
+            self._tags.pop(system_id, None)
+        elif writes_mark and mark is not None:
+            self._tags[system_id] = mark
+        self._touch(f"system:{system_id}")
+
+    def check_if_match(self, system_id: str, if_match: str | None, *, required: bool) -> None:
+        """Refuse a write to a system without a current ``If-Match`` (if ``required``)."""
         if not self.has_system(system_id):
             raise ResourceMissing(uris.system_uri(system_id))
-        if if_match is None:
+        if if_match is None and required:
             raise ETagRequired()
-        if not if_match_allows(if_match, self.system_etag(system_id)):
+        if if_match is not None and not if_match_allows(if_match, self.system_etag(system_id)):
             raise ETagMismatch()
-        if tag is None:
-            self._tags.pop(system_id, None)
-        else:
-            self._tags[system_id] = tag
-        self._touch(f"system:{system_id}")
+
+    def _plan_relink(self, system_id: str, blocks: Sequence[str]) -> Relink:
+        if self._composed.get(system_id) is not None:
+            return self._composed.plan_relink(system_id, blocks)
+        return self._hosts.plan_relink(system_id, blocks)
 
     def compose_system(self, request: CompositionRequest) -> str:
         """Specific composition: a new system of exactly these blocks, or a refusal.
@@ -221,12 +254,20 @@ class FabricState:
         """
         return self._composed.compose(request)
 
-    def decompose_system(self, system_id: str) -> tuple[ComposedSystem, TagShape | None]:
-        """Give a composed system's blocks back to the free pool; what it was."""
+    def decompose_system(
+        self, system_id: str, *, if_match: str | None = None
+    ) -> tuple[ComposedSystem, HostMark | None]:
+        """Give a composed system's blocks back to the free pool; what it was.
+
+        With ``if_match`` (DELETE's ``If-Match``), only if nobody changed the
+        system since the client read it.
+        """
+        if if_match is not None:
+            self.check_if_match(system_id, if_match, required=False)
         return self._composed.decompose(system_id)
 
     def restore_system(
-        self, system_id: str, composed: ComposedSystem, tag: TagShape | None
+        self, system_id: str, composed: ComposedSystem, tag: HostMark | None
     ) -> None:
         """Undo :meth:`decompose_system` (a failed manifest puts back what it took apart)."""
         self._composed.put(system_id, composed, tag)
@@ -290,29 +331,14 @@ class FabricState:
         if not isinstance(composed, dict):
             return [*problems, "dropped composed systems: not an object"]
         for system_id, entry in composed.items():
-            problem = self._restore_composed(system_id, entry)
+            problem = (
+                f"dropped composed system {system_id!r}: the service is in expandable mode"
+                if self.expandable
+                else self._composed.restore(system_id, entry)
+            )
             if problem:
                 problems.append(problem)
         return problems
-
-    def _restore_composed(self, system_id: str, entry: Any) -> str | None:
-        if self.expandable:
-            return f"dropped composed system {system_id!r}: the service is in expandable mode"
-        blocks = entry.get("blocks") if isinstance(entry, dict) else None
-        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
-            return f"dropped composed system {system_id!r}: `blocks` is not a list of block ids"
-        try:
-            self._composed.check(blocks)
-        except SimulatorError as err:
-            return f"dropped composed system {system_id!r}: {err}"
-        tag = entry.get("tag")
-        shape = None
-        if isinstance(tag, dict) and all(isinstance(tag.get(k), str) for k in _TAG_KEYS):
-            shape = CompositionTag(hub=tag["Hub"], machine=tag["Machine"], owner=tag["Owner"])
-        name = entry.get("name")
-        composed = ComposedSystem(name if isinstance(name, str) else system_id, tuple(blocks))
-        self._composed.put(system_id, composed, shape)
-        return None
 
     # --- internals ------------------------------------------------------------
 
@@ -373,10 +399,8 @@ def _etag_list(header: str) -> list[str]:
     return [part.strip() for part in header.split(",") if part.strip()]
 
 
-def _tag_json(tag: TagShape | None) -> dict[str, str] | None:
-    if tag is None:
-        return None
-    return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
+def _tag_json(tag: HostMark | None) -> dict[str, object] | None:
+    return None if tag is None else mark_json(tag)
 
 
 def _parse_document(document: Any) -> tuple[dict[str, Any], dict[str, int]]:
@@ -397,9 +421,9 @@ def _check_host_entry(system_id: str, entry: Any) -> None:
     attached = entry.get("attached") if isinstance(entry, dict) else None
     if not isinstance(attached, list) or not all(isinstance(b, str) for b in attached):
         raise StateFileError(f"host {system_id}: `attached` must be a list of block ids")
-    tag = entry.get("tag")
-    keys = _TAG_KEYS
-    if tag is not None and not (
-        isinstance(tag, dict) and all(isinstance(tag.get(k), str) for k in keys)
-    ):
-        raise StateFileError(f"host {system_id}: `tag` must be null or have Hub, Machine, Owner")
+    try:
+        parse_mark(entry.get("tag"))
+    except SimulatorError as err:
+        raise StateFileError(
+            f"host {system_id}: `tag` must be null or a mark of either version: {err}"
+        ) from err

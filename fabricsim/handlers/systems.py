@@ -8,9 +8,16 @@ from ..commands import (
     parse_block_command,
     parse_compose_action,
     parse_system_create,
-    parse_tag_patch,
+    parse_system_patch,
 )
-from ..errors import ETagMismatch, InternalError, OperationNotAllowed, ResourceMissing
+from ..composed import BLOCKS_PATH
+from ..errors import (
+    ETagMismatch,
+    InternalError,
+    OperationNotAllowed,
+    PropertyNotWritable,
+    ResourceMissing,
+)
 from ..simulator import Simulator
 from ..tasks import Outcome
 from .base import RedfishHandler
@@ -51,27 +58,46 @@ class SystemHandler(RedfishHandler):
             self.ALLOW = "GET, HEAD, PATCH, DELETE"
 
     async def delete(self, system_id: str) -> None:
-        """Decompose a system of specific composition; hosts of expandable mode stay."""
+        """Decompose a composed system; hosts of expandable mode stay.
+
+        ``If-Match`` is optional here, but honoured: a client may take a system
+        apart only if nobody changed it since it read it (412 otherwise).
+        """
         if not self.sim.state.has_system(system_id):
             raise ResourceMissing(self.request.path)
         if self.sim.state.expandable:
             raise OperationNotAllowed()
-        await self.sim.write(self, f"decompose {system_id}", lambda: self.sim.decompose(system_id))
+        if_match = self._if_match()
+        # Checked now, so an asynchronous DELETE is refused at once; and again in the task.
+        self.sim.state.check_if_match(system_id, if_match, required=False)
+        await self.sim.write(
+            self, f"decompose {system_id}", lambda: self.sim.decompose(system_id, if_match)
+        )
 
     def get(self, system_id: str) -> None:
         self.send_resource(resources.system(self.sim.view, system_id))
 
     async def patch(self, system_id: str) -> None:
+        """The mark and/or the whole block list, as one write (answered at once, 200)."""
         readable = resources.system(self.sim.view, system_id)
-        if readable is None:
+        if readable is None or system_id == "Capabilities":
             raise ResourceMissing(self.request.path)
-        tag = parse_tag_patch(self.request.body, readable)
+        patch = parse_system_patch(self.request.body, readable)
+        if patch.blocks is not None:
+            if not resources.blocks_writable(self.sim.view, system_id):
+                raise PropertyNotWritable(BLOCKS_PATH)
+            attaching = set(patch.blocks) - set(self.sim.state.system_blocks(system_id))
+            check_attachments(self.sim, tuple(sorted(attaching)))
+        patch.apply(self.sim.state, system_id, self._if_match())
+        await self.sim.saved()
+        self.send_resource(resources.system(self.sim.view, system_id))
+
+    def _if_match(self) -> str | None:
+        """The request's If-Match; refused as stale under the stale_etags fault."""
         if_match = self.request.headers.get("If-Match")
         if if_match is not None and self.sim.faults.settings.stale_etags:
             raise ETagMismatch()
-        self.sim.state.set_tag(system_id, tag, if_match=if_match)
-        await self.sim.saved()
-        self.send_resource(resources.system(self.sim.view, system_id))
+        return if_match
 
 
 class ActionHandler(RedfishHandler):

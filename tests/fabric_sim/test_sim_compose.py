@@ -152,7 +152,8 @@ def test_patch_needs_a_current_if_match(client: RedfishClient) -> None:
     ("body", "message"),
     [
         ({"Name": "renamed"}, "PropertyNotWritable"),
-        ({"Links": {"ResourceBlocks": []}}, "PropertyNotWritable"),
+        ({"Links": {"Chassis": []}}, "PropertyNotWritable"),
+        ({"Links": {"ResourceBlocks": []}}, "PropertyValueError"),  # its own block gone
         ({"Colour": "blue"}, "PropertyUnknown"),
         ({"Oem": {"Vendor": {}}}, "PropertyUnknown"),
         ({"Oem": {"ComposeSpawner": {"Hub": "h", "Machine": "m"}}}, "PropertyMissing"),
@@ -161,7 +162,7 @@ def test_patch_needs_a_current_if_match(client: RedfishClient) -> None:
         ({"Oem": {"ComposeSpawner": "tag"}}, "PropertyValueTypeError"),
     ],
 )
-def test_patch_refuses_everything_but_the_tag(
+def test_patch_refuses_everything_but_the_tag_and_the_blocks(
     client: RedfishClient, body: Any, message: str
 ) -> None:
     answer = client.patch(f"{SYSTEMS}/host-04", body, headers={"If-Match": "*"})

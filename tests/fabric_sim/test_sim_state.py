@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fabricsim import errors
+from fabricsim.composed import CompositionRequest
 from fabricsim.faults import FaultSettings, FaultSwitch
 from fabricsim.inventory import load_inventory
 from fabricsim.sessions import SessionStore
@@ -16,10 +17,11 @@ from fabricsim.state import (
     if_match_allows,
 )
 from fabricsim.tasks import Outcome, TaskStore
-from fabricsim.wire import CompositionTag
+from fabricsim.wire import CompositionTag, MachineRef, SharedMark
 from harness.simulator import INVENTORY
 
 TAG = CompositionTag(hub="hub", machine="m-1", owner="carol/")
+SHARED = SharedMark(hub="hub", machines=(MachineRef("m-1", "carol/"), MachineRef("m-2", "dan/x")))
 
 
 class FakeClock:
@@ -33,6 +35,12 @@ class FakeClock:
 @pytest.fixture
 def state() -> FabricState:
     return FabricState(load_inventory(INVENTORY), epoch="e1")
+
+
+@pytest.fixture
+def inventory_state() -> FabricState:
+    """The same fabric under specific composition: systems exist while composed."""
+    return FabricState(load_inventory(INVENTORY), epoch="e1", composition="specific")
 
 
 def test_attach_detach_and_what_they_touch(state: FabricState) -> None:
@@ -98,6 +106,68 @@ def test_a_disabled_device_can_still_be_detached(state: FabricState) -> None:
     assert state.remove_resource_block("host-05", "r2-t4-1")
 
 
+def test_a_patch_of_blocks_and_mark_is_one_write(state: FabricState) -> None:
+    state.add_resource_block("host-01", "r1-t4-1")
+    etag = state.system_etag("host-01")
+    state.patch_system(
+        "host-01",
+        if_match=etag,
+        blocks=("host-01-block", "r1-a100-1", "r1-t4-2"),
+        mark=SHARED,
+        writes_mark=True,
+    )
+    assert state.attached("host-01") == ("r1-a100-1", "r1-t4-2")
+    assert (state.holder("r1-t4-1"), state.holder("r1-a100-1")) == (None, "host-01")
+    assert state.tag("host-01") == SHARED
+    assert write_count(state.system_etag("host-01")) == write_count(etag) + 1
+
+
+def write_count(etag: str) -> int:
+    """The counter in the simulator's ETags (``"<epoch>-<n>"``)."""
+    return int(etag.strip('"').rsplit("-", 1)[1])
+
+
+def test_a_refused_patch_leaves_blocks_and_mark_alone(state: FabricState) -> None:
+    state.add_resource_block("host-02", "r1-t4-1")
+    document = state.to_json()
+    for blocks, refusal in (
+        (("host-01-block", "r1-a100-1", "r1-t4-1"), errors.BlockInUse),
+        (("r1-a100-1",), errors.OwnBlockRequired),
+        (("host-01-block", "r2-t4-1"), errors.ZoneMismatch),
+    ):
+        with pytest.raises(refusal):
+            state.patch_system("host-01", if_match="*", blocks=blocks, mark=SHARED,
+                               writes_mark=True)  # fmt: skip
+    assert state.to_json() == document
+
+
+def test_a_composed_system_keeps_its_compute_block_first(inventory_state: FabricState) -> None:
+    state = inventory_state
+    request = CompositionRequest("s", ("host-01-block", "r1-t4-1", "r1-t4-2"))
+    system_id = state.compose_system(request)
+    state.patch_system(system_id, if_match="*", blocks=("r1-a100-1", "host-01-block", "r1-t4-2"))
+    assert state.system_blocks(system_id) == ("host-01-block", "r1-t4-2", "r1-a100-1")
+    assert (state.holder("r1-t4-1"), state.holder("r1-a100-1")) == (None, system_id)
+    etag = state.system_etag(system_id)
+    with pytest.raises(errors.ETagMismatch):
+        state.decompose_system(system_id, if_match='"e1-0"')
+    state.decompose_system(system_id, if_match=etag)
+    assert state.holder("r1-a100-1") is None
+
+
+def test_shared_marks_survive_a_restore(state: FabricState) -> None:
+    state.set_tag("host-05", SHARED, if_match="*")
+    state.set_tag("host-06", TAG, if_match="*")
+    document = json.loads(json.dumps(state.to_json()))
+    assert document["hosts"]["host-05"]["tag"] == {
+        "Hub": "hub",
+        "Machines": [{"Machine": "m-1", "Owner": "carol/"}, {"Machine": "m-2", "Owner": "dan/x"}],
+    }
+    restored = FabricState(state.inventory, epoch="fresh")
+    assert restored.restore(document) == []
+    assert (restored.tag("host-05"), restored.tag("host-06")) == (SHARED, TAG)
+
+
 def test_persistence_round_trip(state: FabricState) -> None:
     state.add_resource_block("host-05", "r2-h100-1")
     state.add_resource_block("host-05", "x1-rtx6000-1")
@@ -132,6 +202,8 @@ def test_restore_drops_what_the_inventory_no_longer_has(state: FabricState) -> N
         {"format": 1, "epoch": "e", "versions": {"a": "1"}, "hosts": {}},
         {"format": 1, "epoch": "e", "versions": {}, "hosts": {"host-01": {"attached": [],
                                                                           "tag": {"Hub": 1}}}},
+        {"format": 1, "epoch": "e", "versions": {}, "hosts": {"host-01": {"attached": [],
+                                                    "tag": {"Hub": "h", "Machines": []}}}},
     ],
 )  # fmt: skip
 def test_restore_refuses_malformed_documents(state: FabricState, document: object) -> None:

@@ -30,6 +30,8 @@ VALIDATOR = Path(sys.executable).parent / "rf_service_validator"
 # The summary table's values row: | PASS | WARN | FAIL | NOT TESTED |
 SUMMARY_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*$", re.M)
 TAG = {"Hub": "validator-hub", "Machine": "m-1", "Owner": "erin/default"}
+SHARED = {"Hub": "validator-hub", "Machines": [{"Machine": "m-2", "Owner": "erin/b"},
+                                               {"Machine": "m-3", "Owner": "finn/"}]}  # fmt: skip
 DEVICES = ("r1-a100-1", "r1-nic100-1", "r1-nvme-1")
 
 
@@ -65,6 +67,15 @@ def compose_expandable(client: RedfishClient) -> None:
     tagged = client.patch(f"{SYSTEMS}/host-01", {"Oem": {"ComposeSpawner": TAG}},
                           headers={"If-Match": "*"})  # fmt: skip
     assert tagged.status == 200
+    share(client, f"{SYSTEMS}/host-02")
+
+
+def share(client: RedfishClient, system: str) -> None:
+    """A T4 added by PATCH of the system's whole block list, with the shared (v1_1_0) mark."""
+    blocks = client.get(system).json["Links"]["ResourceBlocks"]
+    blocks = [*blocks, {"@odata.id": f"{BLOCKS}/r1-t4-1"}]
+    body = {"Links": {"ResourceBlocks": blocks}, "Oem": {"ComposeSpawner": SHARED}}
+    assert client.patch(system, body, headers={"If-Match": "*"}).status == 200
 
 
 def compose_request() -> dict[str, Any]:
@@ -76,7 +87,9 @@ def compose_request() -> dict[str, Any]:
 def compose_specific(client: RedfishClient) -> None:
     """A composed system by POST to Systems."""
     monitor = client.post(SYSTEMS, compose_request()).headers["Location"]
-    assert poll_monitor(client, monitor).status == 201
+    done = poll_monitor(client, monitor)
+    assert done.status == 201
+    share(client, done.headers["Location"])
 
 
 def compose_by_action(client: RedfishClient) -> None:
@@ -85,7 +98,9 @@ def compose_by_action(client: RedfishClient) -> None:
     body = {"RequestFormat": "Manifest", "RequestType": "Apply", "Manifest": {"Stanzas": [stanza]}}
     target = "/redfish/v1/CompositionService/Actions/CompositionService.Compose"
     monitor = client.post(target, body).headers["Location"]
-    assert poll_monitor(client, monitor).status == 200
+    done = poll_monitor(client, monitor)
+    assert done.status == 200
+    share(client, done.json["Manifest"]["Stanzas"][0]["Response"]["@odata.id"])
 
 
 COMPOSE_IN_MODE: dict[str, Callable[[RedfishClient], None]] = {
