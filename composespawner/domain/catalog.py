@@ -34,6 +34,28 @@ class NetworkChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class Size:
+    """A share of a host's CPU cores and memory a server may ask for (``"size"``).
+
+    ``whole_host``: the host's every core and all its memory, whatever they are;
+    such a machine shares its host with nobody.
+    """
+
+    id: str
+    label: str
+    cores: int = 0
+    memory_gib: int = 0
+    whole_host: bool = False
+    description: str = ""
+
+
+# What a catalog that lists no sizes offers: every machine has its host to itself.
+WHOLE_HOST = Size(id="whole", label="Whole host", whole_host=True)
+# The most devices one host takes where neither the fabric nor the catalog says.
+DEFAULT_MAX_DEVICES = 16
+
+
+@dataclass(frozen=True, slots=True)
 class ColocatedChassis:
     chassis: str
     owner_group: str
@@ -88,6 +110,12 @@ class Catalog:
     colocated: tuple[ColocatedChassis, ...] = ()
     stacks: tuple[Stack, ...] = ()
     kits: tuple[Kit, ...] = ()
+    sizes: tuple[Size, ...] = (WHOLE_HOST,)
+    # GPU count → the size a request of that many GPUs gets when it names none:
+    # the entry with the largest count not above the request's.
+    default_sizes: tuple[tuple[int, str], ...] = ()
+    # The most devices (GPUs, NICs, drives) one host takes, where the fabric does not say.
+    max_devices_per_host: int = DEFAULT_MAX_DEVICES
 
     def gpu_model(self, model_id: str) -> GpuModel | None:
         return next((m for m in self.gpu_models if m.id == model_id), None)
@@ -103,6 +131,15 @@ class Catalog:
 
     def kit(self, kit_id: str) -> Kit | None:
         return next((k for k in self.kits if k.id == kit_id), None)
+
+    def size(self, size_id: str) -> Size | None:
+        return next((s for s in self.sizes if s.id == size_id), None)
+
+    def default_size(self, gpu_count: int) -> Size:
+        """The size a request of ``gpu_count`` GPUs gets when it names none."""
+        below = [(count, size) for count, size in self.default_sizes if count <= gpu_count]
+        chosen = self.size(max(below)[1]) if below else None
+        return chosen or self.sizes[0]
 
     @property
     def default_stack(self) -> Stack | None:
@@ -148,6 +185,13 @@ class Catalog:
             ),
             stacks=tuple(_stack(s, raw, relative_to) for s in raw.get("stacks", [])),
             kits=tuple(_kit(k, relative_to) for k in raw.get("kits", [])),
+            sizes=tuple(_size(s) for s in raw.get("sizes", [])) or (WHOLE_HOST,),
+            default_sizes=tuple(
+                sorted(
+                    (int(count), str(size)) for count, size in raw.get("default_size", {}).items()
+                )
+            ),
+            max_devices_per_host=int(raw.get("hosts", {}).get("max_devices", DEFAULT_MAX_DEVICES)),
         )
         _check(catalog)
         return catalog
@@ -182,6 +226,23 @@ def _stack(raw: dict[str, Any], catalog: dict[str, Any], relative_to: Path) -> S
     )
 
 
+def _size(raw: dict[str, Any]) -> Size:
+    whole = raw.get("whole_host", False)
+    if not isinstance(whole, bool):
+        raise ValueError(f"size {raw.get('id')!r}: whole_host is true or false")
+    size = Size(
+        id=str(raw["id"]),
+        label=str(raw["label"]),
+        cores=0 if whole else int(raw["cores"]),
+        memory_gib=0 if whole else int(raw["memory_gib"]),
+        whole_host=whole,
+        description=str(raw.get("description", "")),
+    )
+    if not whole and (size.cores < 1 or size.memory_gib < 1):
+        raise ValueError(f"size {size.id!r}: cores and memory_gib must be at least 1")
+    return size
+
+
 def _kit(raw: dict[str, Any], relative_to: Path) -> Kit:
     kit = Kit(
         id=str(raw["id"]),
@@ -204,6 +265,7 @@ def _check(catalog: Catalog) -> None:
         ("networks", [n.id for n in catalog.networks]),
         ("stacks", [s.id for s in catalog.stacks]),
         ("kits", [k.id for k in catalog.kits]),
+        ("sizes", [s.id for s in catalog.sizes]),
     ):
         duplicates = {i for i in ids if ids.count(i) > 1}
         if duplicates:
@@ -217,5 +279,10 @@ def _check(catalog: Catalog) -> None:
         raise ValueError("networks is empty: offer at least the host network (speed_gbps = 0)")
     if catalog.max_gpus_per_machine < 1:
         raise ValueError("max_gpus_per_machine must be at least 1")
+    for count, size in catalog.default_sizes:
+        if count < 0 or catalog.size(size) is None:
+            raise ValueError(f"default_size: {count} GPUs -> {size!r}, which is not a listed size")
+    if catalog.max_devices_per_host < 1:
+        raise ValueError("hosts.max_devices must be at least 1")
     if any(s < 0 for s in catalog.scratch_gb) or not catalog.scratch_gb:
         raise ValueError("storage.scratch_gb must list sizes >= 0")

@@ -5,45 +5,91 @@ will the trace benchmarks, unchanged. Two steps:
 
 1. :func:`pool_for` narrows a fabric :class:`Inventory` to what one user may
    take right now (free on the fabric, held by nobody in the ledger, and for
-   co-located devices owned by one of the user's groups).
+   co-located devices owned by one of the user's groups), and the room left on
+   each host this hub may compose on (cores, memory and device slots: several
+   machines share a host, each with its own devices).
 2. :func:`place` picks one zone (a rack's PCIe fabric: devices never compose
-   across zones), a free host there and the devices, or returns a
-   :class:`NoFit` whose ``reason`` a user can act on.
+   across zones), a host there with room for the machine's share, and the
+   devices, or returns a :class:`NoFit` whose ``reason`` a user can act on.
 
-Among zones that fit, the one left with the *fewest* free GPUs of the asked
-model wins (best fit), so large free pools stay whole for large requests.
-Within a zone GPUs come from as few chassis as possible.
+**How it packs.** A host already composed (one of our machines runs on it) is
+always chosen before a fresh one, so fresh hosts stay empty for what needs a
+whole host or many slots. Among the hosts that fit, the one the request fits
+*best* wins, measured by the room the host keeps afterwards: the sum, over
+cores, memory and slots, of the fraction of the host's capacity left free.
+That sum is the fragmentation measure: the smaller it is, the less room is
+stranded in a host too full for the next machine, and the larger the holes
+that stay elsewhere (a host with much free room in every dimension takes a
+big request; many hosts each a little free take none). It is the "sum of
+normalised remainders" best fit of vector bin packing: cheap (no look-ahead
+over the queue), and unlike a single dimension it does not fill a host's
+cores while stranding its slots, or the other way round. Ties go to the zone
+left with the *fewest* free GPUs of the asked model (best fit on GPUs, so large
+free pools stay whole for large requests), then to the lowest system id. A
+whole-host request takes a fresh host only. Within a zone GPUs come from as
+few chassis as possible.
+
+**Speed.** A decision reads a per-pool index (hosts and GPUs sorted out by
+zone and model), built once for the pool: the decision itself looks at hosts
+only in zones with enough GPUs, and at fresh hosts only when no composed host
+fits.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from itertools import combinations
+from math import inf
 from operator import attrgetter
 
-from composespawner.domain.hardware import Device, Host, Inventory
+from composespawner.domain.hardware import Device, Host, Inventory, Share
+from composespawner.domain.rooms import (
+    DEFAULT_MAX_DEVICES,
+    NO_ROOM,
+    NO_USE,
+    HostUse,
+    OpenHost,
+    Room,
+    room_for,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceAsk:
-    """A request in fabric terms: which models, how many, which extras."""
+    """A request in fabric terms: which models, how many, which extras, what share."""
 
     gpu_models: frozenset[str]  # Processor.Model strings that are acceptable
     gpu_count: int
     label: str  # how to name the GPUs to a person, e.g. "NVIDIA T4 16GB"
     nic_speed_gbps: int = 0  # 0: no dedicated card
     scratch_gb: int = 0
+    share: Share | None = None  # cores and memory of the host; None: the whole host
+    size_label: str = "a whole host"  # how to name the share to a person
 
 
 @dataclass(frozen=True, slots=True)
 class Pool:
     """What one user may take right now."""
 
-    hosts: tuple[Host, ...]
+    hosts: tuple[OpenHost, ...]
     devices: tuple[Device, ...]
     zones: tuple[str, ...]
+    # The most of each any shareable host has: what tells "too big for any host" from
+    # "busy" (nothing: no host says, so no size is too big).
+    largest: Room = NO_ROOM
+    _indexes: dict[frozenset[str], _ZoneIndex] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def index(self, models: frozenset[str]) -> _ZoneIndex:
+        """The pool sorted out for one ask's GPU models, built once per pool and models."""
+        found = self._indexes.get(models)
+        if found is None:
+            found = self._indexes[models] = _ZoneIndex(self, models)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +99,10 @@ class Plan:
     gpus: tuple[Device, ...]
     nic: Device | None = None
     drives: tuple[Device, ...] = ()
+    share: Share | None = None  # None: the whole host
+    fresh: bool = True  # no machine of ours was on the host when it was placed
+    capacity: Room = NO_ROOM  # the host's
+    need: Room = NO_ROOM  # what the machine takes of it: cores, memory, a slot per device
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -72,7 +122,7 @@ class NoFit:
 class Availability:
     """What the spawn form may offer of one GPU model to one user right now."""
 
-    free: int  # free GPUs of the model a machine could get: in a zone with a free host
+    free: int  # free GPUs of the model a machine could get: in a zone with a host with room
     most_per_machine: int  # the largest count one machine could get (the catalog's cap at most)
     most_to_ask: int  # what the user may ask for: most_per_machine within their quota left
     why_none: str = ""  # for a person, when most_to_ask is 0: what is short and what to do
@@ -84,8 +134,17 @@ def pool_for(
     held: Collection[str],
     owners: Mapping[str, str],
     groups: Collection[str],
+    hub: str | None = None,
+    use: Mapping[str, HostUse] | None = None,
+    max_devices: int = DEFAULT_MAX_DEVICES,
 ) -> Pool:
-    """The hosts and devices a user may take: free, unheld, and theirs if co-located."""
+    """The hosts and devices a user may take: free, unheld, and theirs if co-located.
+
+    ``hub``: this hub's identity; a host it marked takes more machines (the room
+    its live machines hold there, ``use`` by system id, is not free). A host
+    anyone else composed is never in the pool. ``max_devices``: the slots of a
+    host whose fabric does not say.
+    """
     # Unowned devices are for everyone. The tuple is built once and the owner looked
     # up only for owned devices: per device, the two were half the cost of this scan.
     allowed_owners = (None, *groups)
@@ -96,12 +155,39 @@ def pool_for(
         and d.block_id not in held
         and (d.block_id not in owners or owners[d.block_id] in allowed_owners)
     ]
-    hosts = [
-        h
-        for h in inventory.hosts
-        if h.state == "enabled" and not h.attached and h.tag is None and h.block_id not in held
-    ]
-    return Pool(hosts=tuple(hosts), devices=tuple(usable), zones=inventory.zones)
+    use = use or {}
+    hosts = []
+    for h in inventory.hosts:
+        # A host whose own block the ledger holds is a whole-host machine's of old.
+        if h.state != "enabled" or h.block_id in held or not _ours_to_compose(h, hub):
+            continue
+        total = Room(h.cpus, h.memory_gib, h.max_devices or max_devices)
+        held_here = use.get(h.system_id)
+        if held_here is None and h.mark is None:
+            hosts.append(OpenHost(h, total, total, 0))  # fresh: nothing on it
+            continue
+        held_here = held_here or NO_USE
+        free = Room(
+            total.cores - held_here.cores,
+            total.memory_gib - held_here.memory_gib,
+            total.slots - max(held_here.slots, len(h.attached)),
+        )
+        machines = max(held_here.machines, len(h.mark.machines) if h.mark else 0)
+        hosts.append(OpenHost(h, total, free, machines))
+    cores, memory = inventory.largest_host()
+    return Pool(
+        hosts=tuple(hosts),
+        devices=tuple(usable),
+        zones=inventory.zones,
+        largest=Room(cores, memory, 0),
+    )
+
+
+def _ours_to_compose(host: Host, hub: str | None) -> bool:
+    """Fresh (unmarked, nothing attached), or marked by this hub."""
+    if host.mark is None:
+        return not host.attached
+    return hub is not None and host.mark.hub == hub
 
 
 def keep_back(pool: Pool, holdback: Mapping[frozenset[str], int]) -> Pool:
@@ -117,7 +203,7 @@ def keep_back(pool: Pool, holdback: Mapping[frozenset[str], int]) -> Pool:
         matching = [d.block_id for d in pool.devices if d.kind == "gpu" and d.model in models]
         dropped.update(sorted(matching)[-count:] if count > 0 else ())
     devices = tuple(d for d in pool.devices if d.block_id not in dropped)
-    return Pool(hosts=pool.hosts, devices=devices, zones=pool.zones)
+    return Pool(hosts=pool.hosts, devices=devices, zones=pool.zones, largest=pool.largest)
 
 
 def visible_models(
@@ -141,14 +227,21 @@ def availability(
 ) -> Availability:
     """How many GPUs of ``models`` one machine could get, and how many the user may ask for.
 
-    A GPU counts only in a zone with a free host: one stranded in a rack whose
-    hosts are all busy cannot be composed into anything. ``quota_left``: GPUs the
-    user may still take (None: no limit).
+    A GPU counts only in a zone with a host that has a free slot: one stranded
+    in a rack whose hosts are all full cannot be composed into anything; one
+    machine gets no more than a host there has slots for. ``quota_left``: GPUs
+    the user may still take (None: no limit).
     """
     gpus = [d for d in pool.devices if d.kind == "gpu" and d.model in models]
-    zones_with_host = {z for h in pool.hosts for z in h.zones}
-    reachable = [d for d in gpus if d.zones & zones_with_host]
-    per_zone = [sum(1 for d in reachable if zone in d.zones) for zone in zones_with_host]
+    slots: dict[str, int] = {}  # zone -> the most free slots on one host there
+    for open_host in pool.hosts:
+        if open_host.free.cores > 0 and open_host.free.memory_gib > 0:
+            for zone in open_host.host.zones:
+                slots[zone] = max(slots.get(zone, 0), open_host.free.slots)
+    reachable = [d for d in gpus if any(slots.get(z, 0) > 0 for z in d.zones)]
+    per_zone = [
+        min(sum(1 for d in reachable if zone in d.zones), most) for zone, most in slots.items()
+    ]
     most = min(max(per_zone, default=0), per_machine_cap)
     to_ask = most if quota_left is None else max(min(most, quota_left), 0)
     return Availability(
@@ -170,21 +263,116 @@ def _why_none(label: str, gpus: list[Device], quota_left: int | None) -> str:
     )
 
 
+def sizes_free(pool: Pool, shares: Mapping[str, Share | None]) -> dict[str, int]:
+    """Per size id: how many more CPU-only machines of that size fit now, on all hosts."""
+    counts = {}
+    for size_id, share in shares.items():
+        if share is None:
+            counts[size_id] = sum(1 for h in pool.hosts if h.fresh and h.free == h.total)
+            continue
+        counts[size_id] = sum(
+            min(h.free.cores // share.cores, h.free.memory_gib // share.memory_gib)
+            for h in pool.hosts
+            if h.free.cores > 0 and h.free.memory_gib > 0
+        )
+    return counts
+
+
 def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
-    index = _ZoneIndex(pool, ask.gpu_models)
-    # Best fit looks only at GPU counts, so rank the zones by what they keep and
-    # pick devices in rank order: the first zone that also has the NIC and drives
-    # is the best-fitting plan, and the picks run for it alone, not for every zone.
-    ranked = sorted(
-        (left, zone)
-        for zone in index.zones
-        if (left := _gpus_left(index.gpus.get(zone, []), ask.gpu_count)) is not None
+    """The machine's zone, host and devices (see the module's docstring), or why none fit."""
+    index = pool.index(ask.gpu_models)
+    # Slots at least: the GPUs, a NIC, one drive. The extras themselves are picked
+    # only for the zones tried, best first: picking drives is the costly step.
+    least = ask.gpu_count + (1 if ask.nic_speed_gbps else 0) + (1 if ask.scratch_gb > 0 else 0)
+    extras: dict[str, tuple[Device | None, tuple[Device, ...]] | None] = {}
+    # Composed hosts first, fresh ones only if none fits: see "How it packs".
+    for fresh in (False, True):
+        heap: list[tuple[float, int, str, int, str, int, OpenHost]] = []
+        for zone in index.zones:
+            left = _gpus_left(index.gpus.get(zone, []), ask.gpu_count)
+            best = None if left is None else _best_host(index.rooms(zone, fresh), ask.share, least)
+            if best is not None and left is not None:
+                heap.append(
+                    (best[0], left, best[1].host.system_id, len(heap), zone, least, best[1])
+                )
+        heapify(heap)
+        while heap:
+            _, left, _, _, zone, slots, chosen = heappop(heap)
+            if zone not in extras:
+                extras[zone] = _pick_extras(index, ask, zone)
+            picked = extras[zone]
+            if picked is None:
+                continue
+            nic, drives = picked
+            exact = ask.gpu_count + (nic is not None) + len(drives)
+            if exact != slots:  # more drives than one: the zone's best host for that many
+                best = _best_host(index.rooms(zone, fresh), ask.share, exact)
+                if best is not None:
+                    entry = (best[0], left, best[1].host.system_id, len(heap) + 1, zone, exact)
+                    heappush(heap, (*entry, best[1]))
+                continue
+            gpus = _pick_gpus(index.gpus.get(zone, []), ask.gpu_count)
+            need = room_for(ask.share, chosen, slots)
+            assert gpus is not None, "the zone was ranked for having enough"
+            assert need is not None, "the host was ranked for having room"
+            return Plan(
+                zone, chosen.host, gpus, nic, drives, ask.share, chosen.fresh, chosen.total, need
+            )
+    return NoFit(_why_not(pool, index, ask))
+
+
+def _best_host(
+    rooms: list[_HostRoom], share: Share | None, slots: int
+) -> tuple[float, OpenHost] | None:
+    """The host ``share`` fits best (the least room left, see "How it packs"), and that room.
+
+    The hot loop of a decision: it runs over the precomputed figures of each
+    host, not over their objects.
+    """
+    best_left = inf
+    best = None
+    if share is not None:
+        cores, memory = share.cores, share.memory_gib
+        for free_cores, free_memory, free_slots, per_core, per_gib, per_slot, whole, host in rooms:
+            if free_cores >= cores and free_memory >= memory and free_slots >= slots and not whole:
+                left = (
+                    (free_cores - cores) * per_core
+                    + (free_memory - memory) * per_gib
+                    + (free_slots - slots) * per_slot
+                )
+                if left < best_left:
+                    best_left, best = left, host
+    # A whole host, asked for or because the host cannot be shared: an empty one.
+    for _, _, free_slots, _, _, per_slot, whole, host in rooms:
+        if (
+            (share is None or whole)
+            and free_slots >= slots
+            and host.fresh
+            and host.free == host.total
+        ):
+            left = (free_slots - slots) * per_slot
+            if left < best_left:
+                best_left, best = left, host
+    return None if best is None else (best_left, best)
+
+
+# A host's free cores, memory and slots, the reciprocals of its capacity, whether a
+# machine takes it whole, and the host: what _best_host reads of each host.
+_HostRoom = tuple[int, int, int, float, float, float, bool, OpenHost]
+
+
+def _host_room(open_host: OpenHost) -> _HostRoom:
+    free, total = open_host.free, open_host.total
+    return (
+        free.cores,
+        free.memory_gib,
+        free.slots,
+        1 / (total.cores or 1),
+        1 / (total.memory_gib or 1),
+        1 / (total.slots or 1),
+        not open_host.host.shareable,
+        open_host,
     )
-    for _, zone in ranked:
-        plan = _plan_in_zone(index, ask, zone)
-        if plan is not None:
-            return plan
-    return NoFit(_why_not(index, ask))
 
 
 def _gpus_left(gpus: list[Device], count: int) -> int | None:
@@ -197,7 +385,7 @@ def _gpus_left(gpus: list[Device], count: int) -> int | None:
 
 
 class _ZoneIndex:
-    """The pool sorted out by zone once per decision.
+    """The pool sorted out by zone, for one ask's GPU models.
 
     Every step of a decision asks "which free things of this kind are in this
     zone"; scanning the whole pool for each zone and kind made one decision over
@@ -207,21 +395,28 @@ class _ZoneIndex:
 
     def __init__(self, pool: Pool, models: frozenset[str]) -> None:
         self._pool = pool
-        self.hosts: dict[str, Host] = {}  # zone -> its free host with the lowest system id
-        for host in pool.hosts:
-            for zone in host.zones:
-                first = self.hosts.get(zone)
-                if first is None or host.system_id < first.system_id:
-                    self.hosts[zone] = host
-        self.zones = sorted(self.hosts)
+        self._rooms: dict[tuple[str, bool], list[_HostRoom]] = defaultdict(list)
+        for open_host in sorted(pool.hosts, key=_system_id):
+            room = _host_room(open_host)
+            for zone in open_host.host.zones:
+                self._rooms[zone, open_host.fresh].append(room)
+        self.zones = sorted({zone for zone, _ in self._rooms})
         self.gpus = _by_zone([d for d in pool.devices if d.kind == "gpu" and d.model in models])
         self._extras: dict[str, dict[str, list[Device]]] = {}
+
+    def rooms(self, zone: str, fresh: bool) -> list[_HostRoom]:
+        """The hosts of a zone, composed or fresh, as :func:`_best_host` reads them."""
+        return self._rooms.get((zone, fresh), [])
 
     def extras(self, zone: str, kind: str) -> list[Device]:
         """Free NICs or drives in a zone."""
         if kind not in self._extras:
             self._extras[kind] = _by_zone([d for d in self._pool.devices if d.kind == kind])
         return self._extras[kind].get(zone, [])
+
+
+def _system_id(open_host: OpenHost) -> str:
+    return open_host.host.system_id
 
 
 def _by_zone(devices: list[Device]) -> dict[str, list[Device]]:
@@ -237,21 +432,23 @@ def _by_zone(devices: list[Device]) -> dict[str, list[Device]]:
 _block_id = attrgetter("block_id")
 
 
-def _plan_in_zone(index: _ZoneIndex, ask: DeviceAsk, zone: str) -> Plan | None:
+def _pick_extras(
+    index: _ZoneIndex, ask: DeviceAsk, zone: str
+) -> tuple[Device | None, tuple[Device, ...]] | None:
+    """The NIC and drives the ask wants from ``zone``; None if the zone lacks them."""
     nic = _pick_nic(index.extras(zone, "nic"), ask.nic_speed_gbps) if ask.nic_speed_gbps else None
     if ask.nic_speed_gbps and nic is None:
         return None
     drives = _pick_drives(index.extras(zone, "nvme"), ask.scratch_gb) if ask.scratch_gb else ()
-    gpus = _pick_gpus(index.gpus.get(zone, []), ask.gpu_count)
-    if drives is None or gpus is None:
-        return None
-    return Plan(zone=zone, host=index.hosts[zone], gpus=gpus, nic=nic, drives=drives)
+    return None if drives is None else (nic, drives)
 
 
 def _pick_gpus(gpus: list[Device], count: int) -> tuple[Device, ...] | None:
     """Fewest chassis: the tightest chassis that holds them all, else the fullest first."""
     if len(gpus) < count:
         return None
+    if count == 0:
+        return ()
     by_chassis: dict[str, list[Device]] = defaultdict(list)
     for gpu in gpus:
         by_chassis[gpu.chassis].append(gpu)
@@ -284,17 +481,39 @@ def _capacity(drives: Iterable[Device]) -> int:
     return sum(d.capacity_gb or 0 for d in drives)
 
 
-def _why_not(index: _ZoneIndex, ask: DeviceAsk) -> str:
+def _why_not(pool: Pool, index: _ZoneIndex, ask: DeviceAsk) -> str:
+    share = ask.share
+    largest = Room(pool.largest.cores, pool.largest.memory_gib, 0)
+    too_big = not largest.fits(Room(share.cores, share.memory_gib, 0)) if share else False
+    if too_big and largest.cores > 0:
+        return (
+            f"{ask.size_label} is more than any host here has (the largest has"
+            f" {pool.largest.cores} cores and {pool.largest.memory_gib} GiB):"
+            " choose a smaller size."
+        )
     zones = index.zones
     if not zones:
         return "Every compute host is in use right now. Try again when a server stops."
     most = max(len(index.gpus.get(z, [])) for z in zones)
-    if most == 0:
+    if ask.gpu_count and most == 0:
         return f"No {ask.label} is free right now. Choose another GPU model or try again later."
     if most < ask.gpu_count:
         return (
             f"Only {most} × {ask.label} can be combined in one machine right now (you asked for"
             f" {ask.gpu_count}). Ask for {most}, choose another model, or try again later."
+        )
+    rooms = [r for z in zones for fresh in (False, True) for r in index.rooms(z, fresh)]
+    if _best_host(rooms, share, ask.gpu_count) is None:
+        roomiest = max(pool.hosts, key=lambda h: (h.free.cores, h.free.memory_gib), default=None)
+        room = (
+            f" (the most free on one host: {roomiest.free.cores} cores,"
+            f" {roomiest.free.memory_gib} GiB, {roomiest.free.slots} device slots)"
+            if roomiest
+            else ""
+        )
+        return (
+            f"No compute host has room for {ask.size_label} with {ask.gpu_count} GPUs right"
+            f" now{room}. Choose a smaller size or fewer GPUs, or try again when a server stops."
         )
     if ask.nic_speed_gbps and not any(
         _pick_nic(index.extras(z, "nic"), ask.nic_speed_gbps) is not None for z in zones
@@ -312,12 +531,24 @@ def _why_not(index: _ZoneIndex, ask: DeviceAsk) -> str:
         )
     return (
         f"No single rack has {ask.gpu_count} × {ask.label} together with the network card and"
-        " scratch space you chose right now. Ask for fewer extras or try again later."
+        f" scratch space you chose and a host with room for {ask.size_label} right now. Ask for"
+        " fewer extras or a smaller size, or try again later."
     )
 
 
-def place_more(pool: Pool, zone: str, ask: DeviceAsk) -> tuple[Device, ...] | NoFit:
-    """GPUs to add to a running machine in ``zone``: devices never compose across zones."""
+def place_more(pool: Pool, zone: str, ask: DeviceAsk, *, slots: int) -> tuple[Device, ...] | NoFit:
+    """GPUs to add to a running machine in ``zone`` on a host with ``slots`` free:
+    devices never compose across zones, and a machine never spans hosts."""
+    if slots < ask.gpu_count:
+        return NoFit(
+            f"Your machine's host has room for {slots} more"
+            f" device{'' if slots == 1 else 's'} only: its other slots hold other servers'"
+            f" devices. Ask for {slots}, or stop this server and start one with"
+            f" {ask.gpu_count} more GPUs (a new server goes to a host with room)."
+            if slots
+            else "Your machine's host is full: every slot holds a device. Stop this server"
+            " and start one with the GPUs you need (a new server goes to a host with room)."
+        )
     gpus = _by_zone([d for d in pool.devices if d.kind == "gpu" and d.model in ask.gpu_models])
     picked = _pick_gpus(gpus.get(zone, []), ask.gpu_count)
     if picked is not None:

@@ -14,10 +14,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from composespawner.domain.catalog import Catalog
+from composespawner.domain.catalog import Catalog, Size
 from composespawner.domain.cohorts import StackChoice
 
-FIELDS = ("gpu_model", "gpu_count", "network", "scratch_gb", "stack", "kit")
+FIELDS = ("gpu_model", "gpu_count", "size", "network", "scratch_gb", "stack", "kit")
+# Options people try for a size; the message points them at "size".
+_SIZE_WORDS = frozenset({"cores", "cpus", "cpu", "memory", "memory_gib", "mem", "ram"})
 # Every field at its longest takes a few hundred bytes. JupyterHub stores what
 # it is sent in its own database before the spawner sees it, so anything bigger
 # is refused before it can be kept.
@@ -51,21 +53,32 @@ class StackNotAllowed(RequestError):
 
 @dataclass(frozen=True, slots=True)
 class MachineRequest:
-    gpu_model: str  # catalog GpuModel.id
+    gpu_model: str | None  # catalog GpuModel.id; None for a CPU-only server (gpu_count 0)
     gpu_count: int
     network: str  # catalog NetworkChoice.id
     scratch_gb: int
     stack: str | None = None
     kit: str | None = None  # catalog Kit.id, on its stack
+    size: str = "whole"  # catalog Size.id: the share of its host's cores and memory
 
     def to_options(self) -> dict[str, Any]:
         """JSON-able ``user_options``; parsing them back gives an equal request."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def describe(self, catalog: Catalog) -> str:
+        size = catalog.size(self.size)
+        share = size.label if size else self.size
+        if self.gpu_model is None:
+            return f"CPU only, {share}"
         model = catalog.gpu_model(self.gpu_model)
         label = model.label if model else self.gpu_model
-        return f"{self.gpu_count} × {label}"
+        return f"{self.gpu_count} × {label}, {share}"
+
+    def share_of(self, catalog: Catalog) -> Size:
+        """The catalog size this request runs in (validated: it is listed)."""
+        size = catalog.size(self.size)
+        assert size is not None, "request was validated"
+        return size
 
 
 def check_size(options: Mapping[str, Any]) -> None:
@@ -106,13 +119,18 @@ def parse_options(
     unknown = sorted(set(options) - set(FIELDS))
     if unknown:
         shown = ", ".join(f"'{_shown(k)}'" for k in unknown)
+        hint = ""
+        if _SIZE_WORDS & {str(k).lower() for k in unknown}:
+            hint = f' Cores and memory come in sizes: give "size", one of {_size_ids(catalog)}.'
         raise RequestError(
-            f"Unknown option {shown}. Allowed options: {', '.join(FIELDS)}.", unknown[0]
+            f"Unknown option {shown}. Allowed options: {', '.join(FIELDS)}.{hint}", unknown[0]
         )
     kit = _kit(options.get("kit"), catalog)
+    count = _gpu_count(options.get("gpu_count"), catalog)
     return MachineRequest(
-        gpu_model=_gpu_model(options.get("gpu_model"), catalog, visible_models),
-        gpu_count=_gpu_count(options.get("gpu_count"), catalog),
+        gpu_model=_gpu_model(options.get("gpu_model"), count, catalog, visible_models),
+        gpu_count=count,
+        size=_size(options.get("size"), count, catalog),
         network=_network(options.get("network", catalog.networks[0].id), catalog),
         scratch_gb=_scratch(options.get("scratch_gb", 0), catalog),
         stack=_stack_for(kit, options.get("stack"), catalog),
@@ -130,9 +148,19 @@ def check_server_name(name: str) -> None:
         )
 
 
-def _gpu_model(value: Any, catalog: Catalog, visible: Collection[str]) -> str:
+def _gpu_model(value: Any, count: int, catalog: Catalog, visible: Collection[str]) -> str | None:
+    if count == 0:
+        if value is None or value == "":
+            return None
+        raise RequestError(
+            "A CPU-only server (gpu_count 0) has no GPU model: leave gpu_model out,"
+            " or ask for at least one GPU.",
+            "gpu_model",
+        )
     if value is None or value == "":
-        raise RequestError("Choose a GPU model.", "gpu_model")
+        raise RequestError(
+            "Choose a GPU model, or ask for 0 GPUs for a CPU-only server.", "gpu_model"
+        )
     # Models a user may not use are reported exactly like unknown ones: their
     # existence is not ours to reveal.
     if not isinstance(value, str) or value not in visible or catalog.gpu_model(value) is None:
@@ -148,15 +176,31 @@ def _gpu_count(value: Any, catalog: Catalog) -> int:
     count = _integer(value)
     if count is None:
         raise RequestError(
-            f"GPU count must be a whole number from 1 to {top}, not '{_shown(value)}'.",
+            f"GPU count must be a whole number from 0 (CPU only) to {top}, not '{_shown(value)}'.",
             "gpu_count",
         )
-    if not 1 <= count <= top:
+    if not 0 <= count <= top:
         raise RequestError(
-            f"GPU count must be from 1 to {top} (the most one machine can hold); got {count}.",
+            f"GPU count must be from 0 (CPU only) to {top} (the most one machine can hold);"
+            f" got {count}.",
             "gpu_count",
         )
     return count
+
+
+def _size(value: Any, gpu_count: int, catalog: Catalog) -> str:
+    """The size asked for, or the catalog's default for that many GPUs."""
+    if value is None or value == "":
+        return catalog.default_size(gpu_count).id
+    if not isinstance(value, str) or catalog.size(value) is None:
+        raise RequestError(
+            f"Unknown size '{_shown(value)}'. Choose one of: {_size_ids(catalog)}.", "size"
+        )
+    return value
+
+
+def _size_ids(catalog: Catalog) -> str:
+    return ", ".join(f"{s.id} ({s.label})" for s in catalog.sizes)
 
 
 def _network(value: Any, catalog: Catalog) -> str:

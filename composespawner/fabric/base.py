@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from composespawner.domain.hardware import CompositionTag, Device, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, HostMark, Inventory
 
 # The key under ComputerSystem.Oem that marks a host as composed by a hub.
 OEM_KEY = "ComposeSpawner"
@@ -116,28 +116,25 @@ class FabricTaskFailed(FabricError):
 
 
 def host_taken_by(
-    current: CompositionTag | None, *, marked: bool, attached: Sequence[str], wanted: CompositionTag
+    current: HostMark | None, *, marked: bool, attached: Sequence[str], hub: str
 ) -> str | None:
-    """Who holds a host we want to take, or None when taking it is safe.
+    """Who holds a host ``hub`` wants to compose on, or None when composing there is safe.
 
     ``marked`` says whether the host carries any mark under our OEM key (a
     malformed one is not ours either); ``attached`` lists its device blocks.
-    A host composed by anyone else, marked or not, is never ours to take.
+    A host ``hub`` marked is shared by its machines; one composed by anyone
+    else, marked or not, is never ours to take.
     """
-    if current == wanted:
-        return None  # ours already: taking is idempotent
+    if current is not None and current.hub == hub:
+        return None  # ours: another machine of this hub joins it
     if current is not None:
-        return f"machine {current.machine} of {current.owner} (hub {current.hub})"
+        machines = ", ".join(f"{m.machine} of {m.owner}" for m in current.machines)
+        return f"hub {current.hub} (machines {machines})"
     if marked:
         return "a composition marked by another client"
     if attached:
         return f"a composition of another client ({len(attached)} devices attached)"
     return None
-
-
-def same_machine(mark: CompositionTag | None, tag: CompositionTag) -> bool:
-    """Whether a mark found on the fabric is ``tag``'s machine (the owner is only a label)."""
-    return mark is not None and (mark.hub, mark.machine) == (tag.hub, tag.machine)
 
 
 def attach_steps(host: str, devices: Sequence[Device]) -> list[str]:
@@ -161,12 +158,12 @@ def attach_steps(host: str, devices: Sequence[Device]) -> list[str]:
 async def compose_by_attaching(
     fabric: Fabric, host: str, devices: Sequence[Device], tag: CompositionTag, progress: Progress
 ) -> str:
-    """Expandable composition: mark the host, then attach each device to it.
+    """Expandable composition: put the machine on the host's mark, then attach its devices.
 
     Not all-or-nothing by itself: on failure the caller undoes with
     :func:`decompose_by_detaching`, which the mark makes safe.
     """
-    await fabric.tag_host(host, tag)
+    await fabric.join_host(host, tag)
     for device, line in zip(devices, attach_steps(host, devices), strict=True):
         progress(line)
         await fabric.attach(host, device.block_id)
@@ -176,19 +173,22 @@ async def compose_by_attaching(
 async def decompose_by_detaching(
     fabric: Fabric, host: str, blocks: Sequence[str], tag: CompositionTag
 ) -> bool:
-    """Expandable release: detach ``blocks`` still on the host, then unmark it.
+    """Expandable release of one machine: detach its ``blocks`` still on the host, then
+    take the machine off the host's mark (the mark goes with the last machine).
 
-    False, touching nothing, when the host does not carry ``tag``'s mark: we
-    mark a host before attaching anything, so what is on an unmarked host is
-    someone else's.
+    False, touching nothing, when the host's mark does not list ``tag``'s machine:
+    a machine joins the mark before anything is attached for it and leaves it
+    after its devices are detached, so without it there nothing of it is there,
+    and what is there is another machine's or someone else's. Other machines'
+    devices on the host are never touched: only ``blocks`` are detached.
     """
     mark, linked = await fabric.host_mark(host)
-    if not same_machine(mark, tag):
+    if mark is None or not mark.has(tag):
         return False
     # ``blocks`` are device blocks: the host's own block, among ``linked``, is never one.
     for block in sorted(set(blocks) & set(linked)):
         await fabric.detach(host, block)
-    await fabric.tag_host(host, None)
+    await fabric.leave_host(host, tag)
     return True
 
 
@@ -209,8 +209,8 @@ class Fabric(Protocol):
     A *host* is what a machine is composed on: an expandable system's Id, or,
     where the fabric composes whole systems, the Id of its compute block (no
     system stands for it until it is composed). ``compose``/``decompose`` work
-    in every mode; ``attach``/``detach``/``tag_host`` only where hosts are
-    expandable, and raise :class:`FabricRefused` elsewhere.
+    in every mode; ``attach``/``detach``/``join_host``/``leave_host`` only where
+    hosts are expandable, and raise :class:`FabricRefused` elsewhere.
     """
 
     async def compose(
@@ -218,15 +218,19 @@ class Fabric(Protocol):
     ) -> str:
         """Compose ``tag``'s machine of ``host`` and ``devices``; the composed system's Id.
 
-        Idempotent: a machine already composed for ``tag`` there is found, not
-        made twice. A host composed for anyone else raises :class:`DeviceInUse`.
+        The host may carry other machines of ``tag``'s hub: this one joins them,
+        with its own devices. Idempotent: a machine already composed for ``tag``
+        there is found, not made twice. A host composed for anyone else (another
+        client, another hub) raises :class:`DeviceInUse`.
         Whole-system fabrics compose all or nothing; on an expandable one a
         failure may leave part of it, for :meth:`decompose` to take apart.
         """
         ...
 
     async def decompose(self, host: str, blocks: Sequence[str], tag: CompositionTag) -> bool:
-        """Take apart what ``tag``'s machine holds on ``host`` (device ``blocks``).
+        """Take apart what ``tag``'s machine holds on ``host`` (device ``blocks``), leaving
+        the host's other machines and their devices as they are; the host's own
+        composition goes with its last machine.
 
         False, touching nothing, when nothing of that machine is there (already
         taken apart, or never made): success, for a caller that retries.
@@ -237,20 +241,29 @@ class Fabric(Protocol):
         """A fresh snapshot of hosts, devices and zones."""
         ...
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         """One host's mark and the blocks linked to it now (its own block included).
 
         A cheap read of one system, for releases: the whole inventory is not needed.
         """
         ...
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        """Take a host for one machine by marking it (``None`` removes the mark).
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
+        """Put ``tag``'s machine on the host's mark, marking the host for its hub if unmarked.
 
-        Taking is conditional, so two clients working from stale snapshots
-        cannot both compose on one host: it raises :class:`DeviceInUse` when
+        Conditional, so two clients working from stale snapshots cannot both
+        compose on one host: it raises :class:`DeviceInUse` when
         :func:`host_taken_by` names another holder, and the write is made with
-        ``If-Match`` on what was read, so a change in between is seen too.
+        ``If-Match`` on what was read, so a change in between (another machine
+        joining or leaving) is read again, never lost. Idempotent.
+        """
+        ...
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        """Take ``tag``'s machine off the host's mark; the mark goes with the last machine.
+
+        Written with ``If-Match`` as :meth:`join_host` is, so a machine joining
+        meanwhile keeps the mark. Idempotent: a machine not on it leaves nothing.
         """
         ...
 

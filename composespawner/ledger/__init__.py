@@ -7,6 +7,7 @@ Use :class:`Ledger`; everything it returns is a frozen record from
 
 from composespawner.ledger.errors import (
     DevicesTaken,
+    HostFull,
     IllegalTransition,
     LedgerError,
     NotOwner,
@@ -39,6 +40,7 @@ from composespawner.ledger.records import (
     KeepFree,
     Machine,
     MachineEvent,
+    RoomClaim,
     RunManifest,
     ServerUse,
     UsageRecord,
@@ -63,6 +65,7 @@ __all__ = [
     "DevicesTaken",
     "HoldableKind",
     "Holding",
+    "HostFull",
     "IllegalTransition",
     "KeepFree",
     "Ledger",
@@ -76,6 +79,7 @@ __all__ = [
     "Policy",
     "QuotaExceeded",
     "ReservedForCohort",
+    "RoomClaim",
     "RunManifest",
     "SchemaNotCurrent",
     "ServerBusy",

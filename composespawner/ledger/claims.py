@@ -11,7 +11,9 @@ How the invariants hold here:
   its own (SQLite needs no row: ``BEGIN IMMEDIATE`` already holds the whole
   database's write lock for the transaction);
 * no deadlock between claims of different users on PostgreSQL: device rows are
-  locked in ``block_id`` order.
+  locked in ``block_id`` order, and a claim's one host row after them;
+* a host never over capacity (10): :mod:`composespawner.ledger.rooms`, in the
+  claim's transaction.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from composespawner.ledger.errors import (
 from composespawner.ledger.lifecycle import CLAIMED, RUNNING, check_transition
 from composespawner.ledger.limits import Use, check_use
 from composespawner.ledger.policy import registration_of
-from composespawner.ledger.records import KeepFree, Machine
+from composespawner.ledger.records import KeepFree, Machine, RoomClaim
+from composespawner.ledger.rooms import device_slots, give_room, take_room, take_slots
 from composespawner.ledger.statements import (
     COHORTS,
     COLOCATED,
@@ -122,6 +125,7 @@ class Claims(ZonedLedgerPart):
         host_block: str | None = None,
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
+        room: RoomClaim | None = None,
     ) -> Machine:
         """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
 
@@ -131,8 +135,10 @@ class Claims(ZonedLedgerPart):
         the machine moves to ``claimed``. ``keep_free``: cohort reservations the
         user is outside of, checked here so that racing claims cannot jointly
         take reserved GPUs; ``cohort``: the reservation a member claims under.
+        ``room``: the machine's share of a shared host (cores, memory, and a
+        slot per device), taken compare-and-set with the devices (invariant 10).
         Raises :class:`UnknownDevices`, :class:`NotOwner`, :class:`QuotaExceeded`,
-        :class:`ReservedForCohort`, :class:`DevicesTaken` or
+        :class:`ReservedForCohort`, :class:`DevicesTaken`, :class:`HostFull` or
         :class:`IllegalTransition`, having changed nothing.
         """
         wanted = _claim_set(block_ids, host_block)
@@ -150,8 +156,13 @@ class Claims(ZonedLedgerPart):
             for keep in keep_free:
                 _check_keep_free(connection, machine.user_name, keep, devices)
             _take_devices(connection, machine_id, wanted, devices, now)
+            changes: dict[str, Any] = {"host_id": host_id, "zone": zone, "cohort": cohort}
+            if room is not None:
+                take_room(connection, room, device_slots(d.kind for d in devices), now)
+                changes |= {"cores": room.cores, "memory_gib": room.memory_gib}
             message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
-            changes = {"host_id": host_id, "zone": zone, "cohort": cohort}
+            if room is not None:
+                message += f" with {room.cores} cores and {room.memory_gib} GiB"
             move(connection, machine, CLAIMED, now, message, **changes)
             return moved(machine, CLAIMED, now, wanted, **changes)
 
@@ -186,6 +197,8 @@ class Claims(ZonedLedgerPart):
             for keep in keep_free:
                 _check_keep_free(connection, machine.user_name, keep, devices)
             _take_devices(connection, machine_id, wanted, devices, now)
+            if machine.cores is not None and machine.host_id is not None:
+                take_slots(connection, machine.host_id, device_slots(d.kind for d in devices), now)
             message = f"grew by {', '.join(wanted)}"
             connection.execute(INSERT_EVENT, event(machine_id, now, RUNNING, RUNNING, message))
             return machine_record(machine, tuple(held_by(connection, machine_id)))
@@ -211,6 +224,9 @@ class Claims(ZonedLedgerPart):
                 connection.execute(
                     _FREE_THESE_OF,
                     {"b_machine_id": machine_id, "b_blocks": [d.block_id for d in mine]},
+                )
+                give_room(
+                    connection, machine, device_slots(d.kind for d in mine), now, ending=False
                 )
                 given = ", ".join(d.block_id for d in mine)
                 connection.execute(

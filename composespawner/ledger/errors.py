@@ -178,3 +178,18 @@ class SchemaNotCurrent(LedgerError):
         )
         self.found = found
         self.wanted = wanted
+
+
+class HostFull(DevicesTaken):
+    """The host has no room left for the claim (cores, memory or slots); nothing was claimed.
+
+    A subclass of :class:`DevicesTaken` because the caller's remedy is the same:
+    other machines took the room since the pool was read, so place again.
+    """
+
+    def __init__(self, host_id: str, what: str) -> None:
+        super().__init__((host_id,), reason=f"no room for {what} on")
+
+    @property
+    def user_message(self) -> str:
+        return "Other servers took the room left on that host a moment ago. Please try again."

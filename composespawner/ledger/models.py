@@ -120,6 +120,40 @@ class MachineRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The cohort whose session reservation its GPUs were claimed under, if any.
     cohort: Mapped[str | None] = mapped_column(String(255))
+    # Its share of its host, held in host_rooms while it lives (None: a machine from
+    # before hosts were shared, which held its host's own block instead).
+    cores: Mapped[int | None] = mapped_column(Integer)
+    memory_gib: Mapped[int | None] = mapped_column(Integer)
+
+
+class HostRoomRow(Base):
+    """A compute host's room and what live machines hold of it (invariant 10).
+
+    Claims take cores, memory and device slots here with a compare-and-set
+    (``UPDATE ... WHERE held + asked <= capacity``, checking the row count), in
+    the transaction that takes the devices; the CHECK constraints make
+    overcommitting a host impossible even for a statement that forgets to ask.
+    """
+
+    __tablename__ = "host_rooms"
+    __table_args__ = (
+        CheckConstraint("cores_held >= 0 AND cores_held <= cores", name="cores_held"),
+        CheckConstraint(
+            "memory_gib_held >= 0 AND memory_gib_held <= memory_gib", name="memory_gib_held"
+        ),
+        CheckConstraint("slots_held >= 0 AND slots_held <= slots", name="slots_held"),
+        CheckConstraint("machines >= 0", name="machines"),
+    )
+
+    host_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # ComputerSystem Id
+    cores: Mapped[int] = mapped_column(Integer)
+    memory_gib: Mapped[int] = mapped_column(Integer)
+    slots: Mapped[int] = mapped_column(Integer)
+    cores_held: Mapped[int] = mapped_column(Integer)
+    memory_gib_held: Mapped[int] = mapped_column(Integer)
+    slots_held: Mapped[int] = mapped_column(Integer)
+    machines: Mapped[int] = mapped_column(Integer)  # live machines on it
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class DeviceRow(Base):

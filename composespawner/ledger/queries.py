@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Row, func, select
 
+from composespawner.domain.rooms import HostUse
 from composespawner.domain.usage import DayUse, Period
 from composespawner.ledger.database import ZonedLedgerPart
 from composespawner.ledger.lifecycle import TERMINAL
@@ -25,6 +26,7 @@ from composespawner.ledger.records import (
     ServerUse,
     UsageRecord,
 )
+from composespawner.ledger.rooms import host_use
 from composespawner.ledger.statements import (
     DEVICES,
     EVENTS,
@@ -144,6 +146,16 @@ class Queries(ZonedLedgerPart):
     def device_owners(self) -> dict[str, str]:
         """block_id → owner group, for co-located devices."""
         return self._blocks_with("owner_group")
+
+    def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
+        """What placement reads of the ledger, in one snapshot: block_id → machine_id for
+        every held block, and what live machines hold on each host they are on."""
+        query = select(DEVICES.c.block_id, DEVICES.c.machine_id).where(
+            DEVICES.c.machine_id.is_not(None)
+        )
+        with self._engine.begin() as connection:
+            held = {block: cast(str, found) for block, found in connection.execute(query)}
+            return held, host_use(connection)
 
     def _blocks_with(self, column: str) -> dict[str, str]:
         """block_id → ``column`` for every device where it is set."""

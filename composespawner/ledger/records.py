@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from composespawner.domain.hardware import Device, Host
+from composespawner.domain.rooms import Room
 
 # Hosts are holdable too: a composed machine takes its whole compute host.
 HoldableKind = Literal["gpu", "nic", "nvme", "host"]
@@ -67,6 +68,22 @@ class Machine:
     ended_at: datetime | None
     block_ids: tuple[str, ...] = ()  # blocks held now, sorted; empty once terminal
     cohort: str | None = None  # the cohort reservation its GPUs were claimed under
+    cores: int | None = None  # its share of its host (None: the whole host, from before)
+    memory_gib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoomClaim:
+    """What a claim takes of its host besides devices: cores and memory, and a slot per device.
+
+    ``capacity`` is the host's as the fabric (or the catalog) says; the ledger
+    keeps the first it is told while machines are on the host.
+    """
+
+    host_id: str
+    capacity: Room
+    cores: int
+    memory_gib: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from composespawner.ledger.records import (
     Machine,
     ServerUse,
 )
+from composespawner.ledger.rooms import device_slots, give_room
 from composespawner.ledger.statements import (
     DEVICES,
     DEVICES_HELD_BY,
@@ -134,6 +135,8 @@ def end_machine(
         connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in held])
         add_day_use(connection, machine.user_name, held, now, zone)
         connection.execute(FREE_DEVICES_OF, {"b_machine_id": machine.id})
+    # Its share of the host and the devices' slots go with the devices (invariant 10).
+    give_room(connection, machine, device_slots(d.kind for d in held), now, ending=True)
     return moved(machine, to, now, (), **ended)
 
 

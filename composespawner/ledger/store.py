@@ -39,6 +39,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, event, insert
 
 from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.domain.rooms import HostUse
 from composespawner.domain.usage import DayUse, Period
 from composespawner.ledger import migrate
 from composespawner.ledger.claims import Claims
@@ -55,6 +56,7 @@ from composespawner.ledger.records import (
     KeepFree,
     Machine,
     MachineEvent,
+    RoomClaim,
     RunManifest,
     ServerUse,
     UsageRecord,
@@ -174,9 +176,11 @@ class Ledger:
         host_block: str | None = None,
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
+        room: RoomClaim | None = None,
     ) -> Machine:
-        """Take ``block_ids`` (and ``host_block``) for a requested machine: all or
-        nothing, or raise having changed nothing (see :meth:`Claims.claim`)."""
+        """Take ``block_ids`` (and ``host_block``, or ``room`` of a shared host) for a
+        requested machine: all or nothing, or raise having changed nothing (see
+        :meth:`Claims.claim`)."""
         return self._claims.claim(
             machine_id,
             host_id=host_id,
@@ -187,6 +191,7 @@ class Ledger:
             host_block=host_block,
             keep_free=keep_free,
             cohort=cohort,
+            room=room,
         )
 
     def grow(
@@ -296,6 +301,10 @@ class Ledger:
     def holders(self) -> dict[str, str]:
         """block_id → machine_id for every held block."""
         return self._queries.holders()
+
+    def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
+        """Every held block's holder and each host's room in use, read at one moment."""
+        return self._queries.holds()
 
     def held_by(self, machine_id: str) -> list[str]:
         return self._queries.held_by(machine_id)

@@ -64,13 +64,14 @@ class Admission:
             )
         return kept
 
-    def cohort_for(self, groups: Collection[str], model: str) -> str | None:
-        """The reservation a member's claim of ``model`` counts against, if any."""
+    def cohort_for(self, groups: Collection[str], model: str | None) -> str | None:
+        """The reservation a member's claim of ``model`` counts against, if any (a CPU-only
+        server's, ``model`` None, against none)."""
         return next(
             (r.cohort for r in self.reservations if r.cohort in groups and r.model == model), None
         )
 
-    def terms(self, groups: Collection[str], model: str, catalog: Catalog) -> ClaimTerms:
+    def terms(self, groups: Collection[str], model: str | None, catalog: Catalog) -> ClaimTerms:
         """The terms of a claim of ``model`` GPUs by a user in ``groups``."""
         return ClaimTerms(
             quota=self.quota,

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from composespawner.domain.catalog import Catalog
-from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.hardware import CompositionTag, Share
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.placement import DeviceAsk, NoFit, Plan, Pool, place
 from composespawner.domain.quotas import NO_SITE_QUOTA, QuotaRule
@@ -48,6 +48,7 @@ from composespawner.ledger import (
     Machine,
     QuotaExceeded,
     ReservedForCohort,
+    RoomClaim,
     ServerBusy,
     utcnow,
 )
@@ -64,7 +65,7 @@ from composespawner.services.failures import (
 )
 from composespawner.services.pool import Offer, PoolReadout, PoolView
 from composespawner.services.releases import Releaser, fail_unclaimed
-from composespawner.services.reservations import Reservations
+from composespawner.services.reservations import HeldRoom, Reservations
 from composespawner.services.resize import Resizer
 
 Progress = Callable[[str], None]
@@ -118,6 +119,7 @@ class Composer:
             snapshot_ttl=snapshot_ttl,
             fabric_wait=fabric_wait,
             log=self.log,
+            hub_id=hub_id,
         )
         self._releaser = Releaser(
             runner=self.runner,
@@ -232,13 +234,15 @@ class Composer:
         )
         await self._record_composed(machine_id, then)
         self.log.info(
-            "Composed machine %s for %s/%s on %s in %s: %s",
+            "Composed machine %s for %s/%s on %s in %s (%d cores, %d GiB): %s",
             machine_id,
             user,
             server,
             plan.host.system_id,
             plan.zone,
-            ", ".join(plan.block_ids),
+            plan.need.cores,
+            plan.need.memory_gib,
+            ", ".join(plan.block_ids) or "no devices",
         )
         return ComposedMachine(
             machine_id=machine_id,
@@ -247,6 +251,7 @@ class Composer:
             gpus=plan.gpus,
             nic=plan.nic,
             drives=plan.drives,
+            share=plan.share,
         )
 
     async def _request_machine(self, user: str, server: str, request: MachineRequest) -> str:
@@ -398,8 +403,14 @@ class MachineClaim:
         if isinstance(plan, NoFit):
             return NoFit(_with_reservations(plan.reason, self.ask, self.terms))
         # No await between the read and this: no other spawn of ours interleaves.
-        self.reservations.hold((plan.host.block_id, *plan.block_ids))
+        self.reservations.hold(_claimed_blocks(plan), self._room(plan))
         return plan
+
+    def _room(self, plan: Plan) -> HeldRoom | None:
+        """What the plan takes of a shared host (None: it holds its host's block instead)."""
+        if not plan.host.shareable:
+            return None
+        return HeldRoom(self.machine_id, plan.host.system_id, plan.need)
 
     async def _pool(self, fresh: bool) -> Pool:
         return await self.pool.claimable(
@@ -411,9 +422,11 @@ class MachineClaim:
         )
 
     async def take(self, plan: Plan) -> bool:
-        """Claim the plan's blocks in the ledger; False when another claim took one first."""
-        self.progress(f"claiming {self.ask.gpu_count} × {self.ask.label} in {plan.zone}")
-        blocks = (plan.host.block_id, *plan.block_ids)
+        """Claim the plan's blocks (and its room on the host) in the ledger; False when
+        another claim took one first."""
+        gpus = f"{self.ask.gpu_count} × {self.ask.label}" if self.ask.gpu_count else "no GPU"
+        self.progress(f"claiming {gpus} in {plan.zone} ({self.ask.size_label})")
+        blocks, room = _claimed_blocks(plan), self._room(plan)
         reservations = self.reservations
         try:
             await self.runner.run(
@@ -426,19 +439,20 @@ class MachineClaim:
                 groups=self.groups,
                 keep_free=self.terms.keep_free,
                 cohort=self.terms.cohort,
+                room=_room_claim(plan) if room else None,
             )
         except DevicesTaken:
-            reservations.drop(blocks)
+            reservations.drop(blocks, room)
             self.log.info("Claim for %s lost a race", self.machine_id)
             return False
         except (QuotaExceeded, ReservedForCohort) as e:
-            reservations.drop(blocks)
+            reservations.drop(blocks, room)
             await fail_unclaimed(self.runner, self.machine_id, e.user_message)
             raise refusal(e) from e
         except BaseException:
-            reservations.drop(blocks)
+            reservations.drop(blocks, room)
             raise
-        reservations.commit(blocks)
+        reservations.commit(blocks, room)
         return True
 
     async def refused(self, why: str, reason: str) -> ComposeRefused:
@@ -477,17 +491,29 @@ class MachineClaim:
 
 def _device_ask(catalog: Catalog, request: MachineRequest) -> DeviceAsk:
     """What placement looks for: the request in the fabric's terms."""
-    model = catalog.gpu_model(request.gpu_model)
+    model = catalog.gpu_model(request.gpu_model) if request.gpu_model else None
     network = catalog.network(request.network)
-    assert model is not None, "request was validated"
     assert network is not None, "request was validated"
+    size = request.share_of(catalog)
     return DeviceAsk(
-        gpu_models=model.fabric_models,
+        gpu_models=model.fabric_models if model else frozenset(),
         gpu_count=request.gpu_count,
-        label=model.label,
+        label=model.label if model else "GPU",
         nic_speed_gbps=network.speed_gbps,
         scratch_gb=request.scratch_gb,
+        share=None if size.whole_host else Share(size.cores, size.memory_gib),
+        size_label=size.label,
     )
+
+
+def _claimed_blocks(plan: Plan) -> tuple[str, ...]:
+    """The blocks a claim takes: the devices, and a host that is not shared itself."""
+    own = () if plan.host.shareable else (plan.host.block_id,)
+    return (*own, *plan.block_ids)
+
+
+def _room_claim(plan: Plan) -> RoomClaim:
+    return RoomClaim(plan.host.system_id, plan.capacity, plan.need.cores, plan.need.memory_gib)
 
 
 def _with_reservations(reason: str, ask: DeviceAsk, terms: ClaimTerms) -> str:

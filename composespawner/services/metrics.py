@@ -25,7 +25,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from composespawner.domain.hardware import CompositionTag, Device, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, HostMark, Inventory
 from composespawner.fabric.base import Fabric, FabricError, Progress
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.pool import PoolReadout
@@ -95,11 +95,14 @@ class MeasuredFabric:
     async def inventory(self) -> Inventory:
         return await self._measure("inventory", self.inner.inventory)
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         return await self._measure("host_mark", self.inner.host_mark, system_id)
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        await self._measure("tag_host", self.inner.tag_host, system_id, tag)
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
+        await self._measure("join_host", self.inner.join_host, system_id, tag)
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        await self._measure("leave_host", self.inner.leave_host, system_id, tag)
 
     async def attach(self, system_id: str, block_id: str) -> None:
         await self._measure("attach", self.inner.attach, system_id, block_id)

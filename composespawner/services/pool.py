@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from composespawner.domain import colocation
@@ -19,13 +20,23 @@ from composespawner.domain.catalog import Catalog, GpuModel
 from composespawner.domain.cohorts import StackChoice
 from composespawner.domain.colocation import Registration
 from composespawner.domain.hardware import Inventory
-from composespawner.domain.placement import Availability, Pool, availability, keep_back, pool_for
+from composespawner.domain.placement import (
+    Availability,
+    Pool,
+    availability,
+    keep_back,
+    pool_for,
+)
 from composespawner.domain.placement import visible_models as _visible_models
 from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.domain.rooms import HostUse
 from composespawner.fabric.base import Fabric, FabricUnreachable
 from composespawner.ledger import DeviceRecord, Ledger, LedgerRunner, utcnow
 from composespawner.services.reservations import Reservations
 from composespawner.services.snapshot import Snapshot
+
+# What placement reads of the ledger: block → holder, and host → the room held there.
+Holds = tuple[Mapping[str, str], Mapping[str, HostUse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +111,14 @@ class PoolView:
         snapshot_ttl: float,
         fabric_wait: float | None,
         log: logging.Logger,
+        hub_id: str | None = None,
     ) -> None:
         """``fabric_wait``: seconds a spawn waits for the fabric's inventory before
-        FabricUnreachable (None: as long as the fabric client's own timeouts take)."""
+        FabricUnreachable (None: as long as the fabric client's own timeouts take);
+        ``hub_id``: the hub whose marked hosts take more machines (None: none do)."""
+        self.hub_id = hub_id
+        # What a user may take, on this hub's shared hosts, for placement.
+        self._pool = partial(pool_for, hub=hub_id, max_devices=catalog.max_devices_per_host)
         self.runner = runner
         self.fabric = fabric
         self.catalog = catalog
@@ -115,9 +131,9 @@ class PoolView:
         # Co-located devices registered in the portal, read with each inventory.
         self._registrations: Mapping[str, Registration] = {}
         self._chassis_owners_of: tuple[Inventory, Mapping[str, str]] | None = None
-        # The ledger's holders as placement last read them, with the number of
-        # our committed claims when that read began.
-        self._holders = Snapshot[tuple[Mapping[str, str], int]](snapshot_ttl)
+        # The ledger's holders and hosts' room in use as placement last read them,
+        # with the number of our committed claims when that read began.
+        self._holders = Snapshot[tuple[Holds, int]](snapshot_ttl)
         self._refreshing: set[asyncio.Task[Inventory]] = set()
 
     @property
@@ -274,8 +290,8 @@ class PoolView:
         registered = self._registered(registrations)
         owners = self.owners(inventory, registered)
         usable = colocation.owners_for(owners, registered, user, groups, utcnow())
-        held = await self.runner.run(self.ledger.holders)
-        pool = pool_for(inventory, held=held, owners=usable, groups=groups)
+        held, use = await self.runner.run(self.ledger.holds)
+        pool = self._pool(inventory, held=held, owners=usable, groups=groups, use=use)
         own = _own_notes(self.catalog, pool, owners, registered, user, groups)
         pool = keep_back(pool, holdback or {})
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
@@ -359,15 +375,16 @@ class PoolView:
         these groups (fabric models → count); the claim checks them exactly.
         """
         inventory = await self.inventory(fresh=fresh)
-        held, read_after = await self._holders.get(self._read_holders, fresh=fresh)
+        (held, use), read_after = await self._holders.get(self._read_holders, fresh=fresh)
         taken = self.reservations.taken(held, read_after)
+        in_use = self.reservations.rooms(use, read_after)
         owners = self.owners_for(inventory, user, groups, registrations)
-        pool = pool_for(inventory, held=taken, owners=owners, groups=groups)
+        pool = self._pool(inventory, held=taken, owners=owners, groups=groups, use=in_use)
         return keep_back(pool, holdback or {})
 
-    async def _read_holders(self) -> tuple[Mapping[str, str], int]:
+    async def _read_holders(self) -> tuple[Holds, int]:
         read_after = self.reservations.commits
-        return await self.runner.run(self.ledger.holders), read_after
+        return await self.runner.run(self.ledger.holds), read_after
 
 
 def _own_notes(

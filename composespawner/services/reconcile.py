@@ -12,9 +12,9 @@ a machine stuck in     finish the release (detach, then free in the ledger)
 ``stopping``
 a live machine no      release it: the spawn that made it died with its hub
 server uses
-a host marked by this  detach what is attached to it and remove the mark: we
-hub for a machine the  made it, and nothing in the ledger holds it
-ledger has ended
+a host marked by this  detach what is attached to it that no live machine
+hub for a machine the  holds (the host's other machines keep theirs), and take
+ledger has ended       the machine off the mark: we made it, nothing holds it
 a device our ledger    attach it again when it is free; otherwise report a
 holds but the fabric   conflict and change nothing
 lost
@@ -164,29 +164,34 @@ def plan_reconcile(
             stop = Action("stop-server", why, used.id, user=view.user, server=view.server)
             actions.append(stop)
 
+    held = {b for m in machines.values() if m.state not in TERMINAL for b in m.block_ids}
     for host in inventory.hosts if inventory is not None else ():
-        tag = host.tag
-        if tag is None or tag.hub != hub_id:
+        if host.mark is None or host.mark.hub != hub_id:
             continue  # not ours: never touched
-        marked = machines.get(tag.machine)
-        if marked is None or (marked.state in TERMINAL and settled(marked)):
-            state = "unknown to the ledger" if marked is None else marked.state
-            actions.append(
-                Action(
-                    "detach-untracked",
-                    f"marked for machine {tag.machine} ({tag.owner}), which is {state}",
-                    tag.machine,
-                    host=host.system_id,
-                    blocks=host.attached,
+        # The host is shared: only what no live machine holds is an ended machine's.
+        debris = tuple(b for b in host.attached if b not in held)
+        for tag in host.mark.machines:
+            marked = machines.get(tag.machine)
+            if marked is None or (marked.state in TERMINAL and settled(marked)):
+                state = "unknown to the ledger" if marked is None else marked.state
+                actions.append(
+                    Action(
+                        "detach-untracked",
+                        f"marked for machine {tag.machine} ({tag.owner}), which is {state}",
+                        tag.machine,
+                        host=host.system_id,
+                        blocks=debris,
+                    )
                 )
-            )
+                debris = ()  # detached with the first ended machine; the others only leave
     return actions
 
 
 def _check_devices(machine: Machine, inventory: Inventory) -> list[Action]:
     """A machine a server uses: is every device it holds attached to its host?"""
     host = inventory.host(machine.host_id or "")
-    if host is None or host.tag is None or host.tag.machine != machine.id:
+    marked = {m.machine for m in host.mark.machines} if host and host.mark else set()
+    if host is None or machine.id not in marked:
         found = "gone" if host is None else "not marked for it"
         why = f"its host {machine.host_id} is {found} on the fabric"
         return [Action("conflict", why, machine.id, host=machine.host_id)]
@@ -286,7 +291,7 @@ class Reconciler:
         live = await self.composer.runner.run(ledger.live_machines)
         machines = {m.id: m for m in live}
         named = {s.machine_id for s in servers or () if s.machine_id}
-        named |= {h.tag.machine for h in inventory.hosts if h.tag is not None}
+        named |= {m.machine for h in inventory.hosts if h.mark for m in h.mark.machines}
         for machine_id in sorted(named - machines.keys()):
             machine = await self.composer.runner.run(ledger.machine, machine_id)
             if machine is not None:

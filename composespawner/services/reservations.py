@@ -9,6 +9,18 @@ compare-and-set and place again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from composespawner.domain.rooms import HostUse, Room
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRoom:
+    """Room a claim of this process takes on a shared host: held back as blocks are."""
+
+    machine_id: str
+    host_id: str
+    need: Room
 
 
 class Reservations:
@@ -21,21 +33,46 @@ class Reservations:
     def __init__(self) -> None:
         # block → number of the claim commit that took it (None: still in flight).
         self._blocks: dict[str, int | None] = {}
+        # machine id → the room its claim takes, and that commit's number as above.
+        self._rooms: dict[str, tuple[HeldRoom, int | None]] = {}
         self.commits = 0  # claims committed by this process so far
 
-    def hold(self, blocks: Iterable[str]) -> None:
-        """A claim of ``blocks`` is about to be tried."""
+    def hold(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
+        """A claim of ``blocks`` (and ``room``) is about to be tried."""
         self._blocks.update(dict.fromkeys(blocks))
+        if room is not None:
+            self._rooms[room.machine_id] = (room, None)
 
-    def commit(self, blocks: Iterable[str]) -> None:
+    def commit(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
         """The claim of ``blocks`` committed: held until a later read of the ledger shows it."""
         self.commits += 1
         self._blocks.update(dict.fromkeys(blocks, self.commits))
+        if room is not None:
+            self._rooms[room.machine_id] = (room, self.commits)
 
-    def drop(self, blocks: Iterable[str]) -> None:
+    def drop(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
         """The claim of ``blocks`` was not made."""
         for block in blocks:
             self._blocks.pop(block, None)
+        if room is not None:
+            self._rooms.pop(room.machine_id, None)
+
+    def rooms(self, use: Mapping[str, HostUse], read_after: int) -> dict[str, HostUse]:
+        """``use`` (a ledger read of the hosts' room held, begun after commit ``read_after``)
+        with the room this process's claims take that the read does not show yet."""
+        for machine_id, (_, committed) in list(self._rooms.items()):
+            if committed is not None and committed <= read_after:
+                del self._rooms[machine_id]
+        held = dict(use)
+        for room, _ in self._rooms.values():
+            before = held.get(room.host_id, HostUse(0, 0, 0, 0))
+            held[room.host_id] = HostUse(
+                before.cores + room.need.cores,
+                before.memory_gib + room.need.memory_gib,
+                before.slots + room.need.slots,
+                before.machines + 1,
+            )
+        return held
 
     def taken(self, held: Mapping[str, str], read_after: int) -> set[str]:
         """Blocks placement may not take: ``held`` in a ledger read, or reserved here.

@@ -96,6 +96,13 @@ class Resizer:
     async def grow(self, user: str, groups: frozenset[str], server: str, count: int) -> Machine:
         """Add ``count`` GPUs to the server's running machine; the machine as it is now."""
         machine = await self.running_machine(user, server)
+        if machine.request.get("gpu_model") is None:
+            raise ComposeRefused(
+                "Your server runs without GPUs (CPU only), so there is no GPU model to add"
+                " more of. Stop it and start it again with the GPUs you need.",
+                status=409,
+                reason="no-fit",
+            )
         model = self.catalog.gpu_model(str(machine.request.get("gpu_model")))
         if model is None:
             raise ComposeRefused(
@@ -127,6 +134,7 @@ class Resizer:
             groups=groups,
             ask=DeviceAsk(gpu_models=model.fabric_models, gpu_count=count, label=model.label),
             terms=allowed.terms(groups, model.id, self.catalog),
+            max_devices=self.catalog.max_devices_per_host,
         )
         blocks = await claim_and_attach(more)
         self.pool.forget()
@@ -201,6 +209,7 @@ class MoreGpus:
     groups: frozenset[str]
     ask: DeviceAsk
     terms: ClaimTerms
+    max_devices: int  # the catalog's slots per host, for a host the fabric says none of
     contention: str = "Other users took the free GPUs while we claimed them. Try again."
     attached: list[str] = field(default_factory=list)
 
@@ -214,7 +223,10 @@ class MoreGpus:
             holdback=self.terms.holdback,
             registrations=self.terms.registrations,
         )
-        picked = place_more(pool, self.machine.zone or "", self.ask)
+        on_host = next((h for h in pool.hosts if h.host.system_id == self.machine.host_id), None)
+        # A machine from before hosts were shared has its host to itself (not in the pool).
+        slots = on_host.free.slots if on_host else self.max_devices - len(self.machine.block_ids)
+        picked = place_more(pool, self.machine.zone or "", self.ask, slots=slots)
         return picked if isinstance(picked, NoFit) else tuple(d.block_id for d in picked)
 
     async def take(self, blocks: tuple[str, ...]) -> bool:

@@ -196,6 +196,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 if self.kit is not None:
                     self.check_kit(self.kit)
                 self.machine = await self._compose(request, admitted)
+                self.share = self.machine.share  # what the launcher holds the notebook to
             except SpawnRefused:
                 forget_refused(self, self.accepted_options, self._record_is_new)
                 raise
@@ -335,6 +336,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
         restored = restored_state(state)
         if restored.machine is not None:
             self.machine = restored.machine
+            self.share = restored.machine.share
         if restored.accepted_options is not None:
             self.accepted_options = restored.accepted_options
         if restored.run_manifest is not None:
@@ -343,6 +345,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     def clear_state(self) -> None:
         super().clear_state()
         self.machine = None
+        self.share = None
         self.run_manifest = None
 
     # -- what the notebook sees --------------------------------------------------

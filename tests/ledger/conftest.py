@@ -35,6 +35,7 @@ TABLES = (
     "audit_log",
     "cohorts",
     "colocated",
+    "host_rooms",
 )
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

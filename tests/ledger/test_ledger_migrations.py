@@ -27,6 +27,7 @@ TABLES = {
     "usage_model_days",
     "run_manifests",
     "kit_submissions",
+    "host_rooms",
     "quota_rules",
     "audit_log",
     "cohorts",
@@ -61,7 +62,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0008"
+    assert empty.schema_revision() == head == "0009"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.hardware import CompositionTag, HostMark, Inventory
 from composespawner.fabric.base import (
     FabricError,
     FabricRefused,
@@ -107,15 +107,21 @@ class FaultyFabric(InProcessFabric):
         await self._reach("inventory")
         return await self._answer(super().inventory())
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         await self._reach("host_mark")
         return await self._answer(super().host_mark(system_id))
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        await self._reach("tag_host")
-        self._write("tag_host")
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
+        await self._reach("join_host")
+        self._write("join_host")
         self.tags_written.append((system_id, tag))
-        await self._answer(super().tag_host(system_id, tag))
+        await self._answer(super().join_host(system_id, tag))
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        await self._reach("leave_host")
+        self._write("leave_host")
+        self.tags_written.append((system_id, None))
+        await self._answer(super().leave_host(system_id, tag))
 
     async def attach(self, system_id: str, block_id: str) -> None:
         await self._reach("attach")

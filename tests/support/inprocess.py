@@ -19,7 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
-from composespawner.domain.hardware import CompositionTag, Device, DeviceState, Host, Inventory
+from composespawner.domain.hardware import (
+    CompositionTag,
+    Device,
+    DeviceState,
+    Host,
+    HostMark,
+    Inventory,
+)
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -48,7 +55,6 @@ from fabricsim.inventory import (
     load_inventory,
 )
 from fabricsim.state import FabricState
-from fabricsim.wire import TagShape
 
 # Simulator refusals that have a more specific fabric error than FabricRefused.
 _REFUSALS: dict[type[SimulatorError], type[FabricRefused]] = {
@@ -86,31 +92,45 @@ class InProcessFabric:
             zones=tuple(z.id for z in spec.zones),
         )
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         self._check_open()
         with _refusals():
             host = self.state.host(system_id)
-            return _domain_tag(self.state.tag(system_id)), (
-                host.block_id,
-                *self.state.attached(system_id),
-            )
+            return self.mark(system_id), (host.block_id, *self.state.attached(system_id))
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
+    def mark(self, system_id: str) -> HostMark | None:
+        """The host's mark now, for tests (no I/O, works after close)."""
+        return _domain_mark(self.state.tag(system_id))
+
+    def set_mark(self, system_id: str, mark: HostMark | None) -> None:
+        """Write a host's mark behind the client's back (another client, an admin)."""
+        self.state.set_tag(system_id, mark, if_match="*")
+
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
         self._check_open()
         with _refusals():
             # As a Redfish client does: read the system's ETag, PATCH with If-Match.
             etag = self.state.system_etag(self.state.host(system_id).id)
-            if tag is not None:
-                current = _domain_tag(self.state.tag(system_id))
-                holder = host_taken_by(
-                    current,
-                    marked=current is not None,
-                    attached=self.state.attached(system_id),
-                    wanted=tag,
-                )
-                if holder:
-                    raise DeviceInUse(f"host {system_id} is already composed for {holder}")
-            self.state.set_tag(system_id, tag, if_match=etag)
+            current = self.mark(system_id)
+            holder = host_taken_by(
+                current,
+                marked=self.state.tag(system_id) is not None,
+                attached=self.state.attached(system_id),
+                hub=tag.hub,
+            )
+            if holder:
+                raise DeviceInUse(f"host {system_id} is already composed for {holder}")
+            joined = current.joined(tag) if current else HostMark.of(tag)
+            if joined != current:
+                self.state.set_tag(system_id, joined, if_match=etag)
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        self._check_open()
+        with _refusals():
+            etag = self.state.system_etag(self.state.host(system_id).id)
+            current = self.mark(system_id)
+            if current is not None and current.has(tag):
+                self.state.set_tag(system_id, current.left(tag), if_match=etag)
 
     async def attach(self, system_id: str, block_id: str) -> None:
         self._check_open()
@@ -152,7 +172,7 @@ class InProcessFabric:
             memory_gib=spec.memory_gib,
             state="enabled" if self.state.is_enabled(spec.block_id) else "unavailable",
             attached=self.state.attached(spec.id),
-            tag=_domain_tag(self.state.tag(spec.id)),
+            mark=self.mark(spec.id),
         )
 
     def _device(self, spec: DeviceSpec) -> Device:
@@ -176,11 +196,15 @@ class InProcessFabric:
         )
 
 
-def _domain_tag(tag: TagShape | None) -> CompositionTag | None:
-    """The simulator's tag as the domain's type (it keeps whatever shape it was given)."""
-    return (
-        None if tag is None else CompositionTag(hub=tag.hub, machine=tag.machine, owner=tag.owner)
-    )
+def _domain_mark(mark: object) -> HostMark | None:
+    """What the simulator's state keeps under a host's mark, as the domain's type: the
+    very object this fake wrote, or a one-machine mark of an older client's tag."""
+    if mark is None or isinstance(mark, HostMark):
+        return mark
+    hub, machine, owner = (getattr(mark, key, None) for key in ("hub", "machine", "owner"))
+    if isinstance(hub, str) and isinstance(machine, str) and isinstance(owner, str):
+        return HostMark.of(CompositionTag(hub=hub, machine=machine, owner=owner))
+    raise TypeError(f"not a host mark: {mark!r}")
 
 
 @contextmanager

@@ -50,13 +50,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from composespawner.domain.catalog import Catalog
-from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.hardware import CompositionTag, HostMark, Inventory
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.quotas import QuotaRule
 from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError
 from composespawner.ledger import HOLDING, STATES, TERMINAL, Actor, Ledger, can_transition
-from composespawner.ledger.models import MachineEventRow, MachineRow
+from composespawner.ledger.models import HostRoomRow, MachineEventRow, MachineRow
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.reconcile import Reconciler, ServerView
@@ -64,6 +64,7 @@ from fabricsim.inventory import DeviceSpec, load_inventory
 from fabricsim.state import FabricState
 from harness.paths import HUB_CONFIG
 from tests.support.faulty import AttachFailure, Faults, FaultyFabric
+from tests.support.inprocess import InProcessFabric
 
 T = TypeVar("T")
 
@@ -174,10 +175,10 @@ class Watch:
 class CheckedFabric(FaultyFabric):
     """The faulty in-process fake (tests/support/faulty.py), checking the composer's use of it.
 
-    Tag a host only after the ledger gave the machine that host, attach only to
-    a host tagged for a machine that holds the device, never touch another
-    client's host or tag, nothing after close(), and no call the strict fake
-    refuses unless another client took or disabled something.
+    Put a machine on a host's mark only after the ledger placed it there, attach
+    only to a host whose mark lists the machine that holds the device, never
+    touch another client's host or mark, nothing after close(), and no call the
+    strict fake refuses unless another client took or disabled something.
     """
 
     def __init__(self, state: FabricState, faults: Faults, ledger: Ledger, watch: Watch) -> None:
@@ -189,18 +190,27 @@ class CheckedFabric(FaultyFabric):
         self._note_after_close("inventory")
         return await super().inventory()
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         self._note_after_close("host_mark")
         return await super().host_mark(system_id)
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
-        self._note_after_close("tag_host")
-        self._check_tag(system_id, tag)
-        before = self.state.tag(system_id)
-        await super().tag_host(system_id, tag)
-        if before is not None and before.hub != HUB_ID:
-            # Taking is conditional (a refusal is fine); overwriting is the misuse.
-            self.watch.misuse.append(f"tag_host({system_id}, {tag}) overwrote {before}")
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
+        self._note_after_close("join_host")
+        machine = self.ledger.machine(tag.machine)
+        if tag.hub != HUB_ID or machine is None or machine.host_id != system_id:
+            self.watch.misuse.append(f"join_host({system_id}, {tag}) before the ledger placed it")
+        before = self.mark(system_id)
+        await super().join_host(system_id, tag)
+        if before is not None and before.hub != HUB_ID and self.mark(system_id) != before:
+            # Joining is conditional (a refusal is fine); overwriting is the misuse.
+            self.watch.misuse.append(f"join_host({system_id}, {tag}) overwrote {before}")
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        self._note_after_close("leave_host")
+        current = self.mark(system_id)
+        if current is not None and current.hub != HUB_ID:
+            self.watch.misuse.append(f"leave_host({system_id}) over another's mark {current}")
+        await super().leave_host(system_id, tag)
 
     async def attach(self, system_id: str, block_id: str) -> None:
         self._note_after_close("attach")
@@ -220,30 +230,24 @@ class CheckedFabric(FaultyFabric):
         if self.closed:
             self.watch.misuse.append(f"{call} after close()")
 
-    def _check_tag(self, system_id: str, tag: CompositionTag | None) -> None:
-        current = self.state.tag(system_id)
-        if tag is None:
-            if current is not None and current.hub != HUB_ID:
-                self.watch.misuse.append(f"untag {system_id} over another's tag {current}")
-            return
-        host_block = self.state.host(system_id).block_id
-        if tag.hub != HUB_ID or self.ledger.holders().get(host_block) != tag.machine:
-            self.watch.misuse.append(f"tag_host({system_id}, {tag}) before the ledger gave it")
-
     def _check_attach(self, system_id: str, block_id: str) -> None:
-        tag = self.state.tag(system_id)
-        holders = self.ledger.holders()
-        host_block = self.state.host(system_id).block_id
-        if tag is None or tag.hub != HUB_ID:
-            self.watch.misuse.append(f"attach({system_id}, {block_id}) to a host not tagged ours")
-        elif holders.get(block_id) != tag.machine or holders.get(host_block) != tag.machine:
+        mark = self.mark(system_id)
+        holder = self.ledger.holders().get(block_id)
+        machine = self.ledger.machine(holder) if holder else None
+        if mark is None or mark.hub != HUB_ID:
+            self.watch.misuse.append(f"attach({system_id}, {block_id}) to a host not marked ours")
+        elif machine is None or machine.host_id != system_id or machine.id not in _ids(mark):
             self.watch.misuse.append(f"attach({system_id}, {block_id}) before the ledger gave it")
 
     def _check_detach(self, system_id: str, block_id: str) -> None:
-        tag = self.state.tag(system_id)
+        mark = self.mark(system_id)
         attached_here = self.state.holder(block_id) == system_id
-        if attached_here and (tag is None or tag.hub != HUB_ID):
+        if attached_here and (mark is None or mark.hub != HUB_ID):
             self.watch.misuse.append(f"detach({system_id}, {block_id}) from a host not ours")
+
+
+def _ids(mark: HostMark) -> set[str]:
+    return {m.machine for m in mark.machines}
 
 
 # ---------------------------------------------------------------------------
@@ -258,6 +262,19 @@ class Row:
     server: str
     state: str
     host: str | None
+    cores: int | None
+    memory_gib: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostRoom:
+    cores: int
+    memory_gib: int
+    slots: int
+    cores_held: int
+    memory_gib_held: int
+    slots_held: int
+    machines: int
 
 
 @dataclass(frozen=True)
@@ -266,13 +283,14 @@ class View:
     holders: dict[str, str]  # block → machine id, from the ledger
     events: dict[str, list[tuple[str | None, str]]]  # machine id → (from, to), in order
     attached: dict[str, list[str]]  # host → device blocks attached, from the fabric
-    tags: dict[str, CompositionTag]  # host → tag, every tag on the fabric
+    marks: dict[str, HostMark]  # host → mark, every mark on the fabric
+    rooms: dict[str, HostRoom]  # host → its room in the ledger
 
     def held(self, machine_id: str) -> set[str]:
         return {b for b, m in self.holders.items() if m == machine_id}
 
-    def ours(self) -> dict[str, CompositionTag]:
-        return {h: t for h, t in self.tags.items() if t.hub == HUB_ID}
+    def ours(self) -> dict[str, HostMark]:
+        return {h: t for h, t in self.marks.items() if t.hub == HUB_ID}
 
     def live(self) -> list[Row]:
         """Live machines, by (user, server): unique among them, unlike their random ids."""
@@ -281,7 +299,7 @@ class View:
         return sorted(live, key=lambda m: (m.user, m.server))
 
 
-def read_view(ledger: Ledger, state: FabricState) -> View:
+def read_view(ledger: Ledger, fabric: InProcessFabric) -> View:
     with ledger.engine.connect() as connection:
         rows = connection.execute(
             sa.select(
@@ -290,9 +308,24 @@ def read_view(ledger: Ledger, state: FabricState) -> View:
                 MachineRow.server_name,
                 MachineRow.state,
                 MachineRow.host_id,
+                MachineRow.cores,
+                MachineRow.memory_gib,
             )
         )
         machines = {r[0]: Row(*r) for r in rows}
+        room_rows = connection.execute(sa.select(HostRoomRow))
+        rooms = {
+            r.host_id: HostRoom(
+                r.cores,
+                r.memory_gib,
+                r.slots,
+                r.cores_held,
+                r.memory_gib_held,
+                r.slots_held,
+                r.machines,
+            )
+            for r in room_rows
+        }
         events: dict[str, list[tuple[str | None, str]]] = {}
         query = sa.select(
             MachineEventRow.machine_id, MachineEventRow.from_state, MachineEventRow.to_state
@@ -300,13 +333,14 @@ def read_view(ledger: Ledger, state: FabricState) -> View:
         for machine_id, from_state, to_state in connection.execute(query):
             events.setdefault(machine_id, []).append((from_state, to_state))
     hosts = [h.id for h in INVENTORY.hosts]
-    tags = {h: t for h in hosts if (t := state.tag(h)) is not None}
+    marks = {h: t for h in hosts if (t := fabric.mark(h)) is not None}
     return View(
         machines=machines,
         holders=ledger.holders(),
         events=events,
-        attached={h: list(state.attached(h)) for h in hosts},
-        tags=tags,
+        attached={h: list(fabric.state.attached(h)) for h in hosts},
+        marks=marks,
+        rooms=rooms,
     )
 
 
@@ -332,28 +366,54 @@ def check_one_holder(view: View, state: FabricState) -> None:
 
 
 def check_ours_attached(view: View) -> None:
-    """Invariant 2: attached machines have their devices; our hosts carry only held devices."""
+    """Invariant 2: attached machines have their devices on their host, whose mark lists
+    them; our hosts carry only devices their listed machines hold."""
     for m in view.live():
         if m.state not in ATTACHED:
             continue
         assert m.host is not None, f"{m} is attached but has no host"
+        mark = view.marks.get(m.host)
         tag = CompositionTag(hub=HUB_ID, machine=m.id, owner=f"{m.user}/{m.server}")
-        assert view.tags.get(m.host) == tag, f"{m}: host tagged {view.tags.get(m.host)}"
-        held_hosts = [h for block, h in HOST_BLOCKS.items() if view.holders.get(block) == m.id]
-        assert held_hosts == [m.host], f"{m}: holds hosts {held_hosts}"
+        assert mark is not None, f"{m}: host not marked"
+        assert tag in mark.machines, f"{m}: host marked {mark}"
         held = device_blocks(view.held(m.id))
-        assert held == set(view.attached[m.host]), (
+        assert held <= set(view.attached[m.host]), (
             f"{m}: ledger holds {sorted(held)}, fabric has {view.attached[m.host]} attached"
         )
-    for host, tag in view.ours().items():
-        owner = view.machines.get(tag.machine)
-        assert owner is not None, f"{host} tagged for unknown machine {tag.machine}"
-        assert owner.state not in TERMINAL, f"{host} tagged for {owner}"
-        strays = [b for b in view.attached[host] if view.holders.get(b) != tag.machine]
-        assert not strays, f"{host} ({tag}) has {strays} attached, not held by {tag.machine}"
+    for host, mark in view.ours().items():
+        listed = _ids(mark)
+        for machine_id in listed:
+            owner = view.machines.get(machine_id)
+            assert owner is not None, f"{host} marked for unknown machine {machine_id}"
+            assert owner.state not in TERMINAL, f"{host} marked for {owner}"
+            assert owner.host == host, f"{host} marked for {owner}, placed elsewhere"
+        strays = [b for b in view.attached[host] if view.holders.get(b) not in listed]
+        assert not strays, f"{host} ({mark}) has {strays} attached, not held by {listed}"
     for block, machine_id in view.holders.items():
         state = view.machines[machine_id].state
         assert state in HOLDING, f"{block} held by {machine_id}, which is {state}"
+
+
+def check_host_room(view: View) -> None:
+    """Invariant 10: no host over capacity, and what the ledger says is held of a host is
+    what its live machines hold: their cores and memory, a slot for each device."""
+    for host, room in view.rooms.items():
+        assert 0 <= room.cores_held <= room.cores, f"{host}: {room}"
+        assert 0 <= room.memory_gib_held <= room.memory_gib, f"{host}: {room}"
+        assert 0 <= room.slots_held <= room.slots, f"{host}: {room}"
+        on_it = [m for m in view.live() if m.host == host and m.cores is not None]
+        held = (
+            sum(m.cores or 0 for m in on_it),
+            sum(m.memory_gib or 0 for m in on_it),
+            sum(len(device_blocks(view.held(m.id))) for m in on_it),
+            len(on_it),
+        )
+        assert held == (room.cores_held, room.memory_gib_held, room.slots_held, room.machines), (
+            f"{host}: its machines hold {held}, the ledger's room says {room}"
+        )
+    for m in view.live():
+        if m.cores is not None and m.state != "requested":
+            assert m.host in view.rooms, f"{m} holds room on a host the ledger has no room for"
 
 
 def check_nothing_stray(view: View, foreign: Mapping[str, str]) -> None:
@@ -374,11 +434,12 @@ def check_colocated(view: View) -> None:
     for block, machine_id in view.holders.items():
         group, user = _owner(block), view.machines[machine_id].user
         assert group is None or group in GROUPS[user], f"{block} ({group}) held by {user}"
-    for host, tag in view.ours().items():
-        user = view.machines[tag.machine].user
+    for host in view.ours():
         for block in view.attached[host]:
+            holder = view.machines.get(view.holders.get(block, ""))
             group = _owner(block)
-            assert group is None or group in GROUPS[user], f"{block} on {user}'s {host}"
+            assert holder is not None, f"{block} on our {host}, held by nobody"
+            assert group is None or group in GROUPS[holder.user], f"{block} on {holder}'s {host}"
 
 
 def check_quota(view: View, limits: Mapping[str, int | None]) -> None:
@@ -410,11 +471,13 @@ def check_agreement(view: View) -> None:
     in_ledger = {(b, m.host) for m in view.live() for b in device_blocks(view.held(m.id))}
     on_fabric = {(b, host) for host in view.ours() for b in view.attached[host]}
     assert in_ledger == on_fabric, f"ledger {sorted(in_ledger)} vs fabric {sorted(on_fabric)}"
-    machines_on_hosts = {m.host: m.id for m in view.live()}
-    tagged = {host: tag.machine for host, tag in view.ours().items()}
-    assert machines_on_hosts == tagged, f"ledger {machines_on_hosts} vs tags {tagged}"
+    machines_on_hosts: dict[str, set[str]] = {}
+    for m in view.live():
+        machines_on_hosts.setdefault(m.host or "", set()).add(m.id)
+    marked = {host: _ids(mark) for host, mark in view.ours().items()}
+    assert machines_on_hosts == marked, f"ledger {machines_on_hosts} vs marks {marked}"
     held_hosts = {HOST_BLOCKS[b]: m for b, m in view.holders.items() if b in HOST_BLOCKS}
-    assert held_hosts == tagged, f"host blocks held {held_hosts} vs tags {tagged}"
+    assert not held_hosts, f"shared hosts' own blocks held: {held_hosts}"
 
 
 # ---------------------------------------------------------------------------
@@ -422,13 +485,24 @@ def check_agreement(view: View) -> None:
 # ---------------------------------------------------------------------------
 
 
-asks = st.builds(
+gpu_asks = st.builds(
     MachineRequest,
     gpu_model=st.sampled_from([m.id for m in CATALOG.gpu_models]),
     gpu_count=st.integers(1, CATALOG.max_gpus_per_machine),
     network=st.sampled_from([n.id for n in CATALOG.networks]),
     scratch_gb=st.sampled_from(CATALOG.scratch_gb),
+    size=st.sampled_from([s.id for s in CATALOG.sizes]),
 )
+# A course's day: mostly CPU-only servers in a share of a host.
+cpu_asks = st.builds(
+    MachineRequest,
+    gpu_model=st.none(),
+    gpu_count=st.just(0),
+    network=st.just(CATALOG.networks[0].id),
+    scratch_gb=st.just(0),
+    size=st.sampled_from([s.id for s in CATALOG.sizes]),
+)
+asks = st.one_of(gpu_asks, cpu_asks)
 # (user, server, request, and whether the notebook then starts: composed → running)
 a_compose = st.tuples(st.sampled_from(USERS), st.sampled_from(SERVERS), asks, st.booleans())
 composes = st.lists(a_compose, min_size=1, max_size=3)
@@ -493,6 +567,11 @@ class AllocationMachine(RuleBasedStateMachine):
     def ledger(self) -> Ledger:
         return self.composer.ledger
 
+    @property
+    def fabric_view(self) -> InProcessFabric:
+        """The fabric's state as a client sees it (marks included), across hub restarts."""
+        return InProcessFabric(self.state)
+
     def boot(self) -> None:
         ledger = Ledger(self.url, timeout=10.0)
         self.hub = Composer(
@@ -521,7 +600,7 @@ class AllocationMachine(RuleBasedStateMachine):
             return None, e
 
     def live(self) -> list[Row]:
-        return read_view(self.ledger, self.state).live() if self.hub else []
+        return read_view(self.ledger, self.fabric_view).live() if self.hub else []
 
     # Hypothesis switches rules off at random per example (swarm testing): starting
     # with machines and a fabric condition gives every example something to work on.
@@ -564,6 +643,44 @@ class AllocationMachine(RuleBasedStateMachine):
                 self.ledger.transition(made.machine_id, "launching", "starting notebook")
                 self.ledger.transition(made.machine_id, "running", "notebook started")
 
+    @rule(composes=st.lists(a_compose, min_size=2, max_size=4, unique_by=lambda c: (c[0], c[1])))
+    def compose_together(self, composes: list[tuple[str, str, MachineRequest, bool]]) -> None:
+        """Several servers start at once: their claims race for the same hosts' room."""
+
+        async def one(
+            user: str, server: str, request: MachineRequest
+        ) -> tuple[ComposedMachine | None, Exception | None]:
+            try:
+                made = await self.composer.compose(
+                    user=user,
+                    groups=GROUPS[user],
+                    server=server,
+                    request=request,
+                    progress=_ignore_progress,
+                )
+            except (ComposeRefused, ComposeFailed, FabricError) as e:
+                return None, e
+            return made, None
+
+        busy = {(m.user, m.server) for m in self.live()}
+        errors = self.faults.errors_raised
+
+        async def together() -> list[tuple[ComposedMachine | None, Exception | None]]:
+            return await asyncio.gather(*(one(u, s, r) for u, s, r, _ in composes))
+
+        results = self.run(together())
+        for (user, server, request, _), (made, error) in zip(composes, results, strict=True):
+            if made is not None:
+                note("compose together: composed")
+                assert (user, server) not in busy, f"composed over live {user}/{server}"
+                self._check_composed(made, user, server, request)
+            elif isinstance(error, ComposeRefused):
+                note(f"compose together: refused {error.status}")
+                assert error.status in (403, 409), repr(error)
+            else:
+                note("compose together: failed")
+                assert self.faults.errors_raised > errors, f"{error!r} with no fabric error"
+
     def _compose_one(
         self, user: str, server: str, request: MachineRequest
     ) -> ComposedMachine | None:
@@ -601,11 +718,15 @@ class AllocationMachine(RuleBasedStateMachine):
     def _check_composed(
         self, made: ComposedMachine, user: str, server: str, request: MachineRequest
     ) -> None:
-        model, network = CATALOG.gpu_model(request.gpu_model), CATALOG.network(request.network)
-        assert model is not None
+        model = CATALOG.gpu_model(request.gpu_model) if request.gpu_model else None
+        network = CATALOG.network(request.network)
         assert network is not None
         assert len(made.gpus) == request.gpu_count
-        assert all(g.model in model.fabric_models for g in made.gpus), made.gpus
+        assert model is not None or not made.gpus, made.gpus
+        assert all(g.model in model.fabric_models for g in made.gpus if model), made.gpus
+        size = request.share_of(CATALOG)
+        expected = None if size.whole_host else (size.cores, size.memory_gib)
+        assert (made.share and (made.share.cores, made.share.memory_gib)) == expected, made
         assert (made.nic.speed_gbps if made.nic else 0) == network.speed_gbps, made.nic
         assert sum(d.capacity_gb or 0 for d in made.drives) >= request.scratch_gb, made.drives
         machine = self.ledger.machine(made.machine_id)
@@ -615,7 +736,10 @@ class AllocationMachine(RuleBasedStateMachine):
         assert machine.host_id == made.host, machine
         blocks = {d.block_id for d in (*made.gpus, *made.drives)}
         blocks |= {made.nic.block_id} if made.nic else set()
-        assert set(self.state.attached(made.host)) == blocks, self.state.attached(made.host)
+        assert blocks <= set(self.state.attached(made.host)), self.state.attached(made.host)
+        mark = self.fabric_view.mark(made.host)
+        if mark is not None and len(mark.machines) > 1:
+            note("compose: on a host shared with other machines")
 
     @rule(pick=st.integers(0, 63), failed=st.booleans())
     def release(self, pick: int, failed: bool) -> None:
@@ -692,9 +816,9 @@ class AllocationMachine(RuleBasedStateMachine):
 
     def other_client_composes(self, host: str, block_id: str) -> None:
         self.state.add_resource_block(host, block_id)
-        if self.state.tag(host) is None:
+        if self.fabric_view.mark(host) is None:
             tag = CompositionTag(hub=OTHER_HUB, machine="theirs", owner="someone/else")
-            self.state.set_tag(host, tag, if_match="*")
+            self.fabric_view.set_mark(host, HostMark.of(tag))
         self.watch.foreign[block_id] = host
 
     def _free_on_fabric(self, block_id: str) -> bool:
@@ -702,20 +826,20 @@ class AllocationMachine(RuleBasedStateMachine):
 
     def _theirs_or_bare(self, host: str, device: DeviceSpec) -> bool:
         spec = INVENTORY.host(host)
-        tag = self.state.tag(host)
+        mark = self.fabric_view.mark(host)
         if spec is None or not set(spec.zones) & set(device.zones):
             return False
-        if tag is None:
+        if mark is None:
             return not self.state.attached(host)
-        return tag.hub == OTHER_HUB
+        return mark.hub == OTHER_HUB
 
     def other_client_lets_go(self) -> None:
         for block, host in self.watch.foreign.items():
             self.state.remove_resource_block(host, block)
         for host in [h.id for h in INVENTORY.hosts]:
-            tag = self.state.tag(host)
-            if tag is not None and tag.hub == OTHER_HUB:
-                self.state.set_tag(host, None, if_match="*")
+            mark = self.fabric_view.mark(host)
+            if mark is not None and mark.hub == OTHER_HUB:
+                self.fabric_view.set_mark(host, None)
         self.state.set_disabled(())
         self.watch.foreign.clear()
 
@@ -782,9 +906,10 @@ class AllocationMachine(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         assert not self.watch.misuse, self.watch.misuse
-        view = read_view(self.ledger, self.state)
+        view = read_view(self.ledger, self.fabric_view)
         check_one_holder(view, self.state)
         check_ours_attached(view)
+        check_host_room(view)
         check_nothing_stray(view, self.watch.foreign)
         check_colocated(view)
         check_quota(view, self.limits)

@@ -46,7 +46,8 @@ STRANDING_TASKS = (
 
 def test_placement_speed_times_valid_decisions() -> None:
     fabric = placement_speed.synthetic_fabric(zones=2)
-    asks = placement_speed.request_mix()[::7] + placement_speed.request_mix()[-2:]
+    mix = placement_speed.request_mix()
+    asks = mix[:-2][::7] + mix[-2:]  # every seventh that fits, and the two that cannot
     timings = placement_speed.measure(fabric, asks, repeats=1)
     result = placement_speed.summary(fabric, timings)
     assert result["devices"] == 400
@@ -62,6 +63,7 @@ def test_placement_speed_times_valid_decisions() -> None:
         assert all(fabric.inventory.device(i).state == "free" for i in ids)  # type: ignore[union-attr]
         assert len(plan.gpus) == ask.gpu_count
         assert all(plan.zone in d.zones for d in plan.devices)
+        assert placement_speed.plan_fits(fabric, plan)
     assert result["p99_us"] >= result["median_us"] > 0  # type: ignore[operator]
 
 

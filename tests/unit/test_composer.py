@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.cohorts import Cohort, Session
-from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.hardware import CompositionTag, HostMark, Inventory
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.quotas import NO_QUOTA, Quota, QuotaRule
 from composespawner.domain.request import MachineRequest
@@ -37,6 +37,7 @@ from composespawner.ledger import (
     Ledger,
     Machine,
     QuotaExceeded,
+    RoomClaim,
 )
 from composespawner.ledger.models import MachineRow
 from composespawner.services.composer import Composer
@@ -86,6 +87,7 @@ class HeldClaimLedger(Ledger):
         host_block: str | None = None,
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
+        room: RoomClaim | None = None,
     ) -> Machine:
         self.claim_entered.set()
         if not self.claim_may_go.wait(timeout=10):
@@ -100,6 +102,7 @@ class HeldClaimLedger(Ledger):
             host_block=host_block,
             keep_free=keep_free,
             cohort=cohort,
+            room=room,
         )
 
 
@@ -178,8 +181,8 @@ class Rig:
         found = []
         if state.attached(host):
             found.append(f"{host} still has {state.attached(host)} attached")
-        if state.tag(host) is not None:
-            found.append(f"{host} still tagged {state.tag(host)}")
+        if self.fabric.mark(host) is not None:
+            found.append(f"{host} still marked {self.fabric.mark(host)}")
         if machine.state != "failed":
             found.append(f"machine is {machine.state}, not failed")
         if self.ledger.holders():
@@ -241,10 +244,11 @@ async def test_compose_attaches_tags_and_records_then_release_gives_it_all_back(
     assert sum(d.capacity_gb or 0 for d in machine.drives) >= 1920
     devices = tuple(d.block_id for d in (*machine.gpus, machine.nic, *machine.drives))
     assert state.attached(host) == devices
-    assert state.tag(host) == CompositionTag(hub=HUB_ID, machine=machine.machine_id, owner="u/")
+    tag = CompositionTag(hub=HUB_ID, machine=machine.machine_id, owner="u/")
+    assert rig.fabric.mark(host) == HostMark.of(tag)
     record = rig.machine(machine.machine_id)
     assert (record.state, record.host_id, record.zone) == ("composed", host, machine.zone)
-    assert set(record.block_ids) == {rig.host_block(host), *devices}
+    assert set(record.block_ids) == set(devices)  # the host is shared: its block is nobody's
     assert rig.ledger.holders() == {b: machine.machine_id for b in record.block_ids}
 
     expected = [
@@ -262,7 +266,7 @@ async def test_compose_attaches_tags_and_records_then_release_gives_it_all_back(
     await rig.composer.release(machine.machine_id, reason="server stopped")
 
     assert rig.attachments() == {}
-    assert state.tag(host) is None
+    assert rig.fabric.mark(host) is None
     released = rig.machine(machine.machine_id)
     assert (released.state, released.block_ids) == ("released", ())
     assert rig.ledger.holders() == {}
@@ -575,7 +579,7 @@ async def test_release_keeps_devices_held_while_the_fabric_is_unreachable(rig: R
     await eventually(lambda: rig.machine(machine_id).state == "released", what="released")
     assert rig.ledger.holders() == {}
     assert rig.attachments() == {}
-    assert rig.fabric.state.tag(host) is None
+    assert rig.fabric.mark(host) is None
 
 
 # ---------------------------------------------------------------------------
@@ -603,12 +607,10 @@ async def test_racing_composes_never_share_a_device(rig: Rig) -> None:
     for machine in won:
         gpus = {g.block_id for g in machine.gpus}
         assert set(rig.fabric.state.attached(machine.host)) == gpus
-        tag = rig.fabric.state.tag(machine.host)
-        assert tag is not None
-        assert tag.machine == machine.machine_id
-        expected_holders.update(
-            dict.fromkeys((*gpus, rig.host_block(machine.host)), machine.machine_id)
-        )
+        mark = rig.fabric.mark(machine.host)
+        assert mark is not None
+        assert [m.machine for m in mark.machines] == [machine.machine_id]
+        expected_holders.update(dict.fromkeys(gpus, machine.machine_id))
     assert rig.ledger.holders() == expected_holders
     assert set(rig.attachments()) == set(h100s)
 

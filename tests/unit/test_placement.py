@@ -1,6 +1,6 @@
 """Placement: one zone per machine, models and counts as asked, co-located only for owners."""
 
-from composespawner.domain.hardware import CompositionTag, Device, Host, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, Host, HostMark, Inventory
 from composespawner.domain.placement import (
     Availability,
     DeviceAsk,
@@ -86,7 +86,7 @@ def test_held_busy_and_foreign_things_are_not_offered() -> None:
         hosts=(
             host("h1", "r1"),
             host("h2", "r1", attached=("someone-elses",)),
-            host("h3", "r1", tag=CompositionTag("hub", "m", "u/")),
+            host("h3", "r1", mark=HostMark.of(CompositionTag("hub", "m", "u/"))),
         ),
         devices=(
             gpu("a", T4, "r1"),
@@ -97,7 +97,7 @@ def test_held_busy_and_foreign_things_are_not_offered() -> None:
         zones=("r1",),
     )
     pool = pool_for(inventory, held={"d"}, owners={}, groups=())
-    assert [h.system_id for h in pool.hosts] == ["h1"]
+    assert [h.host.system_id for h in pool.hosts] == ["h1"]
     assert [d.block_id for d in pool.devices] == ["a"]
     refusal = place(pool, ask(T4, 2))
     assert isinstance(refusal, NoFit)
@@ -234,9 +234,9 @@ def test_a_grow_takes_gpus_of_the_machines_own_zone_only() -> None:
         devices=(gpu("a", T4, "r1"), gpu("b", T4, "r2"), gpu("c", T4, "r2"), gpu("d", A100, "r1")),
         zones=("r1", "r2"),
     )
-    picked = place_more(pool, "r2", ask(T4, 2))
+    picked = place_more(pool, "r2", ask(T4, 2), slots=4)
     assert not isinstance(picked, NoFit)
     assert [d.block_id for d in picked] == ["b", "c"]
-    short = place_more(pool, "r1", ask(T4, 2))
+    short = place_more(pool, "r1", ask(T4, 2), slots=4)
     assert isinstance(short, NoFit)
     assert f"Only 1 more {T4} is free in your machine's rack (r1)" in short.reason

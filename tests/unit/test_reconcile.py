@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from composespawner.domain.catalog import Catalog
-from composespawner.domain.hardware import CompositionTag, Inventory
+from composespawner.domain.hardware import CompositionTag, HostMark, Inventory
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricUnreachable
@@ -198,12 +198,12 @@ async def test_a_host_we_marked_for_an_ended_machine_is_cleared(world: World) ->
 
     assert report.done == {"detach-untracked": 1}
     assert world.attached() == {}
-    assert world.fabric.state.tag(machine.host) is None
+    assert world.fabric.mark(machine.host) is None
 
 
 async def test_compositions_of_others_are_never_touched(world: World) -> None:
     other_tag = CompositionTag(hub="hub-b", machine="theirs", owner="x/y")
-    world.fabric.state.set_tag("host-02", other_tag, if_match="*")
+    await world.fabric.join_host("host-02", other_tag)
     world.fabric.state.add_resource_block("host-02", "r1-t4-3")
     world.fabric.state.add_resource_block("host-03", "r1-t4-4")  # unmarked: someone by hand
 
@@ -211,7 +211,7 @@ async def test_compositions_of_others_are_never_touched(world: World) -> None:
         assert (await world.reconciler.run_once()).actions == []
 
     assert world.attached() == {"host-02": ("r1-t4-3",), "host-03": ("r1-t4-4",)}
-    assert world.fabric.state.tag("host-02") == other_tag
+    assert world.fabric.mark("host-02") == HostMark.of(other_tag)
 
 
 async def test_a_device_the_fabric_lost_is_attached_again(world: World) -> None:

@@ -1,5 +1,6 @@
 """MachineRequest parsing: every bad input gets a message a person can act on."""
 
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from composespawner.domain.request import (
     settle_stack,
 )
 
-CATALOG = Catalog.from_file(Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml")
+CATALOG_FILE = Path(__file__).resolve().parents[2] / "hub_config" / "catalog.toml"
+CATALOG = Catalog.from_file(CATALOG_FILE)
 PUBLIC = frozenset({"h100", "a100", "l40s", "t4"})
 
 
@@ -33,7 +35,9 @@ def test_form_post_becomes_typed_request() -> None:
         "scratch_gb": ["1920"],
     }
     # No stack chosen: settle_stack gives it the first the user may use.
-    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest("a100", 2, "100g", 1920, None)
+    assert parse_form(form, CATALOG, PUBLIC) == MachineRequest(
+        "a100", 2, "100g", 1920, None, size="large"
+    )
     form["stack"] = ["tensorflow"]
     assert parse_form(form, CATALOG, PUBLIC).stack == "tensorflow"
 
@@ -86,10 +90,15 @@ def test_without_stacks_in_the_catalog_a_request_has_none() -> None:
         ({"gpu_count": 1}, "gpu_model", "Choose a GPU model"),
         ({"gpu_model": "v100", "gpu_count": 1}, "gpu_model", "Unknown GPU model 'v100'"),
         ({"gpu_model": 7, "gpu_count": 1}, "gpu_model", "Unknown GPU model '7'"),
-        ({"gpu_model": "t4", "gpu_count": 0}, "gpu_count", "from 1 to 4"),
+        ({"gpu_model": "t4", "gpu_count": 0}, "gpu_model", "CPU-only server"),
+        ({"gpu_count": 1}, "gpu_model", "0 GPUs for a CPU-only server"),
+        ({"gpu_count": 0, "size": "huge"}, "size", "Unknown size 'huge'. Choose one of: small"),
+        ({"gpu_count": 0, "size": 8}, "size", "Unknown size '8'"),
+        ({"gpu_count": 0, "cores": 8}, "cores", 'give "size", one of small'),
+        ({"gpu_count": 0, "memory_gib": 999}, "memory_gib", 'give "size"'),
         ({"gpu_model": "t4", "gpu_count": -2}, "gpu_count", "got -2"),
         ({"gpu_model": "t4", "gpu_count": 99}, "gpu_count", "the most one machine can hold"),
-        ({"gpu_model": "t4", "gpu_count": 10**12}, "gpu_count", "from 1 to 4"),
+        ({"gpu_model": "t4", "gpu_count": 10**12}, "gpu_count", "from 0 \\(CPU only\\) to 4"),
         ({"gpu_model": "t4", "gpu_count": 1.5}, "gpu_count", "whole number"),
         ({"gpu_model": "t4", "gpu_count": "two"}, "gpu_count", "whole number"),
         ({"gpu_model": "t4", "gpu_count": True}, "gpu_count", "whole number"),
@@ -158,3 +167,29 @@ def test_oversized_options_are_refused_before_anything_else() -> None:
         assert refused.status == 413
         assert f"at most {MAX_OPTIONS_BYTES:,} bytes" in str(refused)
         assert "Send only gpu_model, gpu_count" in str(refused)
+
+
+def test_a_cpu_only_server_takes_a_size_and_no_gpu() -> None:
+    request = parse_options({"gpu_count": 0}, CATALOG, PUBLIC)
+    assert (request.gpu_model, request.gpu_count, request.size) == (None, 0, "small")
+    assert request.describe(CATALOG) == "CPU only, 2 cores, 8 GiB"
+    assert parse_options(request.to_options(), CATALOG, PUBLIC) == request
+    chosen = parse_options({"gpu_count": "0", "gpu_model": "", "size": "whole"}, CATALOG, PUBLIC)
+    assert chosen.size == "whole"
+
+
+@pytest.mark.parametrize(
+    ("count", "size"), [(0, "small"), (1, "medium"), (3, "large"), (4, "xlarge")]
+)
+def test_a_request_naming_no_size_gets_its_gpu_counts_default(count: int, size: str) -> None:
+    options = {"gpu_count": count, **({"gpu_model": "t4"} if count else {})}
+    assert parse_options(options, CATALOG, PUBLIC).size == size
+
+
+def test_a_catalog_without_sizes_gives_every_machine_its_whole_host() -> None:
+    raw = tomllib.loads(CATALOG_FILE.read_text())
+    for key in ("sizes", "default_size", "hosts"):
+        raw.pop(key)
+    catalog = Catalog.from_dict(raw, relative_to=CATALOG_FILE.parent)
+    assert [s.id for s in catalog.sizes] == ["whole"]
+    assert parse_options({"gpu_model": "t4", "gpu_count": 1}, catalog, PUBLIC).size == "whole"

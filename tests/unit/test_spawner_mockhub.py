@@ -102,7 +102,9 @@ async def test_start_shows_progress_keeps_state_and_stop_gives_everything_back(
     machine_id = state["machine_id"]
     assert spawner.composer.ledger.machine(machine_id).state == "running"
     assert await spawner.poll() is None
-    assert len(spawner.composer.ledger.holders()) == 3  # the host, the GPU and the NIC
+    assert len(spawner.composer.ledger.holders()) == 2  # the GPU and the NIC: the host is shared
+    machine = spawner.composer.ledger.machine(machine_id)
+    assert (machine.cores, machine.memory_gib) == (4, 32)  # the size for one GPU
 
     await student.stop()  # returns once the notebook is down; the release goes on
     assert await spawner.composer.wait_released(machine_id, within=10)

@@ -8,13 +8,13 @@ hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transp
                    retries with jittered backoff, the per-operation Deadline.
                    RedfishTimeouts / RedfishRetry: the knobs.
     errors.py      pure: Redfish error bodies (MessageIds) and statuses → base.py errors.
-    mapping.py     pure: Redfish documents → Inventory / Device / Host / CompositionTag.
+    mapping.py     pure: Redfish documents → Inventory / Device / Host / HostMark.
     tasks.py       a write's final answer, at once or through a 202 task monitor.
     discovery.py   Discovery: the service map, the inventory (with $expand where
                    offered), systems and their latest answers (reads only).
     expandable.py  ExpandableSystems: attach/detach through the host's
-                   AddResourceBlock/RemoveResourceBlock actions with ETags, tag_host
-                   through Oem.ComposeSpawner.
+                   AddResourceBlock/RemoveResourceBlock actions with ETags; machines
+                   join and leave a shared host's mark, Oem.ComposeSpawner.
     composition.py WholeSystems: compose/decompose where the service creates systems
                    (POST to Systems, or the CompositionService.Compose action).
     fabric.py      RedfishFabric: the Fabric protocol, each operation under its

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.hardware import CompositionTag, HostMark
 from composespawner.fabric.base import (
     OEM_KEY,
     DeviceInUse,
@@ -21,7 +21,6 @@ from composespawner.fabric.base import (
     FabricTaskFailed,
     FabricUnreachable,
     host_taken_by,
-    same_machine,
 )
 from composespawner.fabric.redfish import mapping
 from composespawner.fabric.redfish.discovery import Discovery
@@ -79,7 +78,8 @@ class WholeSystems:
 
     async def decompose(self, host: str, tag: CompositionTag, deadline: Deadline) -> bool:
         system = await self._discovery.system_holding(host, deadline)
-        if system is None or not same_machine(mapping.composition_tag(system), tag):
+        mark = mapping.host_mark(system) if system is not None else None
+        if system is None or mark is None or not mark.has(tag):
             return False
         path = mapping.uri_of(system) or await self._discovery.system_path(
             mapping.resource_id(system), deadline
@@ -101,13 +101,18 @@ class WholeSystems:
         system = await self._discovery.system_holding(host, deadline)
         if system is None:
             return None
-        if same_machine(mapping.composition_tag(system), tag):
+        mark = mapping.host_mark(system)
+        if mark is not None and mark.has(tag):
             return mapping.resource_id(system)
-        holder = host_taken_by(
-            mapping.composition_tag(system),
-            marked=dig(system, "Oem", OEM_KEY) is not None,
-            attached=mapping.system_block_ids(system) or [host],
-            wanted=tag,
+        # A whole system is one machine's: another machine of this hub on it holds it too.
+        holder = (
+            host_taken_by(
+                mark,
+                marked=dig(system, "Oem", OEM_KEY) is not None,
+                attached=mapping.system_block_ids(system) or [host],
+                hub=tag.hub,
+            )
+            or f"machine {', '.join(m.machine for m in mark.machines) if mark else '?'}"
         )
         raise DeviceInUse(f"host {host} is already composed for {holder}")
 
@@ -151,7 +156,7 @@ def _composition_request(
         "Links": {
             "ResourceBlocks": [{"@odata.id": f"{blocks_uri}/{quote(b, safe='')}"} for b in blocks]
         },
-        "Oem": {OEM_KEY: mapping.tag_object(tag)},
+        "Oem": {OEM_KEY: mapping.mark_object(HostMark.of(tag))},
     }
 
 

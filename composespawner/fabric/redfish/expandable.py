@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.hardware import CompositionTag, HostMark
 from composespawner.fabric.base import (
     OEM_KEY,
     DeviceInUse,
@@ -108,28 +108,61 @@ class ExpandableSystems:
         wrote = await self._write_system(system_id, what, done, request, deadline)
         self._log.debug("%s: %s", what, "done" if wrote else "already done")
 
-    async def tag(self, system_id: str, tag: CompositionTag | None, deadline: Deadline) -> None:
-        await self.refuse_unless_expandable(system_id, f"tag {system_id}", deadline)
-        wanted = mapping.tag_object(tag)
+    async def join(self, system_id: str, tag: CompositionTag, deadline: Deadline) -> None:
+        """Put ``tag``'s machine on the host's mark (see ``Fabric.join_host``)."""
+        await self.refuse_unless_expandable(system_id, f"mark {system_id}", deadline)
 
         def done(system: Seen | Response) -> bool:
             document = system.document()
-            if dig(document, "Oem", OEM_KEY) == wanted:
+            current = mapping.host_mark(document)
+            if current is not None and current.has(tag):
                 return True
-            if tag is not None:
-                # Check first, write second: a mark on a host that takes no devices
-                # would stand for a machine that can never be composed there.
-                _refuse_unless_takes_devices(system_id, document, f"tag {system_id}")
-                _refuse_if_taken(system_id, document, tag)
+            # Check first, write second: a mark on a host that takes no devices
+            # would stand for a machine that can never be composed there.
+            _refuse_unless_takes_devices(system_id, document, f"mark {system_id}")
+            _refuse_if_taken(system_id, document, tag.hub)
             return False
 
+        def joined(current: HostMark | None) -> HostMark | None:
+            return current.joined(tag) if current is not None else HostMark.of(tag)
+
+        await self._write_mark(
+            system_id, f"join {tag.machine} to {system_id}", done, joined, deadline
+        )
+
+    async def leave(self, system_id: str, tag: CompositionTag, deadline: Deadline) -> None:
+        """Take ``tag``'s machine off the host's mark (see ``Fabric.leave_host``)."""
+        await self.refuse_unless_expandable(system_id, f"unmark {system_id}", deadline)
+
+        def done(system: Seen | Response) -> bool:
+            current = mapping.host_mark(system.document())
+            return current is None or not current.has(tag)
+
+        def left(current: HostMark | None) -> HostMark | None:
+            return current.left(tag) if current is not None else None
+
+        await self._write_mark(system_id, f"{tag.machine} leaves {system_id}", done, left, deadline)
+
+    async def _write_mark(
+        self,
+        system_id: str,
+        what: str,
+        done: Callable[[Seen | Response], bool],
+        change: Callable[[HostMark | None], HostMark | None],
+        deadline: Deadline,
+    ) -> None:
+        """Write the mark ``change`` makes of the one read, against the ETag of that read:
+        another machine joining or leaving meanwhile makes it stale, and the change is
+        made again on what they left."""
+
         async def write(path: str, system: Seen | Response) -> None:
-            written = await self._write_tag(path, system, wanted, deadline)
+            wanted = mapping.mark_object(change(mapping.host_mark(system.document())))
+            written = await self._patch_mark(path, system, wanted, deadline)
             if written is not None:
                 self._discovery.remember(system_id, written)
 
-        wrote = await self._write_system(system_id, f"tag {system_id}", done, write, deadline)
-        self._log.debug("tag %s: %s%s", system_id, "" if wrote else "already ", _describe_tag(tag))
+        wrote = await self._write_system(system_id, what, done, write, deadline)
+        self._log.debug("%s: %s", what, "done" if wrote else "already so")
 
     async def _write_system(
         self,
@@ -217,8 +250,8 @@ class ExpandableSystems:
             self._action_targets[key] = target
         return self._action_targets[key]
 
-    async def _write_tag(
-        self, path: str, system: Seen | Response, wanted: dict[str, str] | None, deadline: Deadline
+    async def _patch_mark(
+        self, path: str, system: Seen | Response, wanted: dict[str, Any] | None, deadline: Deadline
     ) -> Response | None:
         """PATCH the mark; returns the answer if it is the system as the PATCH left it."""
         etag = system.etag()
@@ -238,15 +271,15 @@ class ExpandableSystems:
         return response if response.status == 200 else None
 
 
-def _refuse_if_taken(system_id: str, system: Document, tag: CompositionTag) -> None:
+def _refuse_if_taken(system_id: str, system: Document, hub: str) -> None:
     # A system lists its own ComputerSystem block among Links.ResourceBlocks;
     # anything beyond that one is an attached device.
     blocks = mapping.system_block_ids(system)
     holder = host_taken_by(
-        mapping.composition_tag(system),
+        mapping.host_mark(system),
         marked=dig(system, "Oem", OEM_KEY) is not None,
         attached=blocks[1:],
-        wanted=tag,
+        hub=hub,
     )
     if holder:
         raise DeviceInUse(f"host {system_id} is already composed for {holder}")
@@ -260,7 +293,3 @@ def _refuse_unless_takes_devices(system_id: str, system: Document, what: str) ->
             " list ExpandableSystem): devices cannot be added to it or taken from it, so"
             " nothing was written to it"
         )
-
-
-def _describe_tag(tag: CompositionTag | None) -> str:
-    return "untagged" if tag is None else f"hub={tag.hub} machine={tag.machine} owner={tag.owner}"

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from composespawner.domain.hardware import CompositionTag, Device, Inventory
+from composespawner.domain.hardware import CompositionTag, Device, HostMark, Inventory
 from composespawner.fabric.base import (
     FabricDeadlineExceeded,
     Progress,
@@ -121,25 +121,30 @@ class RedfishFabric:
             lambda deadline: self._expandable.change(system_id, block_id, DETACH, deadline),
         )
 
-    async def host_mark(self, system_id: str) -> tuple[CompositionTag | None, tuple[str, ...]]:
+    async def host_mark(self, system_id: str) -> tuple[HostMark | None, tuple[str, ...]]:
         discovery = self._discovery
 
-        async def read(deadline: Deadline) -> tuple[CompositionTag | None, tuple[str, ...]]:
+        async def read(deadline: Deadline) -> tuple[HostMark | None, tuple[str, ...]]:
             if not await discovery.is_expandable(system_id, deadline):
                 found = await discovery.system_holding(system_id, deadline)
                 document = found or {}
                 blocks = mapping.system_block_ids(document) or [system_id]
-                return mapping.composition_tag(document), tuple(blocks)
+                return mapping.host_mark(document), tuple(blocks)
             _, system = await discovery.system(system_id, deadline)
             discovery.remember(system_id, system)
             document = system.document()
-            return mapping.composition_tag(document), tuple(mapping.system_block_ids(document))
+            return mapping.host_mark(document), tuple(mapping.system_block_ids(document))
 
         return await self._within_deadline(f"read {system_id}", read)
 
-    async def tag_host(self, system_id: str, tag: CompositionTag | None) -> None:
+    async def join_host(self, system_id: str, tag: CompositionTag) -> None:
         await self._within_deadline(
-            f"tag {system_id}", lambda deadline: self._expandable.tag(system_id, tag, deadline)
+            f"mark {system_id}", lambda deadline: self._expandable.join(system_id, tag, deadline)
+        )
+
+    async def leave_host(self, system_id: str, tag: CompositionTag) -> None:
+        await self._within_deadline(
+            f"unmark {system_id}", lambda deadline: self._expandable.leave(system_id, tag, deadline)
         )
 
     def seconds_since_answer(self) -> float:

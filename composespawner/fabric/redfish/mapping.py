@@ -26,7 +26,14 @@ from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from composespawner.domain.hardware import CompositionTag, Device, DeviceState, Host, Inventory
+from composespawner.domain.hardware import (
+    CompositionTag,
+    Device,
+    DeviceState,
+    Host,
+    HostMark,
+    Inventory,
+)
 from composespawner.fabric.base import OEM_KEY
 
 Document = Mapping[str, Any]
@@ -340,22 +347,46 @@ def block_zones(block: Document, membership: Mapping[str, set[str]]) -> frozense
     return frozenset(link_ids(dig(block, "Links", "Zones"))) | listed
 
 
-def composition_tag(system: Document) -> CompositionTag | None:
-    """Our ``Oem.ComposeSpawner`` mark on a system; None when absent or malformed."""
+def host_mark(system: Document) -> HostMark | None:
+    """Our ``Oem.ComposeSpawner`` mark on a system; None when absent or malformed.
+
+    Two shapes: ``{"Hub", "Machines": [{"Machine", "Owner"}, ...]}`` (v1_1, a
+    host shared by several machines) and ``{"Hub", "Machine", "Owner"}`` (v1_0,
+    written before hosts were shared: one machine).
+    """
     mark = dig(system, "Oem", OEM_KEY)
-    values = [dig(mark, key) for key in ("Hub", "Machine", "Owner")]
-    if not all(isinstance(v, str) and v for v in values):
+    hub = dig(mark, "Hub")
+    if not isinstance(hub, str) or not hub:
         return None  # not clearly ours: never treat it as ours
-    hub, machine, owner = values
-    return CompositionTag(hub=hub, machine=machine, owner=owner)
-
-
-def tag_object(tag: CompositionTag | None) -> dict[str, str] | None:
-    """What ``Oem.ComposeSpawner`` holds for ``tag`` (null removes it: merge-patch);
-    :func:`composition_tag` reads it back."""
-    if tag is None:
+    listed = dig(mark, "Machines")
+    entries = listed if isinstance(listed, list) else [mark] if "Machine" in mark else None
+    if not entries:
         return None
-    return {"Hub": tag.hub, "Machine": tag.machine, "Owner": tag.owner}
+    machines = []
+    for entry in entries:
+        machine, owner = dig(entry, "Machine"), dig(entry, "Owner")
+        if not (isinstance(machine, str) and machine and isinstance(owner, str) and owner):
+            return None
+        machines.append(CompositionTag(hub=hub, machine=machine, owner=owner))
+    return HostMark(hub, tuple(machines))
+
+
+def mark_object(mark: HostMark | None) -> dict[str, Any] | None:
+    """What ``Oem.ComposeSpawner`` holds for ``mark`` (null removes it: merge-patch);
+    :func:`host_mark` reads it back."""
+    if mark is None:
+        return None
+    return {
+        "Hub": mark.hub,
+        "Machines": [{"Machine": m.machine, "Owner": m.owner} for m in mark.machines],
+    }
+
+
+def host_cores(system: Document) -> int:
+    """CPU cores of a system: ``ProcessorSummary.CoreCount`` (ComputerSystem v1_14), or on
+    services that give only ``Count`` that, which undercounts (sockets) but never over."""
+    cores = dig(system, "ProcessorSummary", "CoreCount")
+    return _count(cores if cores is not None else dig(system, "ProcessorSummary", "Count"))
 
 
 def is_expandable(system: Document) -> bool:
@@ -384,11 +415,11 @@ def host_from_system(
         system_id=resource_id(system),
         block_id=resource_id(own),
         zones=block_zones(own, membership),
-        cpus=_count(dig(system, "ProcessorSummary", "Count")),
+        cpus=host_cores(system),
         memory_gib=_count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")),
         state=_host_state(system, own),
         attached=tuple(id_from_uri(u) for u in linked if u != own_uri),
-        tag=composition_tag(system),
+        mark=host_mark(system),
     )
 
 
@@ -433,20 +464,22 @@ def host_from_compute_block(
     block_id = resource_id(block)
     holding = system_holding(block_id, systems)
     system = holding or {}
-    tag = composition_tag(system)
+    mark = host_mark(system)
     state = _host_state(system, block)
     # A system that links the block holds it, whatever the block's own status says.
-    if tag is None and (holding is not None or device_state(block) == "attached"):
+    if mark is None and (holding is not None or device_state(block) == "attached"):
         state = "unavailable"
     return Host(
         system_id=block_id,
         block_id=block_id,
         zones=block_zones(block, membership),
-        cpus=_count(dig(system, "ProcessorSummary", "Count")),
+        cpus=host_cores(system),
         memory_gib=_count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")),
         state=state,
         attached=tuple(b for b in system_block_ids(system) if b != block_id),
-        tag=tag,
+        mark=mark,
+        # A composed system is made whole and taken apart whole here: one machine each.
+        shareable=False,
     )
 
 

@@ -1,0 +1,176 @@
+"""Host rooms: the cores, memory and device slots machines hold of a shared host.
+
+How invariant 10 (a host is never over capacity) holds here: every change to
+what is held is one ``UPDATE host_rooms`` whose WHERE clause compares what
+would be held with the capacity, and its row count is checked (compare-and-set,
+correct on SQLite and PostgreSQL: PostgreSQL re-checks the WHERE clause on the
+row a concurrent transaction just changed); the table's CHECK constraints
+refuse any write that would overcommit a host even so. Each step runs in its
+caller's transaction, next to the devices it claims or frees, so the room and
+the devices move together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, CursorResult, Row, Table, bindparam, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from composespawner.domain.rooms import HostUse
+from composespawner.ledger.errors import HostFull
+from composespawner.ledger.models import HostRoomRow
+from composespawner.ledger.records import RoomClaim
+
+HOST_ROOMS = cast(Table, HostRoomRow.__table__)
+
+_ROOM = HOST_ROOMS.c
+_TAKE = (
+    update(HOST_ROOMS)
+    .where(
+        _ROOM.host_id == bindparam("b_host"),
+        _ROOM.cores_held + bindparam("b_cores") <= _ROOM.cores,
+        _ROOM.memory_gib_held + bindparam("b_memory") <= _ROOM.memory_gib,
+        _ROOM.slots_held + bindparam("b_slots") <= _ROOM.slots,
+    )
+    .values(
+        cores_held=_ROOM.cores_held + bindparam("b_cores"),
+        memory_gib_held=_ROOM.memory_gib_held + bindparam("b_memory"),
+        slots_held=_ROOM.slots_held + bindparam("b_slots"),
+        machines=_ROOM.machines + bindparam("b_machines"),
+        updated_at=bindparam("b_now"),
+    )
+)
+# Giving back never fails for room: only what a machine took is given, so the
+# held figures cannot go below zero (the CHECK constraints say so too).
+_GIVE = (
+    update(HOST_ROOMS)
+    .where(_ROOM.host_id == bindparam("b_host"))
+    .values(
+        cores_held=_ROOM.cores_held - bindparam("b_cores"),
+        memory_gib_held=_ROOM.memory_gib_held - bindparam("b_memory"),
+        slots_held=_ROOM.slots_held - bindparam("b_slots"),
+        machines=_ROOM.machines - bindparam("b_machines"),
+        updated_at=bindparam("b_now"),
+    )
+)
+_IN_USE = select(HOST_ROOMS).where(_ROOM.machines > 0)
+
+
+def take_room(connection: Connection, claim: RoomClaim, slots: int, now: datetime) -> None:
+    """Take ``claim``'s cores and memory and ``slots`` device slots of its host, for one
+    new machine; :class:`HostFull`, having taken nothing, when the host lacks any of them."""
+    _know_host(connection, claim, now)
+    _change(connection, claim.host_id, claim.cores, claim.memory_gib, slots, 1, now)
+
+
+def take_slots(connection: Connection, host_id: str, slots: int, now: datetime) -> None:
+    """Take ``slots`` more device slots on a running machine's host (a grow)."""
+    _change(connection, host_id, 0, 0, slots, 0, now)
+
+
+def give_room(
+    connection: Connection,
+    machine: Row[Any],
+    slots: int,
+    now: datetime,
+    *,
+    ending: bool,
+) -> None:
+    """Give back ``slots`` device slots of ``machine``'s host and, if it is ``ending``, its
+    cores, memory and place among the host's machines. Machines from before hosts
+    were shared (``cores`` None) held their host's block instead: nothing here."""
+    if machine.cores is None or machine.host_id is None:
+        return
+    cores, memory = (machine.cores, machine.memory_gib) if ending else (0, 0)
+    connection.execute(
+        _GIVE,
+        {
+            "b_host": machine.host_id,
+            "b_cores": cores,
+            "b_memory": memory,
+            "b_slots": slots,
+            "b_machines": 1 if ending else 0,
+            "b_now": now,
+        },
+    )
+
+
+def host_use(connection: Connection) -> dict[str, HostUse]:
+    """What live machines hold on each host they are on."""
+    return {
+        row.host_id: HostUse(row.cores_held, row.memory_gib_held, row.slots_held, row.machines)
+        for row in connection.execute(_IN_USE)
+    }
+
+
+def device_slots(kinds: Iterable[str]) -> int:
+    """Slots a machine's blocks take: one per device (a host's own block takes none)."""
+    return sum(1 for kind in kinds if kind != "host")
+
+
+def _change(
+    connection: Connection,
+    host_id: str,
+    cores: int,
+    memory: int,
+    slots: int,
+    machines: int,
+    now: datetime,
+) -> None:
+    result = connection.execute(
+        _TAKE,
+        {
+            "b_host": host_id,
+            "b_cores": cores,
+            "b_memory": memory,
+            "b_slots": slots,
+            "b_machines": machines,
+            "b_now": now,
+        },
+    )
+    if cast(CursorResult[Any], result).rowcount != 1:
+        what = (
+            f"{cores} cores, {memory} GiB and {slots} devices" if machines else f"{slots} devices"
+        )
+        raise HostFull(host_id, what)
+
+
+def _know_host(connection: Connection, claim: RoomClaim, now: datetime) -> None:
+    """A row for the host, with the capacity the fabric says while nobody is on it.
+
+    A host's capacity changes only with its hardware; a change the fabric reports
+    while machines hold room there waits until the last one ends, so what is held
+    is never above what the row says the host has.
+    """
+    capacity = claim.capacity
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    statement = insert(HOST_ROOMS).values(
+        host_id=claim.host_id,
+        cores=capacity.cores,
+        memory_gib=capacity.memory_gib,
+        slots=capacity.slots,
+        cores_held=0,
+        memory_gib_held=0,
+        slots_held=0,
+        machines=0,
+        updated_at=now,
+    )
+    connection.execute(
+        statement.on_conflict_do_update(
+            index_elements=["host_id"],
+            set_={
+                "cores": statement.excluded.cores,
+                "memory_gib": statement.excluded.memory_gib,
+                "slots": statement.excluded.slots,
+            },
+            where=(_ROOM.machines == 0)
+            & (
+                (_ROOM.cores != statement.excluded.cores)
+                | (_ROOM.memory_gib != statement.excluded.memory_gib)
+                | (_ROOM.slots != statement.excluded.slots)
+            ),
+        )
+    )
