@@ -178,6 +178,12 @@ def plan_cgroup(
     return CgroupPlan(tuple(cgroups), tuple(writes))
 
 
+def controllers_to_enable(enabled: str, wanted: str) -> str:
+    """Of ``wanted`` (``+cpu +memory``), those not in ``enabled`` (a subtree_control's text)."""
+    have = set(enabled.split())
+    return " ".join(w for w in wanted.split() if w.removeprefix("+") not in have)
+
+
 def join_command(procs: Sequence[Path], command: Sequence[str]) -> list[str]:
     """``command`` run by a shell that first enters the cgroups (writes its pid to ``procs``).
 
@@ -235,14 +241,28 @@ def make_cgroup(plan: CgroupPlan) -> None:
             _checked(f"create {cgroup}", cgroup.mkdir, parents=True)
             made.append(cgroup)
         for write in plan.writes:
-            if not (write.optional and not write.path.exists()):
-                _checked(
-                    f"write {write.value!r} to {write.path}", write_value, write.path, write.value
-                )
+            value = _still_to_write(write)
+            if value:
+                _checked(f"write {value!r} to {write.path}", write_value, write.path, value)
     except CgroupError:
         with contextlib.suppress(CgroupError):
             remove_cgroups(made, REMOVE_TIMEOUT)
         raise
+
+
+def _still_to_write(write: Write) -> str:
+    """What of ``write`` the kernel does not have yet: a controller already enabled is
+    not enabled again (a cgroup that holds processes, as a container's root may, refuses
+    any change to its subtree_control); an optional file it lacks is skipped."""
+    if write.optional and not write.path.exists():
+        return ""
+    if write.path.name != "cgroup.subtree_control":
+        return write.value
+    try:
+        enabled = write.path.read_text()
+    except OSError:
+        return write.value  # the write says why
+    return controllers_to_enable(enabled, write.value)
 
 
 def _checked(what: str, action: Callable[..., object], *args: Any, **kwargs: Any) -> None:

@@ -28,6 +28,7 @@ from composespawner.launchers.cgroups import (
     Hierarchy,
     Write,
     cgroup_name,
+    controllers_to_enable,
     hierarchies_in,
     join_command,
     join_then,
@@ -156,6 +157,12 @@ def test_v2_enables_the_controllers_down_to_the_parent_then_limits() -> None:
     )
 
 
+def test_a_controller_already_enabled_is_not_enabled_again() -> None:
+    assert controllers_to_enable("cpuset cpu io memory pids\n", "+cpu +memory") == ""
+    assert controllers_to_enable("cpu\n", "+cpu +memory") == "+memory"
+    assert controllers_to_enable("", "+cpu +memory") == "+cpu +memory"
+
+
 # -- the edges, against plain files --------------------------------------------------------
 
 
@@ -215,6 +222,19 @@ def test_an_optional_file_the_kernel_lacks_is_skipped(tmp_path: Path) -> None:
     assert leaf.is_dir()
     remove_cgroups([leaf, tmp_path / "never-made"], within=5)
     assert not leaf.exists()
+
+
+def test_only_the_controllers_not_yet_enabled_are_written(tmp_path: Path) -> None:
+    ready, half = tmp_path / "ready", tmp_path / "half"
+    for folder, enabled in ((ready, "cpu memory\n"), (half, "cpu\n")):
+        folder.mkdir()
+        (folder / "cgroup.subtree_control").write_text(enabled)
+    leaf = tmp_path / "cs" / "ada-default-1"
+    enable = tuple(Write(f / "cgroup.subtree_control", "+cpu +memory") for f in (ready, half))
+    make_cgroup(CgroupPlan((leaf,), enable))
+    assert (ready / "cgroup.subtree_control").read_text() == "cpu memory\n"  # not written
+    assert (half / "cgroup.subtree_control").read_text().startswith("+memory")
+    remove_cgroups([leaf], within=5)
 
 
 def test_a_cgroup_that_cannot_be_created_says_where(tmp_path: Path) -> None:
