@@ -8,7 +8,9 @@ system's ETag, and an unclear answer is settled by looking at the system.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,10 @@ class Change:
     attach: bool
     tolerated: frozenset[str]  # message ids meaning "maybe done already: look"
 
+
+# Seconds, times the fresh reads so far: the most a write waits before it reads again
+# after a stale ETag.
+STALE_PAUSE = 0.01
 
 ATTACH = Change(
     "attach", "#ComputerSystem.AddResourceBlock", True, frozenset({"ResourceBlockInUse"})
@@ -199,11 +205,12 @@ class ExpandableSystems:
             except StaleETag:
                 if fresh and fresh_reads >= self._retry.etag_attempts:
                     raise
-                # A remembered answer going stale is expected now and then: no warning.
-                self._log.log(
-                    logging.WARNING if fresh else logging.DEBUG, "%s: ETag went stale", what
-                )
+                # A remembered answer going stale is expected now and then, and so is a
+                # neighbour's write on a shared host: no warning. A short random wait
+                # keeps machines joining one host at once from colliding in step.
+                self._log.debug("%s: ETag went stale", what)
                 system = None
+                await asyncio.sleep(random.uniform(0, STALE_PAUSE * fresh_reads))
                 continue
             return True
 
@@ -216,10 +223,10 @@ class ExpandableSystems:
         deadline: Deadline,
     ) -> None:
         target = self._action_target(system_id, system.document(), change.action)
+        # No ComputerSystemETag: on a shared host every neighbour's attach and detach
+        # changes the system's ETag, and the block itself is what must not change
+        # hands, which the service refuses anyway (ResourceBlockInUse).
         payload: dict[str, Any] = {"ResourceBlock": {"@odata.id": block_uri}}
-        etag = system.etag()
-        if etag:
-            payload["ComputerSystemETag"] = etag
         response = await self._transport.request("POST", target, deadline, payload=payload)
         await outcome(self._transport, response, deadline, poll_max=self._timeouts.task_poll_max)
 

@@ -89,7 +89,9 @@ class RedfishRetry:
     attempts: int = 4
     backoff_first: float = 0.2
     backoff_max: float = 2.0
-    etag_attempts: int = 3
+    # Several machines joining one shared host rewrite its mark in turn: each loses
+    # to the others at most once per write they make.
+    etag_attempts: int = 12
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.etag_attempts < 1:
