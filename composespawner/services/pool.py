@@ -16,16 +16,17 @@ from functools import partial
 from typing import Any
 
 from composespawner.domain import colocation
-from composespawner.domain.catalog import Catalog, GpuModel
+from composespawner.domain.catalog import Catalog, GpuModel, Size
 from composespawner.domain.cohorts import StackChoice
 from composespawner.domain.colocation import Registration
-from composespawner.domain.hardware import Inventory
+from composespawner.domain.hardware import Inventory, Share
 from composespawner.domain.placement import (
     Availability,
     Pool,
     availability,
     keep_back,
     pool_for,
+    sizes_free,
 )
 from composespawner.domain.placement import visible_models as _visible_models
 from composespawner.domain.quotas import NO_QUOTA, Quota
@@ -62,6 +63,8 @@ class Offer:
     kept: Mapping[str, str] = field(default_factory=dict)  # model → what cohorts keep of it
     own: Mapping[str, str] = field(default_factory=dict)  # model → its co-located GPUs for the user
     stacks: StackChoice = field(default_factory=StackChoice)  # what the user's cohorts give
+    sizes: tuple[Size, ...] = ()  # the sizes the user may choose
+    sizes_free: Mapping[str, int] = field(default_factory=dict)  # size id → how many fit now
 
     @property
     def gpu_limit(self) -> int | None:
@@ -310,7 +313,11 @@ class PoolView:
             if quota.allows_model(m.id)
         }
         kept = {model: note for model, note in (notes or {}).items() if model in free}
+        sizes = self.catalog.sizes
+        shares = {s.id: None if s.whole_host else Share(s.cores, s.memory_gib) for s in sizes}
         return Offer(
+            sizes=sizes,
+            sizes_free=sizes_free(pool, shares),
             free=free,
             gpus_in_use=in_use,
             quota=quota,

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from composespawner.domain.catalog import Catalog, GpuModel
+from composespawner.domain.catalog import Catalog, GpuModel, Size
 from composespawner.domain.placement import Availability
 from composespawner.domain.quotas import Quota
 from composespawner.services.pool import Offer
@@ -23,6 +23,12 @@ _TEMPLATES = jinja2.Environment(
     autoescape=True,
     undefined=jinja2.StrictUndefined,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SizeChoice:
+    size: Size
+    fit_now: int  # how many more servers of this size the hosts have room for now
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,19 +55,28 @@ def render_form(
         for m in catalog.gpu_models
         if m.id in offer.free
     ]
-    chosen = _chosen_model(choices, previous.get("gpu_model"))
+    sizes = [SizeChoice(size, offer.sizes_free.get(size.id, 0)) for size in offer.sizes]
+    # A CPU-only server needs only room on a host: offered whenever some size fits.
+    cpu_only = any(s.fit_now for s in sizes)
+    wants_cpu = str(previous.get("gpu_count", "")) == "0"
+    chosen = None if wants_cpu and cpu_only else _chosen_model(choices, previous.get("gpu_model"))
     most = chosen.availability.most_to_ask if chosen else 0
+    count = _chosen_count(previous.get("gpu_count"), most) if chosen else 0
     allowed = offer.stacks.stacks
     stacks = [s for s in catalog.stacks if allowed is None or s.id in allowed]
     kits = [k for k in catalog.kits if any(s.id == k.stack for s in stacks)]
     # A user who chose no kit last time is not given their cohort's again.
-    kit = previous.get("kit") if "gpu_model" in previous else offer.stacks.starter_kit
+    kit = previous.get("kit") if "gpu_count" in previous else offer.stacks.starter_kit
     return _TEMPLATES.get_template("compose_form.html").render(
         catalog=catalog,
         choices=choices,
+        cpu_only=cpu_only,
         chosen_model=chosen.model.id if chosen else "",
-        counts=range(1, most + 1),
-        chosen_count=_chosen_count(previous.get("gpu_count"), most),
+        counts=range(1, most + 1) if chosen else range(1) if cpu_only else range(0),
+        chosen_count=count,
+        sizes=sizes,
+        chosen_size=_chosen_size(catalog, offer, previous.get("size"), count),
+        defaults={count: size for count, size in catalog.default_sizes},
         previous=previous,
         stacks=stacks,
         kits=kits,
@@ -82,6 +97,15 @@ def _chosen_model(choices: list[ModelChoice], previous: object) -> ModelChoice |
     """The previous model if it can still be asked for, else the first that can."""
     askable = [c for c in choices if c.askable]
     return next((c for c in askable if c.model.id == previous), askable[0] if askable else None)
+
+
+def _chosen_size(catalog: Catalog, offer: Offer, previous: object, count: int) -> str:
+    """The previous size if still offered, else the default for the GPU count, else the first."""
+    offered = [s.id for s in offer.sizes]
+    if isinstance(previous, str) and previous in offered:
+        return previous
+    default = catalog.default_size(count).id
+    return default if default in offered or not offered else offered[0]
 
 
 def _chosen_count(previous: object, most: int) -> int:
@@ -110,8 +134,8 @@ def _no_gpus(quota: Quota) -> str:
     if models.value is None or models.value:
         return ""
     return (
-        f"No GPU models are allowed by {models.source} for now, so there is no GPU"
-        " machine to start. Ask an admin if your work needs a GPU."
+        f"No GPU models are allowed by {models.source} for now: you can start a"
+        " CPU-only server. Ask an admin if your work needs a GPU."
     )
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.cohorts import StackChoice
-from composespawner.domain.hardware import Device, Host, Inventory
-from composespawner.domain.placement import availability, pool_for
+from composespawner.domain.hardware import CompositionTag, Device, Host, HostMark, Inventory, Share
+from composespawner.domain.placement import Pool, availability, pool_for, sizes_free
 from composespawner.domain.quotas import Quota, QuotaRule, effective_quota
+from composespawner.domain.rooms import HostUse
 from composespawner.services.pool import Offer
 from composespawner.spawners.form import render_form, render_unavailable
 
@@ -34,9 +35,11 @@ def host(system: str, zone: str, busy: bool = False) -> Host:
     return Host(system, f"{system}-b", frozenset({zone}), 64, 512, "enabled", attached)
 
 
-def offer(inventory: Inventory, *, in_use: int = 0, limit: int | None = 4) -> Offer:
+def offer(
+    inventory: Inventory, *, in_use: int = 0, limit: int | None = 4, pool: Pool | None = None
+) -> Offer:
     """What Composer.offer computes, for the demo catalog's T4 and A100."""
-    pool = pool_for(inventory, held=(), owners={}, groups=())
+    pool = pool or pool_for(inventory, held=(), owners={}, groups=())
     quota_left = None if limit is None else max(limit - in_use, 0)
     free = {
         m.id: availability(
@@ -228,7 +231,42 @@ def test_a_quota_that_allows_no_gpu_model_says_so_where_the_models_would_be() ->
     closed = replace(offer(inventory), free={}, quota=quota)
     html = " ".join(render_form(CATALOG, closed, {}).split())
     form = read(render_form(CATALOG, closed, {}))
-    assert form.models == {}
+    assert list(form.models) == [""]  # only a CPU-only server (here: no host room offered)
     assert "compose-no-gpus" in form.ids
     assert "No GPU models are allowed by cohort cs-101 for now" in html
     assert "compose-no-gpus" not in render_form(CATALOG, offer(inventory), {})
+
+
+def sized_offer(inventory: Inventory, use: dict[str, HostUse] | None = None) -> Offer:
+    """An offer with the demo catalog's sizes and what fits of each on ``inventory``."""
+    pool = pool_for(inventory, held=(), owners={}, groups=(), hub="hub", use=use or {})
+    shares = {s.id: None if s.whole_host else Share(s.cores, s.memory_gib) for s in CATALOG.sizes}
+    fits = sizes_free(pool, shares)
+    return replace(offer(inventory, pool=pool), sizes=CATALOG.sizes, sizes_free=fits)
+
+
+def test_sizes_show_what_fits_now_and_the_default_for_the_count() -> None:
+    marked = HostMark("hub", (CompositionTag("hub", "m", "u/"),))
+    busy = Host("h1", "h1-b", frozenset({"r1"}), 64, 512, "enabled", mark=marked)
+    inventory = Inventory(hosts=(busy,), devices=gpus(T4, "r1", 3), zones=("r1",))
+    use = {"h1": HostUse(cores=60, memory_gib=100, slots=0, machines=1)}
+    html = render_form(CATALOG, sized_offer(inventory, use), {"gpu_model": "t4", "gpu_count": 1})
+    form = read(html)
+    assert form.choices["size"] == ["small", "medium", "large", "xlarge", "whole"]
+    assert form.selected["size"] == "medium"  # the demo's default for one GPU
+    text = " ".join(html.split())
+    assert "2 cores, 8 GiB — room for 2 now" in text  # 4 cores left on the one host
+    assert "8 cores, 64 GiB — no host has room now" in text
+    assert form.checked() == ["t4"]
+
+
+def test_a_cpu_only_server_is_offered_and_kept_as_chosen() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=(), zones=("r1",))
+    form = read(render_form(CATALOG, sized_offer(inventory), {"gpu_count": 0, "size": "large"}))
+    assert form.enabled() == [""]  # no GPU is free: CPU only
+    assert form.checked() == [""]
+    assert form.counts == ["0"]
+    assert form.selected["size"] == "large"
+    fresh = read(render_form(CATALOG, sized_offer(inventory), {}))
+    assert fresh.checked() == [""]
+    assert fresh.selected["size"] == "small"  # the default for no GPU
