@@ -12,6 +12,11 @@ With a stack chosen, the notebook runs in that stack's environment, built from
 its CPU lock on first use (:mod:`.environments`): a command named
 ``jupyterhub-singleuser`` is the stack's own.
 
+On a shared host the notebook gets only its machine's share of the host's cores
+and memory: a cgroup of its own enforces it (:class:`.local_process.CgroupLimitedSpawner`,
+:mod:`.cgroups`), and ``CUDA_VISIBLE_DEVICES``/``NVIDIA_VISIBLE_DEVICES`` name its own
+GPUs by UUID.
+
 With ``shared_account`` (the embedded demo) users need no system accounts: each
 gets a home under ``home_dir_template``, and notebooks run as
 ``notebook_account`` when the hub runs as root, else as the hub's own account.
