@@ -138,6 +138,12 @@ class SystemPatch:
     writes_mark: bool = False
     mark: HostMark | None = None  # with writes_mark: None removes the mark
 
+    def check(self, state: FabricState, system_id: str, if_match: str | None) -> None:
+        """Refuse now what applying would refuse now (an asynchronous PATCH's task re-checks)."""
+        state.check_if_match(system_id, if_match, required=True)
+        if self.blocks is not None:
+            state.plan_relink(system_id, self.blocks)  # planned, not applied
+
     def apply(self, state: FabricState, system_id: str, if_match: str | None) -> None:
         state.patch_system(
             system_id,

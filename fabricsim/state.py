@@ -224,7 +224,7 @@ class FabricState:
         (None removes it), and the system's ETag changes once.
         """
         self.check_if_match(system_id, if_match, required=True)
-        relink = self._plan_relink(system_id, blocks) if blocks is not None else None
+        relink = self.plan_relink(system_id, blocks) if blocks is not None else None
         if relink is not None:
             relink()
         if writes_mark and mark is None:
@@ -242,7 +242,8 @@ class FabricState:
         if if_match is not None and not if_match_allows(if_match, self.system_etag(system_id)):
             raise ETagMismatch()
 
-    def _plan_relink(self, system_id: str, blocks: Sequence[str]) -> Relink:
+    def plan_relink(self, system_id: str, blocks: Sequence[str]) -> Relink:
+        """Check a new whole block list for a system; the step that applies it."""
         if self._composed.get(system_id) is not None:
             return self._composed.plan_relink(system_id, blocks)
         return self._hosts.plan_relink(system_id, blocks)

@@ -78,7 +78,13 @@ class SystemHandler(RedfishHandler):
         self.send_resource(resources.system(self.sim.view, system_id))
 
     async def patch(self, system_id: str) -> None:
-        """The mark and/or the whole block list, as one write (answered at once, 200)."""
+        """The mark and/or the whole block list, as one write.
+
+        Answered at once (200 and the system), except that under
+        ``--async-tasks`` a PATCH that names blocks attaches and detaches
+        them in a task (202), as the block actions do; what can be refused
+        at once still is.
+        """
         readable = resources.system(self.sim.view, system_id)
         if readable is None or system_id == "Capabilities":
             raise ResourceMissing(self.request.path)
@@ -88,7 +94,17 @@ class SystemHandler(RedfishHandler):
                 raise PropertyNotWritable(BLOCKS_PATH)
             attaching = set(patch.blocks) - set(self.sim.state.system_blocks(system_id))
             check_attachments(self.sim, tuple(sorted(attaching)))
-        patch.apply(self.sim.state, system_id, self._if_match())
+        if_match = self._if_match()
+        patch.check(self.sim.state, system_id, if_match)
+
+        def work() -> Outcome:
+            patch.apply(self.sim.state, system_id, if_match)
+            return Outcome(200, resources.system(self.sim.view, system_id))
+
+        if patch.blocks is not None:
+            await self.sim.write(self, f"patch {system_id}", work)
+            return
+        work()  # a mark alone is a quick write: never a task
         await self.sim.saved()
         self.send_resource(resources.system(self.sim.view, system_id))
 

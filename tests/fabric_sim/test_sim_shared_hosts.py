@@ -337,3 +337,29 @@ def test_an_asynchronous_delete_with_a_stale_if_match_is_refused_at_once(
     refused = client.delete(created, headers={"If-Match": '"stale-0"'})
     assert refused.status == 412  # at once, not by a task
     assert client.get(created).status == 200
+
+
+# --- --async-tasks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("composed_by", ["expandable", "specific"])
+def test_an_asynchronous_patch_of_blocks_runs_as_a_task(
+    start_simulator: StartSimulator, composed_by: str
+) -> None:
+    sim = start_simulator("--composition", composed_by, "--async-tasks", "--task-duration", "0.05")
+    client = sim.client
+    uri = f"{SYSTEMS}/host-01"
+    if composed_by == "specific":
+        accepted = client.post(SYSTEMS, {"Name": "s", **links("host-01-block")})
+        uri = poll_monitor(client, accepted.headers["Location"]).headers["Location"]
+    own = "host-01-block"
+    refused = patch(client, uri, links(own, "r2-h100-1"))  # refused at once, not by the task
+    assert (refused.status, refused.message_ids) == (400, ["Composition.1.1.3.IncompatibleZone"])
+    accepted = patch(client, uri, {**links(own, "r1-t4-1"), "Oem": {"ComposeSpawner": SHARED}})
+    assert accepted.status == 202
+    done = poll_monitor(client, accepted.headers["Location"])
+    assert done.status == 200
+    assert blocks_of(done.json) == [own, "r1-t4-1"]
+    assert done.json["Oem"]["ComposeSpawner"]["Hub"] == "hub-s"
+    assert holder(client, "r1-t4-1") == ("Composed", [uri.rsplit("/", 1)[-1]])
+    assert patch(client, uri, {"Oem": {"ComposeSpawner": None}}).status == 200  # a mark: at once

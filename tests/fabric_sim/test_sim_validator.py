@@ -75,7 +75,9 @@ def share(client: RedfishClient, system: str) -> None:
     blocks = client.get(system).json["Links"]["ResourceBlocks"]
     blocks = [*blocks, {"@odata.id": f"{BLOCKS}/r1-t4-1"}]
     body = {"Links": {"ResourceBlocks": blocks}, "Oem": {"ComposeSpawner": SHARED}}
-    assert client.patch(system, body, headers={"If-Match": "*"}).status == 200
+    accepted = client.patch(system, body, headers={"If-Match": "*"})
+    assert accepted.status == 202  # blocks are attached by a task under --async-tasks
+    assert poll_monitor(client, accepted.headers["Location"]).status == 200
 
 
 def compose_request() -> dict[str, Any]:
