@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.hardware import CompositionTag, HostMark
 from composespawner.fabric.base import DeviceNotFound, Fabric, FabricUnreachable
 from harness.simulator import INVENTORY
 from tests.support.inprocess import InProcessFabric
@@ -59,16 +59,20 @@ async def test_attach_detach_idempotent(fabric: InProcessFabric) -> None:
     assert fabric.state.attached("host-02") == ()
 
 
-async def test_tag_host(fabric: InProcessFabric) -> None:
-    await fabric.tag_host("host-03", TAG)
-    await fabric.tag_host("host-03", TAG)
+async def test_join_and_leave_host(fabric: InProcessFabric) -> None:
+    other = CompositionTag(hub="hub-a", machine="m-10", owner="erin/")
+    await fabric.join_host("host-03", TAG)
+    await fabric.join_host("host-03", TAG)  # a retry changes nothing
+    await fabric.join_host("host-03", other)
     host = (await fabric.inventory()).host("host-03")
     assert host is not None
-    assert host.tag == TAG
-    await fabric.tag_host("host-03", None)
-    assert fabric.state.tag("host-03") is None
+    assert host.mark == HostMark("hub-a", (TAG, other))
+    await fabric.leave_host("host-03", TAG)
+    assert fabric.mark("host-03") == HostMark.of(other)
+    await fabric.leave_host("host-03", other)
+    assert fabric.state.tag("host-03") is None  # the last machine gone: no mark
     with pytest.raises(DeviceNotFound):
-        await fabric.tag_host("host-99", TAG)
+        await fabric.join_host("host-99", TAG)
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=lambda case: case.name)
