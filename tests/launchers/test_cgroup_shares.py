@@ -230,3 +230,23 @@ async def test_a_notebook_past_its_memory_is_killed_alone_and_every_cgroup_goes(
         assert process_started(child) is None  # it left with its notebook's cgroup
     finally:
         await asyncio.gather(*(s.stop() for s in spawners))
+
+
+async def test_a_restarted_hub_removes_the_cgroups_its_state_names(
+    users: list[User], tmp_path: Path, parent: str
+) -> None:
+    """A hub that restarted has no Popen handle: the state's paths say what to remove."""
+    first = notebook(users[0], tmp_path, parent)
+    await first.start()
+    try:
+        assert await asyncio.to_thread(answers, first) == "ok"
+        state, cgroups = first.get_state(), first._cgroups
+        assert state["cgroups"] == [str(c) for c in cgroups]
+        restored = notebook(users[0], tmp_path, parent)
+        restored.load_state(state)
+        assert await restored.poll() is None
+        await restored.stop()
+        assert process_started(state["pid"]) is None
+        assert not any(c.exists() for c in cgroups)
+    finally:
+        await first.stop()
