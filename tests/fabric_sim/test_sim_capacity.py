@@ -15,22 +15,23 @@ def test_systems_serve_their_hosts_cores_and_memory(start_simulator: StartSimula
     body = {"Name": "s", "Links": {"ResourceBlocks": [{"@odata.id": f"{BLOCKS}/host-05-block"}]}}
     composed = specific.get(specific.post(SYSTEMS, body).headers["Location"]).json
     for system in (expandable, composed):
-        # The demo inventory names no sockets: Count stays what older clients read as cores.
         assert system["ProcessorSummary"] == {
-            "Count": 64,
+            "Count": 2,  # sockets
             "CoreCount": 64,
             "LogicalProcessorCount": 128,
         }
         assert system["MemorySummary"] == {"TotalSystemMemoryGiB": 512}
 
 
-def test_an_inventory_with_cores_and_sockets(
+def test_an_older_inventory_gives_cpus_and_no_sockets(
     start_simulator: StartSimulator, tmp_path: Path
 ) -> None:
-    text = INVENTORY.read_text().replace("cpus = 64", "cores = 96\nsockets = 2", 1)
+    demo = INVENTORY.read_text()
+    assert "cores = 64\nsockets = 2" in demo
     inventory = tmp_path / "inventory.toml"
-    inventory.write_text(text)
+    inventory.write_text(demo.replace("cores = 64\nsockets = 2", "cpus = 48", 1))
     client = start_simulator("--inventory", str(inventory)).client
     summary = client.get(f"{SYSTEMS}/host-01").json["ProcessorSummary"]
-    assert summary == {"Count": 2, "CoreCount": 96, "LogicalProcessorCount": 192}
-    assert client.get(f"{SYSTEMS}/host-05").json["ProcessorSummary"]["CoreCount"] == 64
+    # No sockets named: Count stays the cores, what clients before CoreCount read.
+    assert summary == {"Count": 48, "CoreCount": 48, "LogicalProcessorCount": 96}
+    assert client.get(f"{SYSTEMS}/host-05").json["ProcessorSummary"]["Count"] == 2
