@@ -10,6 +10,7 @@ BENCHMARKS = [
     "placement_speed",
     "trace_replay",
     "spawn_storm",
+    "course_storm",
     "spawn_storm_kubernetes",
     "release_latency",
     "portal_latency",

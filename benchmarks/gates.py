@@ -21,7 +21,16 @@ GATES: dict[str, list[tuple[str, float]]] = {
         ("failures", 0),
         ("double_holders", 0),
         ("leaked_devices", 0),
+        ("hosts_over_capacity", 0),
     ],
+    "course_storm": [
+        ("p95_ratio", 1.2),
+        ("failures", 0),
+        ("double_holders", 0),
+        ("leaked_devices", 0),
+        ("hosts_over_capacity", 0),
+    ],
+    "placement_speed": [("large_place_p99_us", 1000)],
     "spawn_storm_kubernetes": [
         ("p95_ratio", 1.0),
         ("failures", 0),

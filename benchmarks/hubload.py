@@ -32,7 +32,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from composespawner.ledger import Ledger
+from composespawner.ledger import Ledger, Machine
 from fabricsim.inventory import HOST_ID_DIGITS
 from harness.hub import ADMIN_TOKEN, Hub
 
@@ -47,6 +47,10 @@ c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
 c.SimpleLocalProcessSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
 """
 GPU_MODEL = "NVIDIA T4"  # hub_config/catalog.toml's fabric model of "t4"
+# Every benchmark host, as the demo's: 64 cores and 512 GiB, 16 device slots (the catalog's).
+HOST_CORES = 64
+HOST_MEMORY_GIB = 512
+HOST_SLOTS = 16
 
 
 # -- the generated fabric ----------------------------------------------------------
@@ -77,6 +81,16 @@ def fabric_for(machines: int, *, per_zone: int = 10, spare: float = 0.25) -> Fab
     return FabricSize(zones=zones, hosts_per_zone=per_zone, gpus_per_zone=per_zone)
 
 
+def shared_fabric_for(
+    machines: int, *, per_host: int = 8, hosts_per_zone: int = 5, spare: float = 0.25
+) -> FabricSize:
+    """Room for ``machines`` one-T4 machines sharing hosts, ``per_host`` on each (200 users:
+    25 hosts in 5 racks), and T4s with ``spare`` headroom."""
+    zones = max(1, math.ceil(machines / (per_host * hosts_per_zone)))
+    gpus = math.ceil(machines * (1 + spare) / zones)
+    return FabricSize(zones=zones, hosts_per_zone=hosts_per_zone, gpus_per_zone=gpus)
+
+
 def inventory_toml(size: FabricSize) -> str:
     """An inventory in hub_config/fabric_inventory.toml's schema: rack ``z`` is ``bench-z``."""
     parts = [
@@ -90,7 +104,8 @@ def inventory_toml(size: FabricSize) -> str:
             f'\n[[zones]]\nid = "{rack}"\nname = "Benchmark rack {z} fabric"',
             f'\n[[chassis]]\nid = "{rack}"\nname = "Benchmark rack {z}"\ntype = "Rack"',
             f'\n[[hosts]]\nprefix = "b{z:02d}-host"\ncount = {size.hosts_per_zone}'
-            f'\nzone = "{rack}"\nchassis = "{rack}"\ncpus = 64\nmemory_gib = 512',
+            f'\nzone = "{rack}"\nchassis = "{rack}"',
+            f"cores = {HOST_CORES}\nmemory_gib = {HOST_MEMORY_GIB}",
             _device_group(f"b{z:02d}-t4", size.gpus_per_zone, rack, "gpu", GPU_MODEL, 16),
         ]
         if size.nics_per_zone:
@@ -191,6 +206,7 @@ class FabricView:
 
     attached: dict[str, list[str]]  # host → device blocks (its own block left out)
     tagged: set[str]  # hosts carrying a composition mark
+    capacity: dict[str, tuple[int, int]] = field(default_factory=dict)  # host → cores, GiB
 
     @property
     def holders_by_block(self) -> dict[str, list[str]]:
@@ -205,8 +221,11 @@ def fabric_view(hub: Hub) -> FabricView:
     systems = hub.redfish("/redfish/v1/Systems?$expand=.")["Members"]
     attached: dict[str, list[str]] = {}
     tagged = set()
+    capacity = {}
     for system in systems:
         host = system["Id"]
+        cores = system.get("ProcessorSummary", {}).get("CoreCount", 0)
+        capacity[host] = (cores, system.get("MemorySummary", {}).get("TotalSystemMemoryGiB", 0))
         links = system.get("Links", {}).get("ResourceBlocks", [])
         blocks = [link["@odata.id"].rsplit("/", 1)[1] for link in links]
         devices = [b for b in blocks if b != f"{host}-block"]
@@ -214,7 +233,7 @@ def fabric_view(hub: Hub) -> FabricView:
             attached[host] = devices
         if system.get("Oem", {}).get("ComposeSpawner"):
             tagged.add(host)
-    return FabricView(attached=attached, tagged=tagged)
+    return FabricView(attached=attached, tagged=tagged, capacity=capacity)
 
 
 @dataclass
@@ -226,6 +245,9 @@ class HolderCheck:
     fabric_attached: list[str] = field(default_factory=list)
     tagged_hosts: list[str] = field(default_factory=list)
     live_machines: int = 0
+    # Hosts whose live machines hold more cores, memory or slots than the fabric says
+    # the host has: the ledger's figures checked against the fabric's, not its own.
+    over_capacity: list[str] = field(default_factory=list)
 
 
 def wait_released(hub: Hub, timeout: float = 120.0) -> float:
@@ -273,7 +295,27 @@ def check_holders(
         fabric_attached=sorted(view.holders_by_block),
         tagged_hosts=sorted(view.tagged),
         live_machines=len(machines),
+        over_capacity=over_capacity(view, list(machines.values())),
     )
+
+
+def over_capacity(view: FabricView, machines: Iterable[Machine]) -> list[str]:
+    """Hosts whose machines (by the ledger) hold more than the host has (by the fabric)."""
+    held: dict[str, list[int]] = {}
+    for machine in machines:
+        if machine.host_id is None:
+            continue
+        cores, memory = view.capacity.get(machine.host_id, (0, 0))
+        share = held.setdefault(machine.host_id, [0, 0])
+        share[0] += cores if machine.cores is None else machine.cores  # a whole host
+        share[1] += memory if machine.memory_gib is None else machine.memory_gib
+    over = set()
+    for host, (cores, memory) in held.items():
+        has_cores, has_memory = view.capacity.get(host, (0, 0))
+        if cores > has_cores or memory > has_memory:
+            over.add(host)
+    over |= {host for host, blocks in view.attached.items() if len(blocks) > HOST_SLOTS}
+    return sorted(over)
 
 
 # -- numbers ------------------------------------------------------------------------

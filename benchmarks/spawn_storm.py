@@ -4,8 +4,10 @@ Both sides run in one go, each on its own fresh demo hub (configurable-http-prox
 the fabric simulator as a hub-managed service, the reconciler and culler) with
 the stand-in notebook of :mod:`benchmarks.standin_notebook`; the stock side swaps
 in JupyterHub's SimpleLocalProcessSpawner. The simulator serves a generated
-fabric with a quarter more one-GPU hosts than users (25 racks of 10 hosts and
-10 T4s for 200), so every request fits.
+fabric of shared hosts, eight servers a host (25 hosts of 64 cores and 512 GiB
+in 5 racks, and a quarter more T4s than users: 250 for 200), so every request
+fits; each server gets the catalog's default size for one GPU (4 cores, 32 GiB),
+so machines pack onto hosts our hub already composed.
 
 Per user: the time from its POST /users/<u>/server (``{"gpu_model": "t4",
 "gpu_count": 1, ...}``) to the hub's "ready" event on the spawn's progress
@@ -49,6 +51,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +77,7 @@ from benchmarks.hubload import (
     load_env,
     percentile,
     ratio,
+    shared_fabric_for,
     wait_released,
     write_result,
 )
@@ -97,6 +101,7 @@ STORM_DEADLINE = 600.0  # seconds for all spawns, and again for all stops
 @dataclass
 class UserRun:
     user: str
+    options: dict[str, Any] = field(default_factory=lambda: dict(OPTIONS))  # user_options
     posted: float = 0.0  # perf_counter of the first POST
     answered: float | None = None  # when the POST was accepted (201/202)
     ready: float | None = None  # the listing that first showed it ready
@@ -167,8 +172,11 @@ def run_side(
     size: FabricSize,
     logs: Path | None = None,
     cluster: KubeApiServer | None = None,
+    options: Callable[[int], dict[str, Any]] | None = None,
+    name_as: str = "spawn_storm",
 ) -> Side:
-    """One storm on a fresh hub; with ``cluster``, notebooks are pods on it."""
+    """One storm on a fresh hub; with ``cluster``, notebooks are pods on it. ``options``:
+    user number → what that user asks for (default: one T4)."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         inventory = tmp / "bench_inventory.toml"
@@ -191,7 +199,10 @@ def run_side(
         ):
             names = [f"storm{i:04d}" for i in range(users)]
             create_users(hub, names)
-            runs = [UserRun(name) for name in names]
+            runs = [
+                UserRun(name, options(i)) if options else UserRun(name)
+                for i, name in enumerate(names)
+            ]
             start_all(hub, session, runs)
             peak = None
             if not stock:
@@ -204,7 +215,7 @@ def run_side(
             log = hub_log_problems(hub)
         if cluster is not None:
             wait_no_pods(cluster)
-        keep_log(hub, logs, f"spawn_storm-{name}.log")
+        keep_log(hub, logs, f"{name_as}-{name}.log")
     return Side(name, runs, stop_all_s, log, listings, peak, after, stop_errors)
 
 
@@ -237,7 +248,7 @@ def spawn_and_follow(
 def post_spawn(hub: Hub, session: requests.Session, run: UserRun) -> requests.Response:
     url = f"{hub.url}/hub/api/users/{run.user}/server"
     while True:
-        response = session.post(url, json={"user_options": OPTIONS}, timeout=180)
+        response = session.post(url, json={"user_options": run.options}, timeout=180)
         if response.status_code != 429:
             return response
         run.throttled += 1
@@ -382,6 +393,8 @@ def result(users: int, spawn_limit: int, size: FabricSize, rounds: list[Round]) 
         "stock_failures": sum(r["stock_failures"] for r in per_round),
         "stock_http_429": sum(r["stock_http_429"] for r in per_round),
         "peak_live_machines": min(r["peak_live_machines"] for r in per_round),
+        "peak_hosts_composed": max(r["peak_hosts_composed"] for r in per_round),
+        "hosts_over_capacity": sum(r["hosts_over_capacity"] for r in per_round),
         "compose": middle["compose"],
         "stock": middle["stock"],
         "per_round": per_round,
@@ -411,6 +424,8 @@ class Round:
             "stock_failures": self.stock.failures,
             "stock_http_429": self.stock.http_429,
             "peak_live_machines": peak.live_machines,
+            "peak_hosts_composed": len(peak.tagged_hosts),
+            "hosts_over_capacity": len(set(peak.over_capacity) | set(after.over_capacity)),
             "leaked_hosts": after.tagged_hosts,
             "leaked_device_ids": sorted(leaked)[:20],
             "double_holder_ids": sorted(doubled)[:20],
@@ -438,7 +453,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"{'median ratio':28}{'':19}{r['p50_ratio']:>8.2f}{r['p95_ratio']:>8.2f}")
     print(
         f"failures {r['failures']}, 429s {r['http_429']}, double holders {r['double_holders']},"
-        f" leaked devices {r['leaked_devices']}"
+        f" leaked devices {r['leaked_devices']}, hosts over capacity {r['hosts_over_capacity']},"
+        f" peak hosts composed {r['peak_hosts_composed']} of {r['fabric']['hosts']}"
     )
 
 
@@ -462,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         "spawn_storm_kubernetes.json" if args.kubernetes else "spawn_storm.json"
     )
     spawn_limit = users if args.spawn_limit is None else args.spawn_limit
-    size = fabric_for(users)
+    size = fabric_for(users) if args.kubernetes else shared_fabric_for(users)
     with contextlib.ExitStack() as stack:
         cluster = None
         if args.kubernetes:

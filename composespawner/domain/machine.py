@@ -89,6 +89,22 @@ def machine_env(machine: ComposedMachine) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": gpu_selection(machine),
         "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
         "COMPOSE_NIC": _nic(machine),
+        **_share_env(machine),
+    }
+
+
+def _share_env(machine: ComposedMachine) -> dict[str, str]:
+    """The machine's share of its host, where it has one (a whole host has none): for people
+    (``COMPOSE_CORES``, ``COMPOSE_MEMORY_GIB``) and in the variables jupyter-resource-usage
+    shows limits from (``CPU_LIMIT`` cores, ``MEM_LIMIT`` bytes)."""
+    share = machine.share
+    if share is None:
+        return {}
+    return {
+        "COMPOSE_CORES": str(share.cores),
+        "COMPOSE_MEMORY_GIB": str(share.memory_gib),
+        "CPU_LIMIT": str(share.cores),
+        "MEM_LIMIT": str(share.memory_gib * 2**30),
     }
 
 

@@ -146,6 +146,7 @@ class HostRoomRow(Base):
     )
 
     host_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # ComputerSystem Id
+    block_id: Mapped[str] = mapped_column(String(128))  # its own ResourceBlock
     cores: Mapped[int] = mapped_column(Integer)
     memory_gib: Mapped[int] = mapped_column(Integer)
     slots: Mapped[int] = mapped_column(Integer)

@@ -20,13 +20,14 @@ from composespawner.ledger.lifecycle import TERMINAL
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
+    HostRecord,
     Machine,
     MachineEvent,
     RunManifest,
     ServerUse,
     UsageRecord,
 )
-from composespawner.ledger.rooms import host_use
+from composespawner.ledger.rooms import all_rooms, host_use
 from composespawner.ledger.statements import (
     DEVICES,
     EVENTS,
@@ -156,6 +157,11 @@ class Queries(ZonedLedgerPart):
         with self._engine.begin() as connection:
             held = {block: cast(str, found) for block, found in connection.execute(query)}
             return held, host_use(connection)
+
+    def host_rooms(self) -> list[tuple[HostRecord, HostUse]]:
+        """Every host the ledger knows, and what live machines hold of it."""
+        with self._engine.begin() as connection:
+            return all_rooms(connection)
 
     def _blocks_with(self, column: str) -> dict[str, str]:
         """block_id → ``column`` for every device where it is set."""

@@ -73,15 +73,23 @@ class Machine:
 
 
 @dataclass(frozen=True, slots=True)
-class RoomClaim:
-    """What a claim takes of its host besides devices: cores and memory, and a slot per device.
+class HostRecord:
+    """A compute host as the ledger keeps it: its system, its own block, what it has.
 
     ``capacity`` is the host's as the fabric (or the catalog) says; the ledger
-    keeps the first it is told while machines are on the host.
+    takes a change of it only while no machine is on the host.
     """
 
-    host_id: str
+    host_id: str  # the ComputerSystem Id machines name
+    block_id: str
     capacity: Room
+
+
+@dataclass(frozen=True, slots=True)
+class RoomClaim:
+    """What a claim takes of its host besides devices: cores and memory, and a slot per device."""
+
+    host: HostRecord
     cores: int
     memory_gib: int
 

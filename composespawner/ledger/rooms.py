@@ -19,10 +19,10 @@ from typing import Any, cast
 from sqlalchemy import Connection, CursorResult, Row, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from composespawner.domain.rooms import HostUse
+from composespawner.domain.rooms import HostUse, Room
 from composespawner.ledger.errors import HostFull
 from composespawner.ledger.models import HostRoomRow
-from composespawner.ledger.records import RoomClaim
+from composespawner.ledger.records import HostRecord, RoomClaim
 
 HOST_ROOMS = cast(Table, HostRoomRow.__table__)
 
@@ -62,8 +62,8 @@ _IN_USE = select(HOST_ROOMS).where(_ROOM.machines > 0)
 def take_room(connection: Connection, claim: RoomClaim, slots: int, now: datetime) -> None:
     """Take ``claim``'s cores and memory and ``slots`` device slots of its host, for one
     new machine; :class:`HostFull`, having taken nothing, when the host lacks any of them."""
-    _know_host(connection, claim, now)
-    _change(connection, claim.host_id, claim.cores, claim.memory_gib, slots, 1, now)
+    know_hosts(connection, [claim.host], now)
+    _change(connection, claim.host.host_id, claim.cores, claim.memory_gib, slots, 1, now)
 
 
 def take_slots(connection: Connection, host_id: str, slots: int, now: datetime) -> None:
@@ -106,6 +106,17 @@ def host_use(connection: Connection) -> dict[str, HostUse]:
     }
 
 
+def all_rooms(connection: Connection) -> list[tuple[HostRecord, HostUse]]:
+    """Every host the ledger knows, and what live machines hold of it."""
+    return [
+        (
+            HostRecord(row.host_id, row.block_id, Room(row.cores, row.memory_gib, row.slots)),
+            HostUse(row.cores_held, row.memory_gib_held, row.slots_held, row.machines),
+        )
+        for row in connection.execute(select(HOST_ROOMS).order_by(_ROOM.host_id))
+    ]
+
+
 def device_slots(kinds: Iterable[str]) -> int:
     """Slots a machine's blocks take: one per device (a host's own block takes none)."""
     return sum(1 for kind in kinds if kind != "host")
@@ -138,39 +149,49 @@ def _change(
         raise HostFull(host_id, what)
 
 
-def _know_host(connection: Connection, claim: RoomClaim, now: datetime) -> None:
-    """A row for the host, with the capacity the fabric says while nobody is on it.
+def know_hosts(connection: Connection, hosts: Iterable[HostRecord], now: datetime) -> None:
+    """A row for each host, with the capacity the fabric says while nobody is on it.
 
     A host's capacity changes only with its hardware; a change the fabric reports
     while machines hold room there waits until the last one ends, so what is held
     is never above what the row says the host has.
     """
-    capacity = claim.capacity
+    rows = [
+        {
+            "host_id": host.host_id,
+            "block_id": host.block_id,
+            "cores": host.capacity.cores,
+            "memory_gib": host.capacity.memory_gib,
+            "slots": host.capacity.slots,
+            "cores_held": 0,
+            "memory_gib_held": 0,
+            "slots_held": 0,
+            "machines": 0,
+            "updated_at": now,
+        }
+        for host in hosts
+    ]
+    if not rows:
+        return
     insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
-    statement = insert(HOST_ROOMS).values(
-        host_id=claim.host_id,
-        cores=capacity.cores,
-        memory_gib=capacity.memory_gib,
-        slots=capacity.slots,
-        cores_held=0,
-        memory_gib_held=0,
-        slots_held=0,
-        machines=0,
-        updated_at=now,
-    )
+    statement = insert(HOST_ROOMS)
+    new = statement.excluded
     connection.execute(
         statement.on_conflict_do_update(
             index_elements=["host_id"],
             set_={
-                "cores": statement.excluded.cores,
-                "memory_gib": statement.excluded.memory_gib,
-                "slots": statement.excluded.slots,
+                "block_id": new.block_id,
+                "cores": new.cores,
+                "memory_gib": new.memory_gib,
+                "slots": new.slots,
             },
             where=(_ROOM.machines == 0)
             & (
-                (_ROOM.cores != statement.excluded.cores)
-                | (_ROOM.memory_gib != statement.excluded.memory_gib)
-                | (_ROOM.slots != statement.excluded.slots)
+                (_ROOM.cores != new.cores)
+                | (_ROOM.memory_gib != new.memory_gib)
+                | (_ROOM.slots != new.slots)
+                | (_ROOM.block_id != new.block_id)
             ),
-        )
+        ),
+        rows,
     )

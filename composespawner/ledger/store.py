@@ -53,6 +53,7 @@ from composespawner.ledger.queries import Queries
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
+    HostRecord,
     KeepFree,
     Machine,
     MachineEvent,
@@ -62,6 +63,7 @@ from composespawner.ledger.records import (
     UsageRecord,
     utcnow,
 )
+from composespawner.ledger.rooms import know_hosts
 from composespawner.ledger.statements import RECONCILE_ACTIONS
 from composespawner.ledger.steps import WEEK, device_values, upsert_devices
 from composespawner.ledger.submissions import Submissions
@@ -305,6 +307,15 @@ class Ledger:
     def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
         """Every held block's holder and each host's room in use, read at one moment."""
         return self._queries.holds()
+
+    def host_rooms(self) -> list[tuple[HostRecord, HostUse]]:
+        """Every host the ledger knows, and what live machines hold of it."""
+        return self._queries.host_rooms()
+
+    def sync_hosts(self, hosts: Iterable[HostRecord]) -> None:
+        """Know every host the fabric has, and its capacity (changed only while it is empty)."""
+        with self._write() as connection:
+            know_hosts(connection, hosts, self._now())
 
     def held_by(self, machine_id: str) -> list[str]:
         return self._queries.held_by(machine_id)

@@ -36,7 +36,7 @@ from composespawner.ledger import (
     UnknownDevices,
 )
 from composespawner.ledger.runner import LedgerRunner
-from composespawner.portal import views
+from composespawner.portal import machine_views, views
 from composespawner.portal.errors import (
     Conflict,
     Forbidden,
@@ -98,13 +98,13 @@ class Portal:
         machines = await self.runner.run(self.ledger.live_machines, user)
         devices = await self.devices_of(machines)
         hours = await self.runner.run(self.ledger.gpu_hours, user)
-        mine = views.my_machine(user, groups, quota, machines, devices, hours)
+        mine = machine_views.my_machine(user, groups, quota, machines, devices, hours)
         mine["cohorts"] = await self.cohorts(groups)
         since = datetime.now(UTC) - NOTICES_FOR
         notices = await self.runner.run(self.ledger.policy.notices, user, since)
         mine["notices"] = [views.notice_text(entry) for entry in notices]
         runs = await self.runner.run(self.ledger.run_manifests, user, RECENT_RUNS)
-        mine["runs"] = [views.run_json(run) for run in runs]
+        mine["runs"] = [machine_views.run_json(run) for run in runs]
         return mine
 
     async def resize(self, change: Callable[[Composer], Awaitable[Machine]]) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class Portal:
             raise Unavailable(str(e)) from None
         devices = await self.devices_of([machine])
         composed = await self.composer.composed(machine)
-        return views.resized(machine, devices, machine_env(composed))
+        return machine_views.resized(machine, devices, machine_env(composed))
 
     async def run_of(self, user: str, machine_id: str, *, sees_all: bool) -> RunManifest:
         """The run on ``machine_id``: its user's and (``sees_all``) the admins' alone; anyone
@@ -231,6 +231,13 @@ class Portal:
 
     async def holdings(self) -> list[Holding]:
         return await self.runner.run(self.ledger.holdings)
+
+    async def inventory(self) -> dict[str, Any]:
+        """Every device and its holder, and every host with its machines and room left."""
+        holdings = await self.holdings()
+        machines = await self.runner.run(self.ledger.live_machines)
+        hosts = await self.runner.run(self.ledger.host_rooms)
+        return machine_views.inventory(holdings, machines, hosts)
 
     async def force_release(self, machine_id: str, reason: str, actor: Actor) -> dict[str, Any]:
         """Stop the server a live machine serves, cleanly, telling its user why."""

@@ -18,7 +18,10 @@ from composespawner.domain.cohorts import Cohort, InvalidCohort, Session
 from composespawner.domain.colocation import InvalidRegistration, Registration
 from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
 from composespawner.domain.usage import DayUse, UsageReport
-from composespawner.ledger import AuditEntry, DeviceRecord, Holding, Machine, RunManifest
+from composespawner.ledger import (
+    AuditEntry,
+    Holding,
+)
 from composespawner.services.resize import MOST_AT_ONCE
 
 T = TypeVar("T")
@@ -115,7 +118,7 @@ def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[st
         "starter_kit": cohort.starter_kit,
         "reserved_model": cohort.reserved_model,
         "reserved_gpus": cohort.reserved_gpus,
-        "next_session": None if next_session is None else _iso(next_session),
+        "next_session": None if next_session is None else iso(next_session),
     }
 
 
@@ -217,59 +220,6 @@ def quota_json(quota: Quota) -> dict[str, Any]:
     return quota.as_dict()
 
 
-def my_machine(
-    user: str,
-    groups: Iterable[str],
-    quota: Quota,
-    machines: Iterable[Machine],
-    devices: Mapping[str, DeviceRecord],
-    gpu_hours_week: float,
-) -> dict[str, Any]:
-    """One user's servers and machines, their effective quota and their use of it."""
-    servers = [_server(machine, devices) for machine in machines]
-    gpus = sum(len(s["gpus"]) for s in servers)
-    return {
-        "name": user,
-        "groups": sorted(groups),
-        "quota": quota_json(quota),
-        "use": {
-            "gpus_held": gpus,
-            "servers": len(servers),
-            "gpu_hours_week": round(gpu_hours_week, 3),
-        },
-        "servers": servers,
-    }
-
-
-def run_json(run: RunManifest) -> dict[str, Any]:
-    """One server's run: when, on which stack and machine, and its whole manifest."""
-    manifest = run.manifest
-    stack = manifest.get("stack") or {}
-    machine = manifest.get("machine") or {}
-    return {
-        "machine_id": run.machine_id,
-        "user": run.user_name,
-        "server": run.server_name,
-        "started_at": run.started_at.isoformat(timespec="seconds"),
-        "stack": stack.get("label"),
-        "lock_sha256": stack.get("lock_sha256"),
-        "host": machine.get("host"),
-        "gpus": [g.get("model") for g in machine.get("gpus", [])],
-        "manifest": manifest,
-    }
-
-
-def inventory(holdings: Iterable[Holding]) -> dict[str, Any]:
-    """Every device with its holder, and free/held counts per kind and model."""
-    devices = [_holding_json(h) for h in holdings]
-    counts: dict[tuple[str, str], dict[str, int]] = {}
-    for d in devices:
-        count = counts.setdefault((d["kind"], d["model"]), {"free": 0, "held": 0})
-        count["held" if d["holder"] else "free"] += 1
-    summary = [{"kind": k, "model": m, **n} for (k, m), n in sorted(counts.items())]
-    return {"devices": devices, "summary": summary}
-
-
 def usage_json(report: UsageReport, running: list[dict[str, Any]]) -> dict[str, Any]:
     """A usage report as the page and the API show it."""
     return {
@@ -316,7 +266,7 @@ def running(holdings: Iterable[Holding]) -> list[dict[str, Any]]:
                 "cohort": h.cohort,
                 "gpus": 0,
                 "models": [],
-                "since": _iso(h.held_since) if h.held_since else None,
+                "since": iso(h.held_since) if h.held_since else None,
             },
         )
         machine["gpus"] += 1
@@ -334,10 +284,10 @@ def notice_text(entry: AuditEntry) -> str:
     server = entry.detail.get("server") or ""
     which = f"server '{server}'" if server else "default server"
     reason = entry.detail.get("reason") or "no reason given"
-    return f"An admin ({entry.actor}) stopped your {which} at {_iso(entry.at)}: {reason}"
+    return f"An admin ({entry.actor}) stopped your {which} at {iso(entry.at)}: {reason}"
 
 
-def _holding_json(h: Holding) -> dict[str, Any]:
+def holding_json(h: Holding) -> dict[str, Any]:
     d = h.device
     holder = None
     if h.machine_id is not None:
@@ -347,7 +297,7 @@ def _holding_json(h: Holding) -> dict[str, Any]:
             "machine": h.machine_id,
             "state": h.state,
             "host": h.host,
-            "since": _iso(h.held_since) if h.held_since else None,
+            "since": iso(h.held_since) if h.held_since else None,
             "cohort": h.cohort,
         }
     return {
@@ -357,7 +307,7 @@ def _holding_json(h: Holding) -> dict[str, Any]:
         "zones": sorted(d.zones),
         "chassis": d.chassis,
         "owner_group": d.owner_group,
-        "last_seen": _iso(h.last_seen),
+        "last_seen": iso(h.last_seen),
         "holder": holder,
     }
 
@@ -376,7 +326,7 @@ def colocated(
             continue
         if groups is not None and (registration is None or registration.owner_group not in groups):
             continue
-        row = _holding_json(h)
+        row = holding_json(h)
         row["registered"] = registration is not None
         row["loan"] = loan_json(registration)
         rows.append(row)
@@ -414,14 +364,14 @@ def loan_json(registration: Registration | None) -> dict[str, Any] | None:
     return {
         "user": registration.lent_to_user,
         "group": registration.lent_to_group,
-        "until": _iso(registration.lent_until),
+        "until": iso(registration.lent_until),
     }
 
 
 def audit_json(entry: AuditEntry) -> dict[str, Any]:
     return {
         "id": entry.id,
-        "at": _iso(entry.at),
+        "at": iso(entry.at),
         "actor": entry.actor,
         "origin": entry.origin,
         "action": entry.action,
@@ -431,20 +381,6 @@ def audit_json(entry: AuditEntry) -> dict[str, Any]:
 
 
 AUDIT_COLUMNS = ("id", "at", "actor", "origin", "action", "target", "detail")
-
-
-def _server(machine: Machine, devices: Mapping[str, DeviceRecord]) -> dict[str, Any]:
-    held = [devices[b] for b in machine.block_ids if b in devices]
-    return {
-        "server": machine.server_name,
-        "machine": machine.id,
-        "state": machine.state,
-        "host": machine.host_id,
-        "zone": machine.zone,
-        "since": _iso(machine.created_at),
-        "gpus": [{"id": d.block_id, "model": d.model} for d in held if d.kind == "gpu"],
-        "devices": [{"id": d.block_id, "kind": d.kind, "model": d.model} for d in held],
-    }
 
 
 def _strings(value: object, name: str) -> list[str]:
@@ -506,7 +442,7 @@ def _number(name: str, text: str) -> float | int:
         raise InvalidQuota(f"{name} must be a number, not {text!r}") from None
 
 
-def _iso(at: datetime) -> str:
+def iso(at: datetime) -> str:
     return at.isoformat(timespec="seconds")
 
 
@@ -523,24 +459,6 @@ def grow_count(body: object) -> int:
         shown = repr(count)[:40]
         raise InvalidGrow(f"count must be a whole number from 1 to {MOST_AT_ONCE}, not {shown}.")
     return count
-
-
-def resized(
-    machine: Machine, devices: Mapping[str, DeviceRecord], environment: Mapping[str, str]
-) -> dict[str, Any]:
-    """A server after a grow or shrink, its notebook's environment now, and what to do."""
-    server = _server(machine, devices)
-    gpus = len(server["gpus"])
-    return {
-        **server,
-        "environment": {k: environment[k] for k in KERNEL_ENVIRONMENT},
-        "next_step": (
-            f"Your server has {gpus} GPU{'s' if gpus != 1 else ''} now. A kernel sees the change"
-            " only once it starts again (CUDA counts GPUs as it starts): restart it, or start"
-            " a new one, then run `from composespawner import client; client.apply()` before"
-            " importing your framework."
-        ),
-    }
 
 
 PAGE_ROWS = 200  # rows of a long table per page (JupyterHub's admin page shows 50 users)

@@ -42,6 +42,7 @@ from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import Fabric, FabricError
 from composespawner.ledger import (
     DevicesTaken,
+    HostRecord,
     Ledger,
     LedgerError,
     LedgerRunner,
@@ -513,7 +514,8 @@ def _claimed_blocks(plan: Plan) -> tuple[str, ...]:
 
 
 def _room_claim(plan: Plan) -> RoomClaim:
-    return RoomClaim(plan.host.system_id, plan.capacity, plan.need.cores, plan.need.memory_gib)
+    host = HostRecord(plan.host.system_id, plan.host.block_id, plan.capacity)
+    return RoomClaim(host, plan.need.cores, plan.need.memory_gib)
 
 
 def _with_reservations(reason: str, ask: DeviceAsk, terms: ClaimTerms) -> str:

@@ -30,9 +30,9 @@ from composespawner.domain.placement import (
 )
 from composespawner.domain.placement import visible_models as _visible_models
 from composespawner.domain.quotas import NO_QUOTA, Quota
-from composespawner.domain.rooms import HostUse
+from composespawner.domain.rooms import HostUse, Room
 from composespawner.fabric.base import Fabric, FabricUnreachable
-from composespawner.ledger import DeviceRecord, Ledger, LedgerRunner, utcnow
+from composespawner.ledger import DeviceRecord, HostRecord, Ledger, LedgerRunner, utcnow
 from composespawner.services.reservations import Reservations
 from composespawner.services.snapshot import Snapshot
 
@@ -130,7 +130,7 @@ class PoolView:
         self.fabric_wait = fabric_wait
         self.log = log
         self._inventory = Snapshot[Inventory](snapshot_ttl)
-        self._synced_blocks: frozenset[tuple[str, str]] = frozenset()
+        self._synced_blocks: frozenset[str] = frozenset()
         # Co-located devices registered in the portal, read with each inventory.
         self._registrations: Mapping[str, Registration] = {}
         self._chassis_owners_of: tuple[Inventory, Mapping[str, str]] | None = None
@@ -222,13 +222,20 @@ class PoolView:
         return inventory
 
     async def _sync_ledger(self, inventory: Inventory) -> None:
-        """Make sure the ledger has a row for every block, so claims can compare-and-set."""
+        """Make sure the ledger has a row for every block and host, so claims can
+        compare-and-set them."""
         owners = self.owners(inventory)
         records = [DeviceRecord.from_device(d, owners.get(d.block_id)) for d in inventory.devices]
         records += [DeviceRecord.from_host(h) for h in inventory.hosts]
-        fingerprint = frozenset((r.block_id, repr(r)) for r in records)
+        slots = self.catalog.max_devices_per_host
+        hosts = [
+            HostRecord(h.system_id, h.block_id, Room(h.cpus, h.memory_gib, h.max_devices or slots))
+            for h in inventory.hosts
+        ]
+        fingerprint = frozenset(repr(r) for r in (*records, *hosts))
         if fingerprint != self._synced_blocks:
             await self.runner.run(self.ledger.sync_devices, records)
+            await self.runner.run(self.ledger.sync_hosts, hosts)
             self._synced_blocks = fingerprint
 
     def owners(

@@ -66,9 +66,9 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     assert {g["id"] for g in gpus} < set(attached)
     assert len(attached) == 4, attached  # 2 GPUs, a NIC, a drive
     assert all(hub.block_state(block) == "Composed" for block in attached)
-    tag = hub.redfish(f"/redfish/v1/Systems/{host}")["Oem"]["ComposeSpawner"]
-    assert tag["Owner"] == "student1/"
-    assert tag["Machine"] == env["COMPOSE_MACHINE_ID"]
+    mark = hub.redfish(f"/redfish/v1/Systems/{host}")["Oem"]["ComposeSpawner"]
+    assert mark["Hub"] == "composespawner-demo"  # the host's mark names the hub...
+    assert mark["Machines"] == [{"Machine": env["COMPOSE_MACHINE_ID"], "Owner": "student1/"}]
 
     lab = hub.login("student1").get(f"{hub.url}/user/student1/lab", timeout=30)
     assert lab.status_code == 200
@@ -83,11 +83,27 @@ def test_spawn_composes_a_machine_and_stop_gives_it_back(hub: Hub, ledger: Ledge
     assert machine is not None
     assert machine.state == "released"
     used = {u.block_id for u in ledger.usage("student1") if u.machine_id == machine.id}
-    assert used == {*attached, f"{host}-block"}
+    assert used == set(attached)  # the host is shared: its own block is not a device of it
+
+
+def memory_limit(pid: int) -> int | None:
+    """The memory limit of the cgroup ``pid`` is in (v1 memory controller, or v2)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            limit = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.limit_in_bytes")
+            return int(limit.read_text())
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            if line.startswith("0::") and (root / line[4:] / "memory.max").exists():
+                return int((root / line[4:] / "memory.max").read_text())
+    return None
 
 
 @pytest.mark.timeout(180)
-def test_named_servers_each_get_their_own_machine(hub: Hub) -> None:
+def test_named_servers_share_a_host_each_with_its_own_devices(hub: Hub) -> None:
+    """Two servers pack onto one host: each sees only its own GPU and is held to its share;
+    stopping one detaches its devices alone, and the host stays marked for the other."""
     for name in ("exp1", "exp2"):
         response = hub.spawn("student2", {"gpu_model": "t4", "gpu_count": 1}, name=name)
         assert response.status_code in (201, 202), response.text
@@ -95,13 +111,53 @@ def test_named_servers_each_get_their_own_machine(hub: Hub) -> None:
     for name in ("exp1", "exp2"):
         hub.wait_ready("student2", name)
         envs[name] = process_env(notebook_pid(hub, "student2", name))
-    assert envs["exp1"]["COMPOSE_HOST"] != envs["exp2"]["COMPOSE_HOST"]
+    host = envs["exp1"]["COMPOSE_HOST"]
+    assert envs["exp2"]["COMPOSE_HOST"] == host  # packed: the composed host had room
     assert envs["exp1"]["COMPOSE_NIC"] == "none"  # no card asked for: the host network
-    assert envs["exp1"]["COMPOSE_DEVICE_IDS"] != envs["exp2"]["COMPOSE_DEVICE_IDS"]
+    mine = {name: envs[name]["COMPOSE_DEVICE_IDS"] for name in envs}
+    assert mine["exp1"] != mine["exp2"]
+    assert sorted(hub.attached(host)) == sorted([mine["exp1"], mine["exp2"]])
+    for name, env in envs.items():
+        [gpu] = json.loads(env["COMPOSE_GPUS"])
+        assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{gpu['uuid']}"
+        # The demo's default size for one GPU: 4 cores, 32 GiB, enforced on the notebook.
+        assert memory_limit(notebook_pid(hub, "student2", name)) == 32 * 2**30
+    mark = hub.redfish(f"/redfish/v1/Systems/{host}")["Oem"]["ComposeSpawner"]
+    assert sorted(m["Machine"] for m in mark["Machines"]) == sorted(
+        env["COMPOSE_MACHINE_ID"] for env in envs.values()
+    )
+
     hub.stop("student2", "exp1")
     hub.wait_released(envs["exp1"]["COMPOSE_MACHINE_ID"])
-    assert hub.attached(envs["exp1"]["COMPOSE_HOST"]) == []
-    assert hub.attached(envs["exp2"]["COMPOSE_HOST"]) != []
+    assert hub.attached(host) == [mine["exp2"]]  # exp1's GPU alone went back
+    mark = hub.redfish(f"/redfish/v1/Systems/{host}")["Oem"]["ComposeSpawner"]
+    assert [m["Machine"] for m in mark["Machines"]] == [envs["exp2"]["COMPOSE_MACHINE_ID"]]
+    hub.stop("student2", "exp2")
+    hub.wait_released(envs["exp2"]["COMPOSE_MACHINE_ID"])
+    assert hub.attached(host) == []
+    assert "ComposeSpawner" not in (hub.redfish(f"/redfish/v1/Systems/{host}").get("Oem") or {})
+
+
+@pytest.mark.timeout(180)
+def test_a_cpu_only_server_gets_its_size_and_no_gpu(hub: Hub, ledger: Ledger) -> None:
+    response = hub.spawn("student1", {"gpu_count": 0, "size": "small"})
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready("student1")
+    env = process_env(notebook_pid(hub, "student1"))
+    assert json.loads(env["COMPOSE_GPUS"]) == []
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU of the host's is this notebook's
+    assert env["COMPOSE_DEVICE_IDS"] == ""
+    assert memory_limit(notebook_pid(hub, "student1")) == 8 * 2**30
+    machine = ledger.machine(env["COMPOSE_MACHINE_ID"])
+    assert machine is not None
+    assert (machine.cores, machine.memory_gib, machine.block_ids) == (2, 8, ())
+    mark = hub.redfish(f"/redfish/v1/Systems/{env['COMPOSE_HOST']}")["Oem"]["ComposeSpawner"]
+    assert [m["Machine"] for m in mark["Machines"]] == [machine.id]
+    hub.stop("student1")
+    hub.wait_released(machine.id)
+    assert "ComposeSpawner" not in (
+        hub.redfish(f"/redfish/v1/Systems/{env['COMPOSE_HOST']}").get("Oem") or {}
+    )
 
 
 @pytest.mark.timeout(180)
@@ -190,10 +246,13 @@ def test_the_form_spawns_and_remembers_the_last_choice(hub: Hub) -> None:
 BAD_OPTIONS = [
     ({"gpu_model": "v100", "gpu_count": 1}, "Unknown GPU model 'v100'"),
     ({"gpu_model": "rtx6000", "gpu_count": 1}, "Unknown GPU model 'rtx6000'"),
-    ({"gpu_model": "t4", "gpu_count": 0}, "from 1 to 4"),
-    ({"gpu_model": "t4", "gpu_count": -3}, "from 1 to 4"),
+    ({"gpu_model": "t4", "gpu_count": 0}, "A CPU-only server (gpu_count 0) has no GPU model"),
+    ({"gpu_model": "t4", "gpu_count": -3}, "from 0 (CPU only) to 4"),
     ({"gpu_model": "t4", "gpu_count": "1.5"}, "whole number"),
-    ({"gpu_model": "t4", "gpu_count": 100000}, "from 1 to 4"),
+    ({"gpu_model": "t4", "gpu_count": 100000}, "from 0 (CPU only) to 4"),
+    ({"gpu_count": 0, "size": "huge"}, "Unknown size 'huge'. Choose one of: small"),
+    ({"gpu_count": 0, "cores": 8}, 'Cores and memory come in sizes: give "size"'),
+    ({"gpu_count": 0, "size": "<b>x</b>"}, "Unknown size '?b?x?/b?'"),
     ({"gpu_model": "t4", "gpu_count": 1, "scratch_gb": 99999}, "Scratch size must be one of"),
     ({"gpu_model": "t4", "gpu_count": 1, "network": "<b>fast</b>"}, "Unknown network choice"),
     ({"gpu_model": "t4", "gpu_count": 1, "host": "host-01"}, "Unknown option 'host'"),
@@ -219,7 +278,7 @@ def test_bad_form_input_is_shown_on_the_form(hub: Hub, ledger: Ledger) -> None:
     form = {"gpu_model": "t4", "gpu_count": "-1", "_xsrf": session.cookies.get("_xsrf")}
     response = session.post(f"{hub.url}/hub/spawn", data=form, timeout=30)
     assert response.status_code == 400
-    assert "GPU count must be from 1 to 4" in response.text
+    assert "GPU count must be from 0 (CPU only) to 4" in response.text
     assert ledger.holders() == {}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from composespawner.domain.hardware import CompositionTag, Host
+from composespawner.domain.hardware import CompositionTag, Host, HostMark
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -27,15 +27,17 @@ from composespawner.fabric.redfish.errors import (
 )
 from composespawner.fabric.redfish.mapping import (
     build_inventory,
-    composition_tag,
     deep_expand_query,
     device_from_block,
     device_state,
     expand_query,
     expand_subordinates,
     gpu_memory_gib,
+    host_cores,
     host_from_system,
+    host_mark,
     inline_parts,
+    mark_object,
     nvme_drives,
     zones_create_systems,
 )
@@ -390,21 +392,54 @@ def test_a_system_without_a_block_of_its_own_is_no_host() -> None:
     assert expandable_host(["Storage"]) is None
 
 
+M = CompositionTag("h", "m", "o/")
+N = CompositionTag("h", "n", "p/q")
+
+
 @pytest.mark.parametrize(
     ("oem", "expected"),
     [
+        ({"ComposeSpawner": {"Hub": "h", "Machine": "m", "Owner": "o/"}}, HostMark("h", (M,))),
         (
-            {"ComposeSpawner": {"Hub": "h", "Machine": "m", "Owner": "o/"}},
-            CompositionTag("h", "m", "o/"),
+            {
+                "ComposeSpawner": {
+                    "Hub": "h",
+                    "Machines": [
+                        {"Machine": "m", "Owner": "o/"},
+                        {"Machine": "n", "Owner": "p/q"},
+                    ],
+                }
+            },
+            HostMark("h", (M, N)),
         ),
+        ({"ComposeSpawner": {"Hub": "h", "Machines": []}}, None),
+        ({"ComposeSpawner": {"Hub": "h", "Machines": [{"Machine": "m"}]}}, None),
+        ({"ComposeSpawner": {"Hub": "", "Machines": [{"Machine": "m", "Owner": "o"}]}}, None),
         ({"ComposeSpawner": {"Hub": "h", "Machine": "m"}}, None),
         ({"ComposeSpawner": {"Hub": "h", "Machine": 3, "Owner": "o"}}, None),
         ({"ComposeSpawner": None}, None),
         ({"Contoso": {}}, None),
     ],
 )
-def test_composition_tag(oem: dict[str, Any], expected: CompositionTag | None) -> None:
-    assert composition_tag({"Oem": oem}) == expected
+def test_host_mark(oem: dict[str, Any], expected: HostMark | None) -> None:
+    """Either version of the mark is read; anything not clearly ours is nobody's mark."""
+    assert host_mark({"Oem": oem}) == expected
+
+
+def test_a_mark_reads_back_as_written() -> None:
+    mark = HostMark("h", (M, N))
+    assert host_mark({"Oem": {"ComposeSpawner": mark_object(mark)}}) == mark
+    assert mark_object(None) is None
+
+
+@pytest.mark.parametrize(
+    ("summary", "cores"),
+    [({"CoreCount": 64, "Count": 2}, 64), ({"Count": 2}, 2), ({}, 0), ({"CoreCount": "x"}, 0)],
+)
+def test_host_cores_are_core_count_where_the_service_says(
+    summary: dict[str, Any], cores: int
+) -> None:
+    assert host_cores({"ProcessorSummary": summary}) == cores
 
 
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"

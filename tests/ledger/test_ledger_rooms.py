@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from composespawner.domain.rooms import HostUse, Room
-from composespawner.ledger import HostFull, Ledger, Machine, RoomClaim
+from composespawner.ledger import HostFull, HostRecord, Ledger, Machine, RoomClaim
 
 from .test_ledger_races import race, racers
 
@@ -19,7 +19,7 @@ CAPACITY = Room(cores=8, memory_gib=64, slots=3)
 
 
 def room(cores: int = 2, memory: int = 8, capacity: Room = CAPACITY) -> RoomClaim:
-    return RoomClaim(HOST, capacity, cores, memory)
+    return RoomClaim(HostRecord(HOST, f"{HOST}-block", capacity), cores, memory)
 
 
 def claim(
@@ -117,3 +117,20 @@ def test_racing_spawns_for_the_last_room_on_a_host_one_wins(
     assert use(ledger) == HostUse(8, 16, 1, 2)
     winner = next(o for o in outcomes if isinstance(o, Machine))
     assert ledger.holders() == {winner.block_ids[0]: winner.id}
+
+
+def test_every_host_the_fabric_has_is_known_with_its_room(ledger: Ledger) -> None:
+    other = HostRecord("host-2", "host-2-block", Room(64, 512, 16))
+    ledger.sync_hosts([HostRecord(HOST, f"{HOST}-block", CAPACITY), other])
+    claim(ledger, "ada", [], room(2, 8))
+    # The fabric now says the busy host is bigger and the idle one smaller.
+    ledger.sync_hosts(
+        [
+            HostRecord(HOST, f"{HOST}-block", Room(16, 64, 3)),
+            HostRecord("host-2", "host-2-block", Room(32, 256, 16)),
+        ]
+    )
+    rooms = {host.host_id: (host, use) for host, use in ledger.host_rooms()}
+    assert rooms[HOST] == (HostRecord(HOST, f"{HOST}-block", CAPACITY), HostUse(2, 8, 0, 1))
+    assert rooms["host-2"][0].capacity == Room(32, 256, 16)  # empty: the change is taken
+    assert rooms["host-2"][1] == HostUse(0, 0, 0, 0)

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import (
     alibaba_trace,
+    course_storm,
     hubload,
     ledger_claims,
     placement_speed,
@@ -172,6 +173,23 @@ def test_spawn_storm_on_three_users(tmp_path: Path) -> None:
     assert storm["failures"] == storm["stock_failures"] == storm["http_429"] == 0
     assert storm["double_holders"] == storm["leaked_devices"] == 0
     assert storm["peak_live_machines"] == 3
+    assert storm["hosts_over_capacity"] == 0
+    assert storm["peak_hosts_composed"] == 1  # three one-T4 servers share one host
+
+
+@pytest.mark.e2e
+def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
+    """One round of 5 students, 2 with a T4 (~15 s): all on shared hosts, none over capacity."""
+    out = tmp_path / "course.json"
+    course_storm.main(["--students", "5", "--with-gpu", "2", "--rounds", "1", "--out", str(out)])
+    course = json.loads(out.read_text())
+    assert course["failures"] == course["stock_failures"] == 0
+    assert course["per_round"][0]["compose"]["ready"] == 5
+    assert course["hosts_over_capacity"] == course["double_holders"] == 0
+    assert course["leaked_devices"] == 0
+    # Packed: the CPU-only servers join a host the GPU servers' rack composed.
+    assert course["peak_hosts_composed"] <= 2
+    assert course["class"] == {"students": 5, "one_t4": 2}
 
 
 @pytest.mark.e2e

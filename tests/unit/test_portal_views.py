@@ -8,10 +8,12 @@ import pytest
 
 from composespawner.domain.cohorts import Cohort
 from composespawner.domain.quotas import InvalidQuota, QuotaRule, effective_quota
+from composespawner.domain.rooms import HostUse, Room
 from composespawner.domain.usage import DayUse
-from composespawner.ledger import DeviceRecord, Machine
+from composespawner.ledger import DeviceRecord, Holding, HostRecord, Machine
 from composespawner.portal import views
-from composespawner.portal.views import my_machine, rule_from_form, rule_from_json, rule_json
+from composespawner.portal.machine_views import inventory, my_machine
+from composespawner.portal.views import rule_from_form, rule_from_json, rule_json
 
 MODELS = ["t4", "a100"]
 
@@ -136,3 +138,52 @@ def test_a_long_table_is_shown_a_page_at_a_time(
     rows, paging = views.page_of(list(range(5)), asked, per_page=2)
     assert list(rows) == shown
     assert (paging.number, paging.pages, paging.total) == (number, 3, 5)
+
+
+def test_the_inventory_shows_each_host_with_its_machines_and_room_left() -> None:
+    now = datetime(2026, 11, 27, 9, tzinfo=UTC)
+    gpu = DeviceRecord("r1-t4-1", "gpu", "NVIDIA T4", frozenset({"rack-1"}), "rack-1")
+    host = DeviceRecord("host-01-block", "host", "64 cores", frozenset({"rack-1"}), "rack-1")
+    holdings = [Holding(gpu, now, "m1", now, "ada", "", "running", "host-01"), Holding(host, now)]
+    shared = Machine(
+        "m1",
+        "ada",
+        "",
+        "running",
+        "host-01",
+        "rack-1",
+        {"size": "medium"},
+        None,
+        now,
+        now,
+        None,
+        ("r1-t4-1",),
+        cores=4,
+        memory_gib=32,
+    )
+    whole = Machine(
+        "m2", "bob", "big", "running", "host-02", "rack-1", {}, None, now, now, None, ()
+    )
+    rooms = [
+        (HostRecord("host-01", "host-01-block", Room(64, 512, 16)), HostUse(4, 32, 1, 1)),
+        (HostRecord("host-02", "host-02-block", Room(64, 512, 16)), HostUse(0, 0, 0, 0)),
+    ]
+    view = inventory(holdings, [shared, whole], rooms)
+    first, second = view["hosts"]
+    assert first["free"] == {"cores": 60, "memory_gib": 480, "slots": 15}
+    assert first["machines"] == [
+        {
+            "machine": "m1",
+            "user": "ada",
+            "server": "",
+            "state": "running",
+            "share": {"cores": 4, "memory_gib": 32},
+            "devices": ["r1-t4-1"],
+            "since": "2026-11-27T09:00:00+00:00",
+        }
+    ]
+    assert second["machines"][0]["share"] is None  # a machine from before: the whole host
+    assert view["summary"] == [
+        {"kind": "gpu", "model": "NVIDIA T4", "free": 0, "held": 1},
+        {"kind": "host", "model": "64 cores", "free": 1, "held": 0},
+    ]

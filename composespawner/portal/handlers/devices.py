@@ -18,7 +18,7 @@ MOST_REASON = 500
 class InventoryApi(ApiHandler):
     async def get(self) -> None:
         self.require_admin()
-        self.write_json(views.inventory(await self.portal.holdings()))
+        self.write_json(await self.portal.inventory())
 
 
 class ReleaseMachineApi(ApiHandler):
@@ -44,7 +44,7 @@ class InventoryPage(FormPage):
         await self.portal.force_release(form.get("machine", ""), reason, self.actor)
 
     async def render_form(self, **context: Any) -> None:
-        view = views.inventory(await self.portal.holdings())
+        view = await self.portal.inventory()
         view["devices"], paging = views.page_of(view["devices"], self.get_argument("page", None))
         self.render_page("inventory.html", inventory=view, paging=paging, **context)
 

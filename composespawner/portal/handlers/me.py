@@ -7,7 +7,7 @@ from urllib.parse import unquote
 
 from tornado.web import authenticated
 
-from composespawner.portal import views
+from composespawner.portal import machine_views, views
 from composespawner.portal.errors import InvalidInput
 from composespawner.portal.handlers.base import REFUSALS, ApiHandler, PageHandler, refusal
 
@@ -111,7 +111,7 @@ class RunManifestApi(ApiHandler):
         run = await self.portal.run_of(
             self.user["name"], unquote(machine_id), sees_all=self.is_admin
         )
-        self.write_json(views.run_json(run))
+        self.write_json(machine_views.run_json(run))
 
 
 class RunPage(PageHandler):
@@ -122,7 +122,7 @@ class RunPage(PageHandler):
         run = await self.portal.run_of(
             self.user["name"], unquote(machine_id), sees_all=self.is_admin
         )
-        self.render_page("run.html", run=views.run_json(run))
+        self.render_page("run.html", run=machine_views.run_json(run))
 
 
 class LaunchAgainApi(ApiHandler):

@@ -22,6 +22,7 @@ def upgrade() -> None:
     op.create_table(
         "host_rooms",
         sa.Column("host_id", sa.String(128), nullable=False),
+        sa.Column("block_id", sa.String(128), nullable=False),
         sa.Column("cores", sa.Integer(), nullable=False),
         sa.Column("memory_gib", sa.Integer(), nullable=False),
         sa.Column("slots", sa.Integer(), nullable=False),
