@@ -1,7 +1,7 @@
 """Cohorts (courses and research-training groups) and the GPUs their sessions reserve. Pure.
 
-A cohort is a JupyterHub group with dates, weekly session times, the stacks and
-starter kit it uses, and optionally a reservation: N GPUs of one model that,
+A cohort is a JupyterHub group with dates, weekly session times, the stacks,
+sizes and starter kit it uses, and optionally a reservation: N GPUs of one model that,
 during its sessions, nobody outside the cohort can take.
 
 What a reservation does to GPUs already held when a session starts: nothing.
@@ -75,6 +75,7 @@ class Cohort:
     ends_on: date | None = None
     sessions: tuple[Session, ...] = ()
     stacks: frozenset[str] | None = None  # stack ids its members may use (None: any)
+    sizes: frozenset[str] | None = None  # catalog size ids its members may use (None: any)
     starter_kit: str | None = None  # the kit a member's form starts with
     reserved_model: str | None = None  # catalog GPU model id
     reserved_gpus: int = 0
@@ -170,6 +171,28 @@ def stack_choice(cohorts: Iterable[Cohort], day: date) -> StackChoice:
         return StackChoice(None, kit)
     allowed = frozenset().union(*(c.stacks or () for c in restricting))
     return StackChoice(allowed, kit, tuple(c.name for c in restricting))
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The sizes (cores and memory of a host) a user's cohorts give them today."""
+
+    sizes: frozenset[str] | None = None  # the size ids they may use (None: any)
+    restricted_by: tuple[str, ...] = ()  # the cohorts that restrict them
+
+    def allows(self, size_id: str) -> bool:
+        return self.sizes is None or size_id in self.sizes
+
+
+def size_choice(cohorts: Iterable[Cohort], day: date) -> SizeChoice:
+    """What the user's cohorts that run on ``day`` allow: the most generous of them,
+    as for stacks (a cohort that names no sizes allows any)."""
+    running = sorted((c for c in cohorts if c.runs_on(day)), key=lambda c: c.name)
+    restricting = [c for c in running if c.sizes is not None]
+    if not running or len(restricting) < len(running):
+        return SizeChoice()
+    allowed = frozenset[str]().union(*(c.sizes or () for c in restricting))
+    return SizeChoice(allowed, tuple(c.name for c in restricting))
 
 
 def next_session_start(cohort: Cohort, after: datetime) -> datetime | None:

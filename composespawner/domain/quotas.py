@@ -27,6 +27,9 @@ T = TypeVar("T")
 # Most GPUs or servers any limit may name: beyond this a number is a typing slip.
 MOST_COUNTED = 10_000
 MOST_GPU_HOURS = 1_000_000.0
+# Most cores or GiB held at once any limit may name: about ten thousand large hosts.
+MOST_CORES = 1_000_000
+MOST_MEMORY_GIB = 10_000_000
 
 
 class InvalidQuota(ValueError):
@@ -44,6 +47,8 @@ class QuotaRule:
     models: frozenset[str] | None = None  # GPU models allowed (catalog names)
     gpu_hours_week: float | None = None  # GPU-hours over the last 7 days, running ones included
     servers: int | None = None  # servers running at once, with or without GPUs
+    cores_held: int | None = None  # CPU cores of hosts held at once, over all servers
+    memory_gib_held: int | None = None  # GiB of hosts' memory held at once, likewise
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -53,6 +58,8 @@ class QuotaRule:
         for name in ("gpus_held", "gpus_per_server", "servers"):
             _check_number(name, getattr(self, name), MOST_COUNTED, integer=True)
         _check_number("gpu_hours_week", self.gpu_hours_week, MOST_GPU_HOURS, integer=False)
+        _check_number("cores_held", self.cores_held, MOST_CORES, integer=True)
+        _check_number("memory_gib_held", self.memory_gib_held, MOST_MEMORY_GIB, integer=True)
 
     @property
     def source(self) -> str:
@@ -86,6 +93,8 @@ class Quota:
     models: Limit[frozenset[str]] = Limit()
     gpu_hours_week: Limit[float] = Limit()
     servers: Limit[int] = Limit()
+    cores_held: Limit[int] = Limit()
+    memory_gib_held: Limit[int] = Limit()
 
     @classmethod
     def site_default(cls, gpus_held: int | None) -> Quota:
@@ -119,6 +128,8 @@ def effective_quota(rules: Iterable[QuotaRule], user: str, groups: Collection[st
         models=_choose(applying, "models", _union),
         gpu_hours_week=_choose(applying, "gpu_hours_week", max),
         servers=_choose(applying, "servers", max),
+        cores_held=_choose(applying, "cores_held", max),
+        memory_gib_held=_choose(applying, "memory_gib_held", max),
     )
 
 

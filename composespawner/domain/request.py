@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from composespawner.domain.catalog import Catalog, Size
-from composespawner.domain.cohorts import StackChoice
+from composespawner.domain.cohorts import SizeChoice, StackChoice
 
 FIELDS = ("gpu_model", "gpu_count", "size", "network", "scratch_gb", "stack", "kit")
 # Options people try for a size; the message points them at "size".
@@ -47,6 +47,12 @@ class OptionsTooLarge(RequestError):
 
 class StackNotAllowed(RequestError):
     """A stack the user's cohorts do not use."""
+
+    status = 403
+
+
+class SizeNotAllowed(RequestError):
+    """A size the user's cohorts do not use."""
 
     status = 403
 
@@ -244,6 +250,37 @@ def settle_stack(request: MachineRequest, catalog: Catalog, choice: StackChoice)
             "stack",
         )
     return request
+
+
+def settle_size(
+    request: MachineRequest, catalog: Catalog, choice: SizeChoice, *, named: bool
+) -> MachineRequest:
+    """The request in the size it will run in: the one ``named``, if the user's cohorts
+    use it; for a request that named none, the default for its GPU count if they use
+    that, else the first size they use."""
+    usable = [s for s in catalog.sizes if choice.allows(s.id)]
+    cohorts = ", ".join(choice.restricted_by)
+    if named:
+        if choice.allows(request.size):
+            return request
+    else:
+        default = catalog.default_size(request.gpu_count).id
+        chosen = default if choice.allows(default) else next((s.id for s in usable), None)
+        if chosen is not None:
+            return replace(request, size=chosen)
+    if not usable:
+        raise SizeNotAllowed(
+            f"Your cohort {cohorts} uses no size this hub offers now: ask its staff to"
+            " choose one in the GPU portal.",
+            "size",
+        )
+    labels = "; ".join(s.label for s in usable)
+    ids = ", ".join(s.id for s in usable)
+    raise SizeNotAllowed(
+        f"Your cohort {cohorts} uses these sizes only: {labels}."
+        f' Choose one of them ("size": {ids}).',
+        "size",
+    )
 
 
 def _stack(value: Any, catalog: Catalog) -> str | None:

@@ -7,9 +7,9 @@ How the invariants hold here:
   the rowcount;
 * co-located devices only for their owners and borrowers (2): :func:`_check_owned`;
 * quota (3): a claim locks the user's ``quota_accounts`` row first, so two
-  claims of one user cannot both count the GPUs in use before either takes
-  its own (SQLite needs no row: ``BEGIN IMMEDIATE`` already holds the whole
-  database's write lock for the transaction);
+  claims of one user cannot both count the GPUs (and cores and memory) in use
+  before either takes its own (SQLite needs no row: ``BEGIN IMMEDIATE`` already
+  holds the whole database's write lock for the transaction);
 * no deadlock between claims of different users on PostgreSQL: device rows are
   locked in ``block_id`` order, and a claim's one host row after them;
 * a host never over capacity (10): :mod:`composespawner.ledger.rooms`, in the
@@ -152,7 +152,9 @@ class Claims(ZonedLedgerPart):
             _check_owned(connection, machine.user_name, devices, groups, now)
             asked = sum(1 for device in devices if device.kind == "gpu")
             use = _use(connection, machine, quota, now)
-            check_use(machine.user_name, quota, asked, use)
+            # A machine without room holds its host's block (an unshared host): no share.
+            cores, memory = (room.cores, room.memory_gib) if room else (0, 0)
+            check_use(machine.user_name, quota, asked, use, cores=cores, memory_gib=memory)
             for keep in keep_free:
                 _check_keep_free(connection, machine.user_name, keep, devices)
             _take_devices(connection, machine_id, wanted, devices, now)

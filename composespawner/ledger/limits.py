@@ -27,6 +27,14 @@ class Use:
     def gpus(self) -> int:
         return sum(use.gpus for use in self.servers)
 
+    @property
+    def cores(self) -> int:
+        return sum(use.cores for use in self.servers)
+
+    @property
+    def memory_gib(self) -> int:
+        return sum(use.memory_gib for use in self.servers)
+
 
 def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
     """Raise :class:`QuotaExceeded` unless one server may have ``asked`` GPUs of ``model``."""
@@ -54,12 +62,18 @@ def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
         )
 
 
-def check_use(user: str, quota: Quota, asked: int, use: Use) -> None:
-    """Raise :class:`QuotaExceeded` if one more server with ``asked`` GPUs passes a limit.
+def check_use(
+    user: str, quota: Quota, asked: int, use: Use, *, cores: int = 0, memory_gib: int = 0
+) -> None:
+    """Raise :class:`QuotaExceeded` if one more server with ``asked`` GPUs, ``cores`` and
+    ``memory_gib`` of its host passes a limit.
 
     Asking for no GPUs passes the GPU limits, so a user at their limit can still
-    start a CPU-only server; servers at once counts every server.
+    start a CPU-only server; servers at once counts every server, and cores and
+    memory held at once every server's share (a grow asks for none: its server
+    holds its share already).
     """
+    _check_share(user, quota, use, cores, memory_gib)
     servers = quota.servers
     if servers.value is not None and len(use.servers) + 1 > servers.value:
         running = len(use.servers)
@@ -107,3 +121,28 @@ def _check_gpus_held(user: str, quota: Quota, asked: int, use: Use) -> None:
                 " Stop a server or ask for fewer."
             )
     raise QuotaExceeded(user, "gpus_held", held.source, message)
+
+
+def _check_share(user: str, quota: Quota, use: Use, cores: int, memory_gib: int) -> None:
+    """Cores and memory held at once, the new server's share included."""
+    size = f"the {cores} cores, {memory_gib} GiB size"
+    checks = (
+        ("cores_held", quota.cores_held, use.cores, cores, "{} cores", "{}"),
+        ("memory_gib_held", quota.memory_gib_held, use.memory_gib, memory_gib, "{} GiB", "{} GiB"),
+    )
+    for name, limit, held, needs, amount, bare in checks:
+        if needs == 0 or limit.value is None or held + needs <= limit.value:
+            continue
+        if held == 0:
+            message = (
+                f"The {cores} cores, {memory_gib} GiB size needs {amount.format(needs)} but"
+                f" {limit.source} allows {bare.format(limit.value)} at once. "
+                + ("Ask an admin for more." if limit.value == 0 else "Choose a smaller size.")
+            )
+        else:
+            message = (
+                f"You hold {amount.format(held)} of {bare.format(limit.value)} that"
+                f" {limit.source} allows; {size} needs {bare.format(needs)}:"
+                " choose a smaller size or stop a server."
+            )
+        raise QuotaExceeded(user, name, limit.source, message)

@@ -310,6 +310,8 @@ class QuotaRuleRow(Base):
     models: Mapped[list[str] | None] = mapped_column(JSON)
     gpu_hours_week: Mapped[float | None] = mapped_column(Float)
     servers: Mapped[int | None] = mapped_column(Integer)
+    cores_held: Mapped[int | None] = mapped_column(Integer)
+    memory_gib_held: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_by: Mapped[str] = mapped_column(String(255))
 
@@ -325,6 +327,7 @@ class CohortRow(Base):
     ends_on: Mapped[date | None] = mapped_column(Date)
     sessions: Mapped[list[str]] = mapped_column(JSON)  # "Mon 09:00-11:00", site-local
     stacks: Mapped[list[str] | None] = mapped_column(JSON)
+    sizes: Mapped[list[str] | None] = mapped_column(JSON)  # catalog size ids (None: any)
     starter_kit: Mapped[str | None] = mapped_column(String(255))
     reserved_model: Mapped[str | None] = mapped_column(String(255))
     reserved_gpus: Mapped[int] = mapped_column(Integer)

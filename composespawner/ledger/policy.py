@@ -324,6 +324,7 @@ def _cohort_values(cohort: Cohort) -> dict[str, Any]:
         "ends_on": cohort.ends_on,
         "sessions": [str(s) for s in sorted(cohort.sessions)],
         "stacks": None if cohort.stacks is None else sorted(cohort.stacks),
+        "sizes": None if cohort.sizes is None else sorted(cohort.sizes),
         "starter_kit": cohort.starter_kit,
         "reserved_model": cohort.reserved_model,
         "reserved_gpus": cohort.reserved_gpus,
@@ -335,7 +336,7 @@ def _day(day: date | None) -> str | None:
 
 
 def _cohort(row: Any) -> Cohort:
-    stacks = row["stacks"]
+    stacks, sizes = row["stacks"], row["sizes"]
     return Cohort(
         name=row["name"],
         title=row["title"],
@@ -343,6 +344,7 @@ def _cohort(row: Any) -> Cohort:
         ends_on=row["ends_on"],
         sessions=tuple(Session.parse(text) for text in row["sessions"]),
         stacks=None if stacks is None else frozenset(stacks),
+        sizes=None if sizes is None else frozenset(sizes),
         starter_kit=row["starter_kit"],
         reserved_model=row["reserved_model"],
         reserved_gpus=row["reserved_gpus"],

@@ -136,10 +136,12 @@ class UsageRecord:
 
 @dataclass(frozen=True, slots=True)
 class ServerUse:
-    """GPUs held by one of a user's live servers."""
+    """What one of a user's live servers holds: GPUs, and its share of its host."""
 
     server: str
     gpus: int
+    cores: int = 0  # 0 for a machine from before hosts were shared (it recorded none)
+    memory_gib: int = 0
 
 
 @dataclass(frozen=True, slots=True)

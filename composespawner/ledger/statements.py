@@ -58,12 +58,19 @@ FREE_DEVICES_OF = (
     .where(DEVICES.c.machine_id == bindparam("b_machine_id"))
     .values(machine_id=None, held_since=None)
 )
+# One row per live machine: its GPUs and its share of its host (0 for a machine
+# from before hosts were shared, which recorded none).
 GPU_USE = (
-    select(MACHINES.c.server_name, func.count(DEVICES.c.block_id))
+    select(
+        MACHINES.c.server_name,
+        func.count(DEVICES.c.block_id),
+        func.coalesce(MACHINES.c.cores, 0),
+        func.coalesce(MACHINES.c.memory_gib, 0),
+    )
     .outerjoin(DEVICES, and_(DEVICES.c.machine_id == MACHINES.c.id, DEVICES.c.kind == "gpu"))
     .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
-    .group_by(MACHINES.c.server_name)
-    .order_by(MACHINES.c.server_name)
+    .group_by(MACHINES.c.id, MACHINES.c.server_name, MACHINES.c.cores, MACHINES.c.memory_gib)
+    .order_by(MACHINES.c.server_name, MACHINES.c.id)
 )
 
 

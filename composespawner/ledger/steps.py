@@ -149,9 +149,15 @@ def gpu_hours_since(connection: Connection, user: str, since: datetime, now: dat
 
 
 def gpu_use(connection: Connection, user: str) -> list[ServerUse]:
-    return [
-        ServerUse(server, gpus) for server, gpus in connection.execute(GPU_USE, {"b_user": user})
-    ]
+    """What each of ``user``'s live servers holds: GPUs, cores and memory."""
+    servers: dict[str, ServerUse] = {}
+    for server, gpus, cores, memory in connection.execute(GPU_USE, {"b_user": user}):
+        # A server's machine that is ending and its next one both hold until the first ends.
+        was = servers.get(server, ServerUse(server, 0))
+        servers[server] = ServerUse(
+            server, was.gpus + gpus, was.cores + cores, was.memory_gib + memory
+        )
+    return list(servers.values())
 
 
 def held_by(connection: Connection, machine_id: str) -> list[str]:

@@ -15,9 +15,11 @@ from composespawner.domain.catalog import Catalog, GpuModel
 from composespawner.domain.cohorts import (
     END_OF_DAY,
     Reservation,
+    SizeChoice,
     StackChoice,
     active_reservations,
     holdback,
+    size_choice,
     stack_choice,
 )
 from composespawner.domain.colocation import Registration
@@ -47,6 +49,8 @@ class Admission:
     registrations: Mapping[str, Registration] = field(default_factory=dict)
     # the stacks and starter kit the user's cohorts give them
     stacks: StackChoice = field(default_factory=StackChoice)
+    # the sizes (cores and memory) the user's cohorts give them
+    sizes: SizeChoice = field(default_factory=SizeChoice)
 
     def holdback(self, groups: Collection[str]) -> dict[str, int]:
         """Catalog model → free GPUs this user must leave to cohorts they are not in."""
@@ -108,7 +112,8 @@ def admission(policy: SpawnPolicy, catalog: Catalog, at: datetime) -> Admission:
         for r in reservations
     }
     stacks = stack_choice(policy.cohorts, at.date())
-    return Admission(policy.quota, reservations, held, policy.registrations, stacks)
+    sizes = size_choice(policy.cohorts, at.date())
+    return Admission(policy.quota, reservations, held, policy.registrations, stacks, sizes)
 
 
 def _held(held: Mapping[tuple[str, str], int], cohort: str, model: GpuModel | None) -> int:

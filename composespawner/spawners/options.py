@@ -21,6 +21,7 @@ from composespawner.domain.request import (
     check_size,
     parse_form,
     parse_options,
+    settle_size,
     settle_stack,
 )
 from composespawner.fabric.base import FabricError
@@ -46,12 +47,15 @@ class UserRequests:
             return parse_form(formdata, self.composer.catalog, visible).to_options()
 
     async def for_start(self, options: dict[str, Any], admitted: Admission) -> MachineRequest:
-        """The request a start's options make, its stack settled by the user's cohorts."""
+        """The request a start's options make, its stack and size settled by the user's
+        cohorts."""
         # The admission read brought the portal's registrations: not read again.
         visible = await self.visible_models(admitted.registrations)
         catalog = self.composer.catalog
         with refused_options():
             request = parse_options(options, catalog, visible)
+            named = options.get("size") not in (None, "")
+            request = settle_size(request, catalog, admitted.sizes, named=named)
             return settle_stack(request, catalog, admitted.stacks)
 
     async def visible_models(

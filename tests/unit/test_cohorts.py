@@ -12,10 +12,12 @@ from composespawner.domain.cohorts import (
     InvalidCohort,
     Reservation,
     Session,
+    SizeChoice,
     StackChoice,
     active_reservations,
     holdback,
     next_session_start,
+    size_choice,
     stack_choice,
 )
 
@@ -111,3 +113,22 @@ def test_the_most_generous_of_a_users_running_cohorts_decides_their_stacks() -> 
     assert stack_choice([course, anything], day).stacks is None
     assert stack_choice([finished], day) == StackChoice()
     assert stack_choice([finished, course], day).stacks == {"pytorch"}
+
+
+def test_the_most_generous_of_a_users_running_cohorts_decides_their_sizes() -> None:
+    day = date(2026, 11, 24)
+    course = Cohort("cs-101", sizes=frozenset({"small", "medium"}))
+    lab = Cohort("eeg-lab", sizes=frozenset({"large"}))
+    anything = Cohort("research")
+    finished = Cohort("old-course", sizes=frozenset({"small"}), ends_on=date(2026, 6, 30))
+    assert size_choice([], day) == SizeChoice()
+    assert size_choice([course], day) == SizeChoice(frozenset({"small", "medium"}), ("cs-101",))
+    assert size_choice([lab, course], day) == SizeChoice(
+        frozenset({"small", "medium", "large"}), ("cs-101", "eeg-lab")
+    )
+    assert size_choice([course, anything], day).sizes is None  # one that allows any wins
+    assert size_choice([finished], day) == SizeChoice()
+    assert size_choice([finished, lab], day).sizes == {"large"}
+    assert size_choice([course], day).allows("small")
+    assert not size_choice([course], day).allows("whole")
+    assert SizeChoice().allows("whole")

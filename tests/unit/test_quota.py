@@ -84,6 +84,10 @@ def test_as_dict_is_plain_json() -> None:
         ({"level": "site", "gpus_held": True}, "gpus_held must be a number, not bool"),
         ({"level": "site", "gpus_held": "2"}, "gpus_held must be a number, not str"),
         ({"level": "site", "gpu_hours_week": float("nan")}, "gpu_hours_week must be from 0"),
+        ({"level": "site", "cores_held": -4}, "cores_held must be from 0 to 1e\\+06, not -4"),
+        ({"level": "site", "memory_gib_held": 10**12}, "memory_gib_held must be from 0 to 1e\\+07"),
+        ({"level": "site", "cores_held": 2.5}, "cores_held must be a whole number"),
+        ({"level": "site", "memory_gib_held": "64"}, "memory_gib_held must be a number, not str"),
         ({"level": "site", "subject": "x"}, "the site default names no subject"),
         ({"level": "cohort"}, "a cohort or user rule must"),
         ({"level": "planet", "subject": "x"}, "level must be one of site, cohort, user"),
@@ -195,3 +199,71 @@ def test_any_rules_that_can_be_stored_give_an_effective_quota(
             s in applying or f"cohort {s}" in applying for s in sources
         ), (name, limit.source)
     assert quota.as_dict()  # what the portal answers with
+
+
+SHARED = [
+    QuotaRule("site", cores_held=8, memory_gib_held=32),
+    QuotaRule("cohort", "cs-101", cores_held=16, memory_gib_held=64),
+    QuotaRule("cohort", "vision-lab", cores_held=64),
+    QuotaRule("user", "alice", memory_gib_held=512),
+]
+
+
+def test_cores_and_memory_held_come_through_the_same_hierarchy() -> None:
+    assert effective_quota(SHARED, "zoe", ()).cores_held == Limit(8, "the site default")
+    bob = effective_quota(SHARED, "bob", {"cs-101"})
+    assert (bob.cores_held, bob.memory_gib_held) == (
+        Limit(16, "cohort cs-101"),
+        Limit(64, "cohort cs-101"),
+    )
+    carol = effective_quota(SHARED, "carol", {"cs-101", "vision-lab"})
+    assert carol.cores_held == Limit(64, "cohort vision-lab")  # the most generous cohort
+    assert carol.memory_gib_held == Limit(64, "cohort cs-101")  # the only cohort setting it
+    alice = effective_quota(SHARED, "alice", {"cs-101"})
+    assert alice.memory_gib_held == Limit(512, "alice's own quota")
+    assert alice.as_dict()["cores_held"] == {"value": 16, "source": "cohort cs-101"}
+
+
+def test_cores_held_at_once_refuses_a_size_past_the_limit_saying_what_to_change() -> None:
+    quota = effective_quota(SHARED, "bob", {"cs-101"})
+    use = Use([ServerUse("a", 0, 8, 32), ServerUse("b", 1, 4, 8)])
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("bob", quota, 0, use, cores=8, memory_gib=16)
+    assert (refused.value.limit, refused.value.source) == ("cores_held", "cohort cs-101")
+    assert refused.value.user_message == (
+        "You hold 12 cores of 16 that cohort cs-101 allows; the 8 cores, 16 GiB size needs 8:"
+        " choose a smaller size or stop a server."
+    )
+    check_use("bob", quota, 0, use, cores=4, memory_gib=16)  # exactly at both limits
+
+
+def test_memory_held_at_once_is_checked_like_cores() -> None:
+    quota = effective_quota(SHARED, "bob", {"cs-101"})
+    use = Use([ServerUse("a", 0, 2, 48)])
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("bob", quota, 1, use, cores=4, memory_gib=32)
+    assert refused.value.limit == "memory_gib_held"
+    assert refused.value.user_message == (
+        "You hold 48 GiB of 64 GiB that cohort cs-101 allows; the 4 cores, 32 GiB size needs"
+        " 32 GiB: choose a smaller size or stop a server."
+    )
+
+
+def test_a_size_bigger_than_the_whole_limit_says_to_choose_a_smaller_one() -> None:
+    quota = effective_quota(SHARED, "zoe", ())
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("zoe", quota, 0, Use(), cores=16, memory_gib=128)
+    assert refused.value.user_message == (
+        "The 16 cores, 128 GiB size needs 16 cores but the site default allows 8 at once."
+        " Choose a smaller size."
+    )
+    none = Quota(cores_held=Limit(0, "zoe's own quota"))
+    with pytest.raises(QuotaExceeded) as refused:
+        check_use("zoe", none, 0, Use(), cores=2, memory_gib=8)
+    assert refused.value.user_message.endswith("allows 0 at once. Ask an admin for more.")
+
+
+def test_asking_no_share_passes_the_share_limits() -> None:
+    # A grow (its server holds its share already) or a machine holding a whole unshared host.
+    quota = Quota(cores_held=Limit(4, "the site default"), memory_gib_held=Limit(8, "x"))
+    check_use("bob", quota, 1, Use([ServerUse("a", 1, 16, 64)]))

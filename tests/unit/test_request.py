@@ -8,16 +8,18 @@ from typing import Any
 import pytest
 
 from composespawner.domain.catalog import Catalog
-from composespawner.domain.cohorts import StackChoice
+from composespawner.domain.cohorts import SizeChoice, StackChoice
 from composespawner.domain.request import (
     MAX_OPTIONS_BYTES,
     MachineRequest,
     OptionsTooLarge,
     RequestError,
+    SizeNotAllowed,
     StackNotAllowed,
     check_server_name,
     parse_form,
     parse_options,
+    settle_size,
     settle_stack,
 )
 
@@ -193,3 +195,46 @@ def test_a_catalog_without_sizes_gives_every_machine_its_whole_host() -> None:
     catalog = Catalog.from_dict(raw, relative_to=CATALOG_FILE.parent)
     assert [s.id for s in catalog.sizes] == ["whole"]
     assert parse_options({"gpu_model": "t4", "gpu_count": 1}, catalog, PUBLIC).size == "whole"
+
+
+COURSE_SIZES = SizeChoice(frozenset({"small", "large"}), ("cs-101",))
+
+
+def test_a_cohort_that_limits_sizes_refuses_another_size_naming_those_it_uses() -> None:
+    request = parse_options({"gpu_count": 0, "size": "xlarge"}, CATALOG, PUBLIC)
+    with pytest.raises(SizeNotAllowed) as refused:
+        settle_size(request, CATALOG, COURSE_SIZES, named=True)
+    assert str(refused.value) == (
+        "Your cohort cs-101 uses these sizes only: 2 cores, 8 GiB; 8 cores, 64 GiB."
+        ' Choose one of them ("size": small, large).'
+    )
+    assert (refused.value.status, refused.value.field) == (403, "size")
+    allowed = replace(request, size="large")
+    assert settle_size(allowed, CATALOG, COURSE_SIZES, named=True) == allowed
+    assert settle_size(request, CATALOG, SizeChoice(), named=True) == request  # no limit
+
+
+@pytest.mark.parametrize(
+    ("count", "size"),
+    [(0, "small"), (2, "large"), (1, "small")],  # 1 GPU's default (medium) is not allowed
+)
+def test_a_request_naming_no_size_gets_the_default_if_allowed_else_the_first_allowed(
+    count: int, size: str
+) -> None:
+    options: dict[str, Any] = {"gpu_count": count}
+    if count:
+        options["gpu_model"] = "t4"
+    request = parse_options(options, CATALOG, PUBLIC)
+    assert settle_size(request, CATALOG, COURSE_SIZES, named=False).size == size
+    # The same size named outright is refused rather than changed.
+    if size != request.size:
+        with pytest.raises(SizeNotAllowed):
+            settle_size(request, CATALOG, COURSE_SIZES, named=True)
+
+
+def test_a_cohort_whose_sizes_the_hub_no_longer_offers_says_whom_to_ask() -> None:
+    gone = SizeChoice(frozenset({"huge"}), ("cs-101",))
+    request = parse_options({"gpu_count": 0}, CATALOG, PUBLIC)
+    for named in (True, False):
+        with pytest.raises(SizeNotAllowed, match="cs-101 uses no size this hub offers now"):
+            settle_size(request, CATALOG, gone, named=named)
