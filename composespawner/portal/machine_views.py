@@ -21,6 +21,7 @@ def my_machine(
     gpu_hours_week: float,
 ) -> dict[str, Any]:
     """One user's servers and machines, their effective quota and their use of it."""
+    machines = list(machines)
     servers = [_server(machine, devices) for machine in machines]
     gpus = sum(len(s["gpus"]) for s in servers)
     return {
@@ -31,6 +32,9 @@ def my_machine(
             "gpus_held": gpus,
             "servers": len(servers),
             "gpu_hours_week": round(gpu_hours_week, 3),
+            # As the claim counts them: a machine from before hosts were shared, none.
+            "cores_held": sum(m.cores or 0 for m in machines),
+            "memory_gib_held": sum(m.memory_gib or 0 for m in machines),
         },
         "servers": servers,
     }

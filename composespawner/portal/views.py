@@ -101,6 +101,7 @@ COHORT_FIELDS = (
     "ends_on",
     "sessions",
     "stacks",
+    "sizes",
     "starter_kit",
     "reserved_model",
     "reserved_gpus",
@@ -115,6 +116,7 @@ def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[st
         "ends_on": _day(cohort.ends_on),
         "sessions": [str(s) for s in sorted(cohort.sessions)],
         "stacks": None if cohort.stacks is None else sorted(cohort.stacks),
+        "sizes": None if cohort.sizes is None else sorted(cohort.sizes),
         "starter_kit": cohort.starter_kit,
         "reserved_model": cohort.reserved_model,
         "reserved_gpus": cohort.reserved_gpus,
@@ -140,6 +142,11 @@ def cohort_from_json(name: str, body: object, catalog: Catalog) -> Cohort:
         raise InvalidCohort(f"unknown GPU model {model!r}; the catalog has: {known}")
     if stacks is not None:
         _known("stack", _strings(stacks, "stacks"), [s.id for s in catalog.stacks])
+    sizes = body.get("sizes")
+    if sizes is not None:
+        _known("size", _strings(sizes, "sizes"), [s.id for s in catalog.sizes])
+        if not sizes:
+            raise InvalidCohort("sizes: name at least one size, or null for any size")
     kit = optional_text(body.get("starter_kit"), "starter_kit")
     if kit is not None:
         _known("starter kit", [kit], [k.id for k in catalog.kits])
@@ -156,6 +163,7 @@ def cohort_from_json(name: str, body: object, catalog: Catalog) -> Cohort:
         ends_on=_date(body.get("ends_on"), "ends_on"),
         sessions=tuple(Session.parse(text) for text in sessions),
         stacks=None if stacks is None else frozenset(_strings(stacks, "stacks")),
+        sizes=None if sizes is None else frozenset(sizes),
         starter_kit=kit,
         reserved_model=model,
         reserved_gpus=body.get("reserved_gpus", 0),
@@ -182,8 +190,9 @@ def cohort_body_from_form(form: Mapping[str, str]) -> dict[str, Any]:
     for key in ("starts_on", "ends_on", "starter_kit", "reserved_model"):
         if form.get(key, "").strip():
             body[key] = form[key].strip()
-    if form.get("stacks", "").strip():
-        body["stacks"] = [s.strip() for s in form["stacks"].split(",") if s.strip()]
+    for key in ("stacks", "sizes"):
+        if form.get(key, "").strip():
+            body[key] = [s.strip() for s in form[key].split(",") if s.strip()]
     if form.get("reserved_gpus", "").strip():
         body["reserved_gpus"] = _number("reserved_gpus", form["reserved_gpus"].strip())
     return body

@@ -242,6 +242,17 @@ async def test_a_bad_grow_is_refused_saying_what_to_send(
         ("api/quotas/site", {"gpus_held": -1}, "gpus_held must be from 0 to 10000, not -1"),
         ("api/quotas/cohort/%3Cscript%3E", {"gpus_held": 1}, "No group '<script>' in the hub"),
         ("api/quotas/user/a%00b", {"servers": 1}, "the user's name has a control character"),
+        ("api/quotas/site", {"cores_held": -8}, "cores_held must be from 0 to 1e+06, not -8"),
+        ("api/quotas/site", {"cores_held": 10**9}, "cores_held must be from 0 to 1e+06"),
+        ("api/quotas/site", {"cores_held": 2.5}, "cores_held must be a whole number, not 2.5"),
+        ("api/quotas/site", {"memory_gib_held": "64"}, "memory_gib_held must be a number, not"),
+        ("api/quotas/site", {"memory_gib_held": 10**12}, "memory_gib_held must be from 0 to 1e+07"),
+        (
+            "api/quotas/site",
+            {"memory_gib_held": True},
+            "memory_gib_held must be a number, not bool",
+        ),
+        ("api/quotas/site", {"memory": 64}, "unknown limit 'memory'; the limits are"),
     ],
 )
 async def test_bad_quota_input_is_refused_with_a_message_and_nothing_stored(
@@ -366,3 +377,94 @@ async def test_a_cookie_change_without_the_xsrf_token_is_refused(portal: Portal)
 
     assert response.code == 403
     assert await portal.json("GET", "api/quotas", user="admin") == (200, {"rules": []})
+
+
+async def test_cores_and_memory_held_are_set_per_cohort_and_shown_with_their_source(
+    portal: Portal,
+) -> None:
+    limits = {"cores_held": 16, "memory_gib_held": 64}
+    status, rule = await portal.json("PUT", "api/quotas/cohort/cs-101", user="admin", body=limits)
+    assert status == 200, rule
+    assert (rule["cores_held"], rule["memory_gib_held"], rule["gpus_held"]) == (16, 64, None)
+    status, rules = await portal.json("GET", "api/quotas", user="admin")
+    assert [(r["subject"], r["cores_held"]) for r in rules["rules"]] == [("cs-101", 16)]
+
+    status, mine = await portal.json("GET", "api/me", user="student1")
+    assert status == 200, mine
+    assert mine["quota"]["cores_held"] == {"value": 16, "source": "cohort cs-101"}
+    assert mine["quota"]["memory_gib_held"] == {"value": 64, "source": "cohort cs-101"}
+    assert (mine["use"]["cores_held"], mine["use"]["memory_gib_held"]) == (0, 0)
+    page = await portal.call("GET", "", user="student1")
+    assert page.code == 200
+    assert b'<tr data-limit="cores_held">' in page.body
+    assert b"CPU cores held at once" in page.body
+
+
+async def test_the_quota_page_takes_the_share_limits_and_refuses_a_bad_one(portal: Portal) -> None:
+    form = {"level": "user", "subject": "student1", "cores_held": "4", "memory_gib_held": "x"}
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+
+    refused = await portal.call(
+        "POST", "quotas", user="admin", headers=headers, raw=urlencode(form).encode()
+    )
+
+    assert refused.code == 400
+    assert b"memory_gib_held must be a number, not &#39;x&#39;" in refused.body
+    assert await portal.json("GET", "api/quotas", user="admin") == (200, {"rules": []})
+    form["memory_gib_held"] = "32"
+    stored = await portal.call(
+        "POST", "quotas", user="admin", headers=headers, raw=urlencode(form).encode()
+    )
+    assert stored.code == 302
+    status, rule = await portal.json("GET", "api/quotas/user/student1", user="admin")
+    assert status == 200, rule
+    assert (rule["cores_held"], rule["memory_gib_held"]) == (4, 32)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (["small", "huge"], "unknown size 'huge'; the catalog has: small, medium, large"),
+        ("small", "sizes must be a list of strings"),
+        ([4], "sizes must be a list of strings"),
+        ([], "sizes: name at least one size, or null for any size"),
+    ],
+)
+async def test_bad_cohort_sizes_are_refused_with_a_message_and_nothing_stored(
+    portal: Portal, sizes: object, message: str
+) -> None:
+    body = {"sessions": ["Mon 09:00-11:00"], "sizes": sizes}
+
+    status, answer = await portal.json("PUT", "api/cohorts/cs-101", user="admin", body=body)
+
+    assert (status, answer["status"]) == (400, 400), answer
+    assert message in answer["message"]
+    assert await portal.json("GET", "api/cohorts", user="admin") == (200, {"cohorts": []})
+
+
+async def test_a_cohort_limits_its_members_sizes_through_the_api_and_the_page(
+    portal: Portal,
+) -> None:
+    body = {"sizes": ["medium", "small"]}
+    status, cohort = await portal.json("PUT", "api/cohorts/cs-101", user="admin", body=body)
+    assert status == 200, cohort
+    assert cohort["sizes"] == ["medium", "small"]
+    status, mine = await portal.json("GET", "api/me", user="student1")
+    assert [c["sizes"] for c in mine["cohorts"]] == [["medium", "small"]]
+
+    form = {"name": "cs-101", "sizes": "large, xlarge"}
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    saved = await portal.call(
+        "POST", "cohorts", user="admin", headers=headers, raw=urlencode(form).encode()
+    )
+    assert saved.code == 302
+    status, cohort = await portal.json("GET", "api/cohorts/cs-101", user="admin")
+    assert cohort["sizes"] == ["large", "xlarge"]
+    page = await portal.call("GET", "cohorts", user="admin")
+    assert b"<td>large, xlarge</td>" in page.body
+    form["sizes"] = ""  # an empty field: any size again
+    await portal.call(
+        "POST", "cohorts", user="admin", headers=headers, raw=urlencode(form).encode()
+    )
+    status, cohort = await portal.json("GET", "api/cohorts/cs-101", user="admin")
+    assert cohort["sizes"] is None

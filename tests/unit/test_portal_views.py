@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, date, datetime
 
 import pytest
@@ -75,7 +76,14 @@ def test_my_machine_lists_gpus_and_other_devices_of_each_server() -> None:
     quota = effective_quota([QuotaRule("site", gpus_held=4)], "u", ())
     view = my_machine("u", ["b", "a"], quota, [machine], devices, 1.23456)
     assert view["groups"] == ["a", "b"]
-    assert view["use"] == {"gpus_held": 1, "servers": 1, "gpu_hours_week": 1.235}
+    # A machine from before hosts were shared (no cores recorded) holds no share.
+    assert view["use"] == {
+        "gpus_held": 1,
+        "servers": 1,
+        "gpu_hours_week": 1.235,
+        "cores_held": 0,
+        "memory_gib_held": 0,
+    }
     [server] = view["servers"]
     assert server["gpus"] == [{"id": "gpu-1", "model": "NVIDIA T4"}]
     assert [d["kind"] for d in server["devices"]] == [
@@ -83,6 +91,11 @@ def test_my_machine_lists_gpus_and_other_devices_of_each_server() -> None:
         "nic",
     ]  # the host block is not a device
     assert server["since"] == "2026-11-24T09:00:00+00:00"
+    sized = replace(machine, id="m2", server_name="cpu", cores=4, memory_gib=32, block_ids=())
+    bigger = replace(sized, id="m3", server_name="big", cores=8, memory_gib=64)
+    view = my_machine("u", [], quota, [machine, sized, bigger], devices, 0.0)
+    assert (view["use"]["cores_held"], view["use"]["memory_gib_held"]) == (12, 96)
+    assert view["quota"]["cores_held"] == {"value": None, "source": "no rule"}
 
 
 def test_usage_rows_add_a_running_machines_share_to_its_day() -> None:

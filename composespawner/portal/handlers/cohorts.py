@@ -58,6 +58,7 @@ class CohortsPage(FormPage, CohortsMixin):
             "cohorts.html",
             cohorts=await self.my_cohorts(),
             models=self.portal.model_ids,
+            sizes=[s.id for s in self.portal.catalog.sizes],
             timezone=str(self.portal.timezone),
             **context,
         )
