@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from composespawner.domain.catalog import Catalog
+from composespawner.domain.cohorts import SizeChoice
 from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MAX_OPTIONS_BYTES
 from composespawner.launchers.base import SpawnRefused
-from composespawner.spawners.options import LinkChoices, options_to_start, stack_asked_for
+from composespawner.ledger import Ledger
+from composespawner.services.admission import Admission
+from composespawner.services.composer import Composer
+from composespawner.spawners.options import (
+    LinkChoices,
+    UserRequests,
+    options_to_start,
+    stack_asked_for,
+)
 from composespawner.spawners.progress import StartProgress, step_percent
 from composespawner.spawners.refusals import options_to_store
 from composespawner.spawners.state import ComposeState, restored_state, saved_state
 from harness.paths import HUB_CONFIG
+from tests.support.faulty import FaultyFabric
 
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
 GPU = Device("b1", "gpu", "NVIDIA T4 16GB", frozenset({"r1"}), "c1", "attached", uuid="u-1")
@@ -98,3 +110,52 @@ def test_options_not_stored_are_logged_naming_the_server(caplog: pytest.LogCaptu
     with caplog.at_level(logging.WARNING):
         options_to_store("thesis", {"notes": "x" * (MAX_OPTIONS_BYTES + 1)}, None)
     assert "for server 'thesis'" in caplog.text
+
+
+@pytest.fixture
+async def composer(tmp_path: Path) -> AsyncIterator[Composer]:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.upgrade()
+    composer = Composer(
+        ledger=ledger,
+        fabric=FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"),
+        catalog=CATALOG,
+        hub_id="test-hub",
+        snapshot_ttl=0,
+    )
+    yield composer
+    await composer.close()
+
+
+def requests_of(composer: Composer) -> UserRequests:
+    log = logging.getLogger("test")
+    return UserRequests(composer, "student1", frozenset({"cs-101"}), log, "student1/")
+
+
+@pytest.mark.timeout(30)
+async def test_a_start_in_a_size_its_cohort_does_not_use_is_refused_naming_those_it_does(
+    composer: Composer,
+) -> None:
+    admitted = Admission(sizes=SizeChoice(frozenset({"small", "large"}), ("cs-101",)))
+
+    with pytest.raises(SpawnRefused) as refused:
+        await requests_of(composer).for_start({"gpu_count": 0, "size": "xlarge"}, admitted)
+
+    assert refused.value.status_code == 403
+    assert refused.value.jupyterhub_message == (
+        "Your cohort cs-101 uses these sizes only: 2 cores, 8 GiB; 8 cores, 64 GiB."
+        ' Choose one of them ("size": small, large).'
+    )
+    assert composer.ledger.live_machines() == []  # refused before anything is asked for
+
+
+@pytest.mark.timeout(30)
+async def test_a_start_naming_no_size_gets_one_its_cohort_uses(composer: Composer) -> None:
+    admitted = Admission(sizes=SizeChoice(frozenset({"small", "large"}), ("cs-101",)))
+    requests = requests_of(composer)
+    # One GPU's default (medium) is not the cohort's: the first it uses instead.
+    one_t4 = {"gpu_model": "t4", "gpu_count": 1}
+    assert (await requests.for_start(one_t4, admitted)).size == "small"
+    two_t4 = {"gpu_model": "t4", "gpu_count": 2, "size": ""}
+    assert (await requests.for_start(two_t4, admitted)).size == "large"  # its default
+    assert (await requests.for_start(one_t4, Admission())).size == "medium"  # no cohort limit
