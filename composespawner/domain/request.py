@@ -264,10 +264,9 @@ def settle_size(
         if choice.allows(request.size):
             return request
     else:
-        default = catalog.default_size(request.gpu_count).id
-        chosen = default if choice.allows(default) else next((s.id for s in usable), None)
+        chosen = default_size(catalog, request.gpu_count, choice)
         if chosen is not None:
-            return replace(request, size=chosen)
+            return replace(request, size=chosen.id)
     if not usable:
         raise SizeNotAllowed(
             f"Your cohort {cohorts} uses no size this hub offers now: ask its staff to"
@@ -281,6 +280,16 @@ def settle_size(
         f' Choose one of them ("size": {ids}).',
         "size",
     )
+
+
+def default_size(catalog: Catalog, gpu_count: int, choice: SizeChoice) -> Size | None:
+    """The size a request of ``gpu_count`` GPUs that names none runs in, for a user whose
+    cohorts allow ``choice`` (the form preselects it): the catalog's default if allowed,
+    else the first allowed size; None when the cohorts use no size on offer."""
+    default = catalog.default_size(gpu_count)
+    if choice.allows(default.id):
+        return default
+    return next((s for s in catalog.sizes if choice.allows(s.id)), None)
 
 
 def _stack(value: Any, catalog: Catalog) -> str | None:

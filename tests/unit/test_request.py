@@ -17,6 +17,7 @@ from composespawner.domain.request import (
     SizeNotAllowed,
     StackNotAllowed,
     check_server_name,
+    default_size,
     parse_form,
     parse_options,
     settle_size,
@@ -238,3 +239,10 @@ def test_a_cohort_whose_sizes_the_hub_no_longer_offers_says_whom_to_ask() -> Non
     for named in (True, False):
         with pytest.raises(SizeNotAllowed, match="cs-101 uses no size this hub offers now"):
             settle_size(request, CATALOG, gone, named=named)
+
+
+def test_the_default_size_a_form_preselects_follows_the_cohorts_sizes() -> None:
+    assert default_size(CATALOG, 1, SizeChoice()) == CATALOG.size("medium")
+    assert default_size(CATALOG, 1, COURSE_SIZES) == CATALOG.size("small")  # medium: not theirs
+    assert default_size(CATALOG, 2, COURSE_SIZES) == CATALOG.size("large")
+    assert default_size(CATALOG, 0, SizeChoice(frozenset({"gone"}), ("cs-101",))) is None
