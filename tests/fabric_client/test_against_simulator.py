@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import requests
 
-from composespawner.domain.hardware import CompositionTag, Device
+from composespawner.domain.hardware import CompositionTag, Device, HostMark
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -92,7 +93,7 @@ EXPANDABLE = [mode for mode in MODES if mode not in WHOLE_SYSTEM]
 
 
 def only(*modes: str) -> pytest.MarkDecorator:
-    """Run a test against these modes alone (attach/detach/tag_host exist only on expandable
+    """Run a test against these modes alone (attach/detach/join_host exist only on expandable
     hosts; compose/decompose cover every mode)."""
     return pytest.mark.parametrize("running_simulator", modes, indirect=True)
 
@@ -160,16 +161,16 @@ async def test_discovers_the_simulated_inventory(
 
 
 @only(*EXPANDABLE)
-async def test_tag_attach_detach_untag(fabric: RedfishFabric) -> None:
+async def test_join_attach_detach_leave(fabric: RedfishFabric) -> None:
     tag = CompositionTag(hub="hub-test", machine="m-7", owner="ada/thesis")
-    await fabric.tag_host("host-01", tag)
+    await fabric.join_host("host-01", tag)
     await fabric.attach("host-01", "r1-a100-1")
     await fabric.attach("host-01", "x1-rtx6000-1")
 
     composed = await fabric.inventory()
     host = composed.host("host-01")
     assert host is not None
-    assert host.tag == tag
+    assert host.mark == HostMark.of(tag)
     assert set(host.attached) == {"r1-a100-1", "x1-rtx6000-1"}
     for block_id in ("r1-a100-1", "x1-rtx6000-1"):
         device = composed.device(block_id)
@@ -177,19 +178,19 @@ async def test_tag_attach_detach_untag(fabric: RedfishFabric) -> None:
         assert (device.state, device.attached_to) == ("attached", "host-01")
 
     mark, linked = await fabric.host_mark("host-01")
-    assert mark == tag
+    assert mark == HostMark.of(tag)
     assert set(linked) == {host.block_id, "r1-a100-1", "x1-rtx6000-1"}
 
     await fabric.attach("host-01", "r1-a100-1")  # again: already there, fine
     await fabric.detach("host-01", "r1-a100-1")
     await fabric.detach("host-01", "x1-rtx6000-1")
     await fabric.detach("host-01", "x1-rtx6000-1")  # again: already gone, fine
-    await fabric.tag_host("host-01", None)
+    await fabric.leave_host("host-01", tag)
 
     released = await fabric.inventory()
     host = released.host("host-01")
     assert host is not None
-    assert (host.tag, host.attached) == (None, ())
+    assert (host.mark, host.attached) == (None, ())
     assert all(d.state == "free" for d in released.devices)
     assert await fabric.host_mark("host-01") == (None, (host.block_id,))
 
@@ -240,7 +241,8 @@ async def test_fabric_that_drops_everything_is_unreachable(
 async def test_etags_that_stay_stale(simulator: RunningSimulator, fabric: RedfishFabric) -> None:
     simulator.switches.faults(stale_etags=True)
     with pytest.raises(StaleETag):
-        await fabric.tag_host("host-02", CompositionTag("hub-test", "m-8", "bob/"))
+        await fabric.join_host("host-02", CompositionTag("hub-test", "m-8", "bob/"))
+    assert simulator.switches.state()["hosts"]["host-02"]["tag"] is None
 
 
 @only(*EXPANDABLE)
@@ -305,13 +307,14 @@ async def test_compose_then_decompose_a_machine(
     composed = await fabric.inventory()
     found = composed.host(host)
     assert found is not None
-    assert (found.tag, set(found.attached)) == (TAG, {d.block_id for d in devices})
+    assert (found.mark, set(found.attached)) == (HostMark.of(TAG), {d.block_id for d in devices})
     assert (found.cpus, found.memory_gib) == (64, 512)
     for device in devices:
         assert composed.device(device.block_id) == replace(
             device, state="attached", attached_to=host
         )
-    assert await fabric.host_mark(host) == (TAG, (host_block(simulator, host), *found.attached))
+    linked = (host_block(simulator, host), *found.attached)
+    assert await fabric.host_mark(host) == (HostMark.of(TAG), linked)
     # Again, as a retry after a lost answer would: the same machine, not a second one.
     assert await fabric.compose(host, devices, TAG, lines.append) == system_id
 
@@ -319,7 +322,7 @@ async def test_compose_then_decompose_a_machine(
     released = await fabric.inventory()
     free_host = released.host(host)
     assert free_host is not None
-    assert (free_host.tag, free_host.attached, free_host.state) == (None, (), "enabled")
+    assert (free_host.mark, free_host.attached, free_host.state) == (None, (), "enabled")
     assert all(d.state == "free" for d in released.devices)
     assert await fabric.decompose(host, [d.block_id for d in devices], TAG) is False
 
@@ -364,13 +367,13 @@ async def test_two_tries_at_once_compose_one_machine(
     assert len(simulator.switches.state()["composed"]) == 1
 
 
-async def test_a_host_composed_for_another_machine_is_in_use(
+async def test_a_host_composed_by_another_hub_is_in_use(
     simulator: RunningSimulator, fabric: RedfishFabric
 ) -> None:
     host = host_id(simulator, "host-03")
     mine, theirs = await devices_of(fabric, "r1-t4-1"), await devices_of(fabric, "r1-t4-2")
     await fabric.compose(host, mine, TAG, lambda line: None)
-    other = CompositionTag(hub="hub-test", machine="m-22", owner="bob/")
+    other = CompositionTag(hub="hub-other", machine="m-22", owner="bob/")
     with pytest.raises(DeviceInUse, match="m-21"):
         await fabric.compose(host, theirs, other, lambda line: None)
     assert (await fabric.inventory()).device("r1-t4-2").state == "free"  # type: ignore[union-attr]
@@ -389,7 +392,7 @@ async def test_devices_of_another_rack_are_an_incompatible_zone(
     if simulator.composition != "expandable":  # all or nothing: nothing taken
         inventory = await fabric.inventory()
         assert inventory.device("r1-a100-2").state == "free"  # type: ignore[union-attr]
-        assert inventory.host(host).tag is None  # type: ignore[union-attr]
+        assert inventory.host(host).mark is None  # type: ignore[union-attr]
 
 
 async def test_a_failing_composition_takes_nothing(
@@ -402,7 +405,7 @@ async def test_a_failing_composition_takes_nothing(
         await fabric.compose(host, devices, TAG, lambda line: None)
     assert failed.value.status == 500
     if simulator.composition != "expandable":
-        assert (await fabric.inventory()).host(host).tag is None  # type: ignore[union-attr]
+        assert (await fabric.inventory()).host(host).mark is None  # type: ignore[union-attr]
 
 
 @only(*(mode for mode in WHOLE_SYSTEM if MODES[mode][1]))
@@ -413,21 +416,231 @@ async def test_a_failed_composition_task(
     host = host_id(simulator, "host-07")
     with pytest.raises(FabricTaskFailed):
         await fabric.compose(host, await devices_of(fabric, "r2-t4-1"), TAG, lambda line: None)
-    assert (await fabric.inventory()).host(host).tag is None  # type: ignore[union-attr]
+    assert (await fabric.inventory()).host(host).mark is None  # type: ignore[union-attr]
 
 
 @only(*WHOLE_SYSTEM)
-async def test_whole_system_fabrics_refuse_attach_detach_and_tag(
+async def test_whole_system_fabrics_refuse_attach_detach_join_and_leave(
     simulator: RunningSimulator, fabric: RedfishFabric
 ) -> None:
     host = host_id(simulator, "host-08")
     for call in (
         fabric.attach(host, "r2-a100-1"),
         fabric.detach(host, "r2-a100-1"),
-        fabric.tag_host(host, TAG),
+        fabric.join_host(host, TAG),
+        fabric.leave_host(host, TAG),
     ):
         with pytest.raises(FabricRefused, match="composes whole systems"):
             await call
+
+
+# --- shared hosts: several machines of one hub on one host -----------------------------------
+
+ADA = CompositionTag(hub="hub-test", machine="m-31", owner="ada/course")
+BOB = CompositionTag(hub="hub-test", machine="m-32", owner="bob/course")
+
+
+def machines_on(simulator: RunningSimulator, system: str) -> list[str]:
+    """The machines the simulator's state lists on a system's mark, in order."""
+    state = simulator.switches.state()
+    entry = state["hosts"].get(system) or state["composed"].get(system) or {}
+    mark = entry.get("tag") or {}
+    return [m["Machine"] for m in mark.get("Machines", [])]
+
+
+@only(*EXPANDABLE)
+async def test_two_machines_share_a_host_and_each_takes_only_its_own_devices(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    ada, bob = (
+        await devices_of(fabric, "r1-a100-1", "r1-nvme-1"),
+        await devices_of(fabric, "r1-t4-1"),
+    )
+    await fabric.compose("host-01", ada, ADA, lambda line: None)
+    await fabric.compose("host-01", bob, BOB, lambda line: None)
+    host = (await fabric.inventory()).host("host-01")
+    assert host is not None
+    assert host.mark == HostMark("hub-test", (ADA, BOB))
+    assert set(host.attached) == {"r1-a100-1", "r1-nvme-1", "r1-t4-1"}
+
+    # Ada's release detaches her devices alone; Bob stays on the mark with his.
+    assert await fabric.decompose("host-01", ["r1-a100-1", "r1-nvme-1"], ADA) is True
+    mark, linked = await fabric.host_mark("host-01")
+    assert mark == HostMark("hub-test", (BOB,))
+    assert set(linked) == {"host-01-block", "r1-t4-1"}
+    assert await fabric.decompose("host-01", ["r1-a100-1", "r1-nvme-1"], ADA) is False
+
+    # The last machine's release takes the mark with it.
+    assert await fabric.decompose("host-01", ["r1-t4-1"], BOB) is True
+    assert await fabric.host_mark("host-01") == (None, ("host-01-block",))
+    assert simulator.switches.state()["hosts"]["host-01"] == {"attached": [], "tag": None}
+
+
+@only(*EXPANDABLE)
+async def test_machines_joining_one_host_at_once_are_all_on_its_mark(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    # Three clients (nothing remembered between them), two machines each: every
+    # join reads, then writes against the ETag it read; the losers read again.
+    clients = [fabric, simulator.client(simulator.tls.ca_bundle)]
+    clients.append(simulator.client(simulator.tls.ca_bundle))
+    tags = [CompositionTag("hub-test", f"m-4{n}", f"user{n}/") for n in range(6)]
+    try:
+        await asyncio.gather(
+            *(clients[n % 3].join_host("host-02", tag) for n, tag in enumerate(tags))
+        )
+        assert sorted(machines_on(simulator, "host-02")) == sorted(t.machine for t in tags)
+        # And all leaving at once leave no one behind, and no mark.
+        await asyncio.gather(
+            *(clients[n % 3].leave_host("host-02", tag) for n, tag in enumerate(tags[:5]))
+        )
+        assert machines_on(simulator, "host-02") == [tags[5].machine]
+    finally:
+        for client in clients[1:]:
+            await client.close()
+
+
+@only(*EXPANDABLE)
+async def test_a_join_whose_etags_stay_stale_changes_nothing(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    await fabric.join_host("host-02", ADA)
+    simulator.switches.faults(stale_etags=True)
+    with pytest.raises(StaleETag):
+        await fabric.join_host("host-02", BOB)
+    with pytest.raises(StaleETag):
+        await fabric.leave_host("host-02", ADA)
+    simulator.switches.clear_faults()
+    assert machines_on(simulator, "host-02") == [ADA.machine]  # nobody lost, nobody added
+
+
+@only(*EXPANDABLE)
+async def test_a_host_of_another_hub_or_client_is_refused_and_left_untouched(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    theirs = CompositionTag(hub="hub-other", machine="m-9", owner="eve/")
+    await fabric.join_host("host-03", theirs)
+    await fabric.attach("host-03", "r1-t4-2")
+    before = simulator.switches.state()["hosts"]["host-03"]
+    with pytest.raises(DeviceInUse, match="hub-other"):
+        await fabric.join_host("host-03", ADA)
+    with pytest.raises(DeviceInUse, match="hub-other"):
+        await fabric.compose("host-03", await devices_of(fabric, "r1-t4-3"), ADA, ignore)
+    assert await fabric.decompose("host-03", ["r1-t4-2"], ADA) is False
+    # Another client's composition: devices attached, no mark of ours.
+    await fabric.attach("host-04", "r1-l40s-1")
+    with pytest.raises(DeviceInUse, match="another client"):
+        await fabric.join_host("host-04", ADA)
+    state = simulator.switches.state()["hosts"]
+    assert state["host-03"] == before
+    assert state["host-04"] == {"attached": ["r1-l40s-1"], "tag": None}
+
+
+@only(*EXPANDABLE)
+async def test_leaving_a_host_one_is_not_on_writes_nothing(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    await fabric.join_host("host-05", ADA)
+    etag = raw_etag(simulator, "host-05")
+    await fabric.leave_host("host-05", BOB)  # never joined
+    await fabric.leave_host("host-06", BOB)  # no mark at all
+    assert raw_etag(simulator, "host-05") == etag
+    assert machines_on(simulator, "host-05") == [ADA.machine]
+    assert simulator.switches.state()["hosts"]["host-06"]["tag"] is None
+
+
+def ignore(line: str) -> None:
+    """Progress lines no test here reads."""
+
+
+def raw_etag(simulator: RunningSimulator, system: str) -> str:
+    """The system's ETag as a GET shows it now (a write changes it)."""
+    answer = requests.get(
+        f"{simulator.url}/redfish/v1/Systems/{system}",
+        auth=(USER, PASSWORD),
+        verify=str(simulator.tls.ca_bundle),
+        timeout=5,
+    )
+    assert answer.status_code == 200, answer.text
+    etag: str = answer.json()["@odata.etag"]
+    return etag
+
+
+# --- shared composed systems (specific composition, the Compose action) ----------------------
+
+
+def composed_systems(simulator: RunningSimulator) -> dict[str, dict[str, object]]:
+    composed: dict[str, dict[str, object]] = simulator.switches.state()["composed"]
+    return composed
+
+
+@only(*WHOLE_SYSTEM)
+async def test_two_machines_share_a_composed_system(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    ada, bob = (
+        await devices_of(fabric, "r1-a100-1", "r1-nvme-1"),
+        await devices_of(fabric, "r1-t4-1"),
+    )
+    first = await fabric.compose("host-01-block", ada, ADA, ignore)
+    second = await fabric.compose("host-01-block", bob, BOB, ignore)
+    assert second == first  # one system, both machines on it
+    assert await fabric.compose("host-01-block", bob, BOB, ignore) == first  # a retry: found
+    system = composed_systems(simulator)[first]
+    assert system["blocks"] == ["host-01-block", "r1-a100-1", "r1-nvme-1", "r1-t4-1"]
+    assert machines_on(simulator, first) == [ADA.machine, BOB.machine]
+    host = (await fabric.inventory()).host("host-01-block")
+    assert host is not None
+    assert (host.mark, host.cpus, host.memory_gib) == (HostMark("hub-test", (ADA, BOB)), 64, 512)
+    # The service said its composed systems' blocks may change: a shareable host.
+    assert host.shareable is True
+
+    # Ada's release takes her blocks out; the system stays with Bob's.
+    assert await fabric.decompose("host-01-block", ["r1-a100-1", "r1-nvme-1"], ADA) is True
+    assert composed_systems(simulator)[first]["blocks"] == ["host-01-block", "r1-t4-1"]
+    assert machines_on(simulator, first) == [BOB.machine]
+    assert await fabric.decompose("host-01-block", ["r1-a100-1", "r1-nvme-1"], ADA) is False
+    inventory = await fabric.inventory()
+    assert inventory.device("r1-a100-1").state == "free"  # type: ignore[union-attr]
+    # The last machine's release deletes the system.
+    assert await fabric.decompose("host-01-block", ["r1-t4-1"], BOB) is True
+    assert composed_systems(simulator) == {}
+    assert await fabric.host_mark("host-01-block") == (None, ("host-01-block",))
+
+
+@only(*WHOLE_SYSTEM)
+async def test_machines_composing_on_one_host_at_once_all_keep_their_blocks(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    # Four machines, two clients: one creates the system, the others join it; each
+    # join or POST that loses to another reads the system again.
+    gpus = ["r2-t4-1", "r2-t4-2", "r2-a100-1", "r2-a100-2"]
+    devices = await devices_of(fabric, *gpus)
+    tags = [CompositionTag("hub-test", f"m-5{n}", f"user{n}/") for n in range(4)]
+    other = simulator.client(simulator.tls.ca_bundle)
+    clients = [fabric, other]
+    try:
+        systems = await asyncio.gather(
+            *(
+                clients[n % 2].compose("host-05-block", [device], tag, ignore)
+                for n, (device, tag) in enumerate(zip(devices, tags, strict=True))
+            )
+        )
+        assert len(set(systems)) == 1
+        (system_id,) = set(systems)
+        composed = composed_systems(simulator)
+        assert list(composed) == [system_id]
+        assert sorted(composed[system_id]["blocks"]) == sorted(["host-05-block", *gpus])  # type: ignore[arg-type]
+        assert sorted(machines_on(simulator, system_id)) == sorted(t.machine for t in tags)
+        # Releasing three at once leaves the fourth with its own block, on the mark.
+        await asyncio.gather(
+            *(clients[n % 2].decompose("host-05-block", [gpus[n]], tags[n]) for n in range(3))
+        )
+        composed = composed_systems(simulator)
+        assert composed[system_id]["blocks"] == ["host-05-block", gpus[3]]
+        assert machines_on(simulator, system_id) == [tags[3].machine]
+    finally:
+        await other.close()
 
 
 # --- TLS ---------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ have nothing to do with TLS, which ``test_against_simulator.py`` covers.
 (c) blocks that keep reading ``Unused`` while a system holds them
     (``--stale-block-status``): what a system links is in use;
 (d) error answers that are no Redfish error object (``--error-bodies``):
-    their body, cut short, is the message.
+    their body, cut short, is the message;
+(e) composed systems that keep their blocks until deleted
+    (``--composed-blocks-read-only``): one machine per composed system.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 import requests
 
 from composespawner.domain.hardware import CompositionTag, Device
-from composespawner.fabric.base import FabricRefused, NotExpandable
+from composespawner.fabric.base import DeviceInUse, FabricRefused, NotExpandable
 from composespawner.fabric.redfish import RedfishFabric, RedfishRetry, RedfishTimeouts
 from harness.simulator import SimulatorProcess
 
@@ -129,12 +131,12 @@ async def test_a_host_that_is_not_expandable_is_refused_before_it_is_marked(
     assert isinstance(refused.value, NotExpandable)
     assert "host-08" in str(refused.value)
     with pytest.raises(NotExpandable, match="host-08"):
-        await fabric.tag_host("host-08", TAG)
+        await fabric.join_host("host-08", TAG)
     with pytest.raises(NotExpandable, match="host-08"):
         await fabric.attach("host-08", "r2-t4-1")
     assert simulator.switches.state()["hosts"]["host-08"] == {"attached": [], "tag": None}
     assert lines == []
-    await fabric.tag_host("host-08", None)  # removing a mark is never refused
+    await fabric.leave_host("host-08", TAG)  # leaving a mark one is not on is never refused
     # The hosts beside it compose as before.
     assert await fabric.compose("host-07", devices, TAG, lines.append) == "host-07"
     assert simulator.switches.state()["hosts"]["host-07"]["attached"] == ["r2-t4-1"]
@@ -183,7 +185,7 @@ async def test_a_compute_block_in_someone_elses_system_is_unavailable_whatever_i
     inventory = await fabric.inventory()
     host = inventory.host("host-02-block")
     assert host is not None
-    assert (host.state, host.tag, host.attached) == ("unavailable", None, ("r1-l40s-1",))
+    assert (host.state, host.mark, host.attached) == ("unavailable", None, ("r1-l40s-1",))
     device = inventory.device("r1-l40s-1")
     assert device is not None
     assert (device.state, device.attached_to) == ("attached", "host-02-block")
@@ -211,3 +213,39 @@ async def test_an_error_body_that_is_no_redfish_error_is_shown_cut_short(
     assert "no details" not in message
     assert "The requested resource blocks span multiple resource zones." in message
     assert len(message) < MESSAGE_BOUND, message
+
+
+# --- (e) composed systems whose blocks cannot change ---------------------------------------------
+
+ASYNC_ACTION = ("--composition", "action", "--async-tasks", "--task-duration", "0.1")
+
+
+@switched(
+    ("--composition", "specific", "--composed-blocks-read-only"),
+    (*ASYNC_ACTION, "--composed-blocks-read-only"),
+)
+async def test_a_system_whose_blocks_cannot_change_carries_one_machine(
+    simulator: SimulatorProcess, fabric: RedfishFabric
+) -> None:
+    ada, bob = await devices_of(fabric, "r1-a100-1"), await devices_of(fabric, "r1-t4-1")
+    system_id = await fabric.compose("host-01-block", ada, TAG, ignore)
+    host = (await fabric.inventory()).host("host-01-block")
+    assert host is not None
+    assert host.shareable is False  # the system said its blocks are not writable
+    before = simulator.switches.state()["composed"]
+
+    other = CompositionTag(hub="hub-test", machine="m-32", owner="bob/")
+    fresh = client_of(simulator)  # nothing learned of the service yet
+    try:
+        for client in (fabric, fresh):
+            with pytest.raises(DeviceInUse, match="m-31 of ada/thesis") as refused:
+                await client.compose("host-01-block", bob, other, ignore)
+            assert "one machine" in str(refused.value)
+    finally:
+        await fresh.close()
+    assert simulator.switches.state()["composed"] == before  # nothing written
+    assert (await fabric.inventory()).device("r1-t4-1").state == "free"  # type: ignore[union-attr]
+    # Its machine's release deletes it, as before.
+    assert await fabric.decompose("host-01-block", ["r1-a100-1"], TAG) is True
+    assert simulator.switches.state()["composed"] == {}
+    assert system_id not in raw(simulator, "GET", "/redfish/v1/Systems").text

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from composespawner.domain.hardware import CompositionTag
+from composespawner.domain.hardware import CompositionTag, HostMark
 from composespawner.fabric.base import (
     DeviceInUse,
     DeviceNotFound,
@@ -136,7 +136,7 @@ async def test_secrets_never_reach_the_log(
     caplog.set_level(logging.DEBUG)
     fake_service.service.fail(Fault("GET", BLOCKS_COLLECTION, "drop"))
     await fabric.inventory()
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "ada/"))
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "ada/"))
     await fabric.close()
     assert "GET /redfish/v1/Systems" in caplog.text  # requests are logged...
     assert PASSWORD not in caplog.text  # ...but never the password
@@ -426,7 +426,7 @@ async def test_silent_tcp_peer_hits_the_deadline() -> None:
     )
     try:
         with pytest.raises(FabricDeadlineExceeded):
-            await fabric.tag_host("host-1", None)
+            await fabric.leave_host("host-1", CompositionTag("hub-a", "m-1", "ada/"))
     finally:
         await fabric.close()
         for writer in accepted:
@@ -478,35 +478,41 @@ async def closed(writer: asyncio.StreamWriter) -> None:
 # -- tags -------------------------------------------------------------------------------------
 
 
-async def test_tag_and_untag_a_host(fake_service: FakeRedfishServer, fabric: RedfishFabric) -> None:
+async def test_join_and_leave_a_host(
+    fake_service: FakeRedfishServer, fabric: RedfishFabric
+) -> None:
     tag = CompositionTag(hub="hub-a", machine="m-42", owner="ada/thesis")
-    await fabric.tag_host("host-1", tag)
-    await fabric.tag_host("host-1", tag)  # already there: no second write
+    await fabric.join_host("host-1", tag)
+    await fabric.join_host("host-1", tag)  # already there: no second write
     host = (await fabric.inventory()).host("host-1")
     assert host is not None
-    assert host.tag == tag
-    await fabric.tag_host("host-1", None)
+    assert host.mark == HostMark.of(tag)
+    await fabric.leave_host("host-1", tag)
+    await fabric.leave_host("host-1", tag)  # gone already: no second write
     host = (await fabric.inventory()).host("host-1")
     assert host is not None
-    assert host.tag is None
+    assert host.mark is None
+    assert "ComposeSpawner" not in fake_service.service.oem["host-1"]
     assert count(fake_service.service, "PATCH", HOST1) == 2
 
 
-async def test_tag_retries_a_stale_etag(
+async def test_join_retries_a_stale_etag(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     stale = Reply(412, error_body("Base.1.22.1.PreconditionFailed"))
     fake_service.service.fail(Fault("PATCH", HOST1, "status", reply=stale))
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
-    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machine"] == "m-1"
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machines"] == [
+        {"Machine": "m-1", "Owner": "bob/"}
+    ]
     assert count(fake_service.service, "PATCH", HOST1) == 2
 
 
-async def test_attach_after_tagging_starts_from_the_tag_answer(
+async def test_attach_after_joining_starts_from_the_mark_answer(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     fake_service.service.patch_answers_resource = True
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
     await fabric.attach("host-1", "gpu-1")
     assert fake_service.service.attached["host-1"] == ["gpu-1"]
     # One read, before the PATCH; the attach used the PATCH's answer and its ETag.
@@ -519,11 +525,13 @@ async def test_a_remembered_etag_gone_stale_is_read_again(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     fake_service.service.patch_answers_resource = True
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
     fake_service.service.versions["host-1"] += 1  # someone else changed the system
-    await fabric.attach("host-1", "gpu-1")
-    assert fake_service.service.attached["host-1"] == ["gpu-1"]
-    assert count(fake_service.service, "POST", ADD1) == 2  # stale, then fresh
+    # Attaching sends no system ETag (a neighbour's write changes it): a mark write does.
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-2", "cy/"))
+    machines = fake_service.service.oem["host-1"]["ComposeSpawner"]["Machines"]
+    assert [m["Machine"] for m in machines] == ["m-1", "m-2"]
+    assert count(fake_service.service, "PATCH", HOST1) == 3  # m-1; m-2 stale, then fresh
 
 
 async def test_remembered_answers_never_say_done(
@@ -549,24 +557,28 @@ async def test_detach_after_reading_the_mark_starts_from_that_read(
     assert count(fake_service.service, "GET", HOST1) == reads + 1
 
 
-async def test_tagging_after_an_inventory_starts_from_its_listing(
+async def test_joining_after_an_inventory_starts_from_its_listing(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     await fabric.inventory()
     reads = count(fake_service.service, "GET", HOST1)
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
-    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machine"] == "m-1"
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machines"] == [
+        {"Machine": "m-1", "Owner": "bob/"}
+    ]
     assert count(fake_service.service, "GET", HOST1) == reads  # the listing's ETag did
     assert count(fake_service.service, "PATCH", HOST1) == 1
 
 
-async def test_a_listing_gone_stale_is_read_again_before_tagging(
+async def test_a_listing_gone_stale_is_read_again_before_joining(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     await fabric.inventory()
     fake_service.service.versions["host-1"] += 1  # someone else changed the system
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
-    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machine"] == "m-1"
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machines"] == [
+        {"Machine": "m-1", "Owner": "bob/"}
+    ]
     assert count(fake_service.service, "PATCH", HOST1) == 2  # stale, then fresh
 
 
@@ -577,7 +589,7 @@ async def test_a_listing_never_says_a_host_is_taken(
     fake_service.service.oem["host-1"]["ComposeSpawner"] = other
     await fabric.inventory()  # the listing shows host-1 marked by another hub
     fake_service.service.oem["host-1"].clear()  # which let go of it since
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-1", "bob/"))
     assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Hub"] == "hub-a"
 
 
@@ -587,23 +599,25 @@ def test_timeouts_must_be_positive() -> None:
     assert FAST_TIMEOUTS.operation > FAST_TIMEOUTS.request
 
 
-async def test_tag_with_a_lost_answer_is_done_once(
+async def test_join_with_a_lost_answer_is_done_once(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     # The PATCH lands but its answer is lost; the retry's If-Match is then stale.
     fake_service.service.fail(Fault("PATCH", HOST1, "lost_answer"))
     tag = CompositionTag("hub-a", "m-2", "cy/")
-    await fabric.tag_host("host-1", tag)
+    await fabric.join_host("host-1", tag)
     host = (await fabric.inventory()).host("host-1")
     assert host is not None
-    assert host.tag == tag
+    assert host.mark == HostMark.of(tag)
     assert fake_service.service.versions["host-1"] == 2  # written exactly once
 
 
-async def test_tag_through_a_vanished_task_monitor(
+async def test_join_through_a_vanished_task_monitor(
     fake_service: FakeRedfishServer, fabric: RedfishFabric
 ) -> None:
     gone = Reply(404, error_body("Base.1.22.1.ResourceMissingAtURI"))
     fake_service.service.fail(Fault("PATCH", HOST1, "task", reply=gone))
-    await fabric.tag_host("host-1", CompositionTag("hub-a", "m-3", "dee/"))
-    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Owner"] == "dee/"
+    await fabric.join_host("host-1", CompositionTag("hub-a", "m-3", "dee/"))
+    assert fake_service.service.oem["host-1"]["ComposeSpawner"]["Machines"] == [
+        {"Machine": "m-3", "Owner": "dee/"}
+    ]

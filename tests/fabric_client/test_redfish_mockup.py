@@ -49,11 +49,13 @@ EXPECTED_HOSTS = (
     Host("SystemAfterResourceBlock", "SystemBlock11", frozenset({"3"}), 0, 0, "enabled"),
     Host("SystemAfterAddResourceAction", "SystemBlock12", frozenset({"3"}), 0, 0, "enabled",
          attached=("DriveBlock10",)),
-    # Composed by someone else (no mark of ours): not available.
-    Host("ComputeBlock1", "ComputeBlock1", frozenset({"1"}), 0, 0, "unavailable",
-         attached=("DriveBlock3", "DriveBlock4")),
-    Host("ComputeBlock2", "ComputeBlock2", frozenset({"2"}), 0, 0, "unavailable",
-         attached=("DriveBlock3", "NetworkBlock8")),
+    # Composed by someone else (no mark of ours): not available. Each block's own CPUs
+    # (2 of 8 cores) and DIMMs (4 of 8 GiB) give its capacity; its systems do not say
+    # whether their blocks may change, so no machines share them.
+    Host("ComputeBlock1", "ComputeBlock1", frozenset({"1"}), 16, 32, "unavailable",
+         attached=("DriveBlock3", "DriveBlock4"), shareable=False),
+    Host("ComputeBlock2", "ComputeBlock2", frozenset({"2"}), 16, 32, "unavailable",
+         attached=("DriveBlock3", "NetworkBlock8"), shareable=False),
 )  # fmt: skip
 
 

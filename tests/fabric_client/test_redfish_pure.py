@@ -19,6 +19,7 @@ from composespawner.fabric.base import (
     StaleETag,
 )
 from composespawner.fabric.redfish import RedfishRetry
+from composespawner.fabric.redfish.capabilities import zones_create_systems
 from composespawner.fabric.redfish.errors import (
     BODY_EXCERPT_CHARS,
     parse_body,
@@ -26,6 +27,7 @@ from composespawner.fabric.redfish.errors import (
     short_message_id,
 )
 from composespawner.fabric.redfish.mapping import (
+    blocks_writable,
     build_inventory,
     deep_expand_query,
     device_from_block,
@@ -39,7 +41,6 @@ from composespawner.fabric.redfish.mapping import (
     inline_parts,
     mark_object,
     nvme_drives,
-    zones_create_systems,
 )
 from composespawner.fabric.redfish.transport import (
     backoff_delay,
@@ -230,19 +231,29 @@ def test_expand_subordinates_goes_levels_deep_and_leaves_links(levels: int) -> N
         assert storage == {"@odata.id": "/c/b/s", "Drives": [drive]}
 
 
-def test_inline_parts_are_found_in_device_blocks_only() -> None:
+def test_inline_parts_are_device_parts_and_compute_blocks_cpus_and_dimms() -> None:
     gpu = {"@odata.id": "/b/g/Processors/0/", "ProcessorType": "GPU"}
     drive = {"@odata.id": "/b/n/Drives/0", "Protocol": "NVMe"}
     storage = {"@odata.id": "/b/n/Storage/0", "Drives": [drive, {"@odata.id": "/b/n/Drives/1"}]}
+    cpu = {"@odata.id": "/b/c/P/0", "TotalCores": 8}
+    dimm = {"@odata.id": "/b/c/M/0", "CapacityMiB": 8192}
     blocks = [
         block(Processors=[gpu]),
         block(Storage=[storage], EthernetInterfaces=[{"@odata.id": "/b/n/Eth/0"}]),
-        block(ResourceBlockType=["Compute"], Processors=[{"@odata.id": "/b/c/P/0", "x": 1}]),
+        # A compute block's onboard NIC is never a device: only its capacity is read.
+        block(
+            ResourceBlockType=["Compute"],
+            Processors=[cpu],
+            Memory=[dimm],
+            EthernetInterfaces=[{"@odata.id": "/b/c/E/0", "x": 1}],
+        ),
     ]
     assert inline_parts(blocks) == {
         "/b/g/Processors/0": gpu,
         "/b/n/Storage/0": storage,
         "/b/n/Drives/0": drive,
+        "/b/c/P/0": cpu,
+        "/b/c/M/0": dimm,
     }
 
 
@@ -544,8 +555,91 @@ def test_a_compute_block_a_system_links_is_in_use_whatever_it_says() -> None:
     taken, free = inventory.host("c1"), inventory.host("c2")
     assert taken is not None
     assert free is not None
-    assert (taken.state, taken.tag, taken.attached) == ("unavailable", None, ("gpu-1",))
+    assert (taken.state, taken.mark, taken.attached) == ("unavailable", None, ("gpu-1",))
     assert free.state == "enabled"
     device = inventory.device("gpu-1")
     assert device is not None
     assert (device.state, device.attached_to) == ("attached", "c1")
+
+
+# -- whole systems shared by machines ----------------------------------------------------------
+
+CPU = {"@odata.type": "#Processor.v1_22_0.Processor", "ProcessorType": "CPU", "TotalCores": 8}
+DIMM = {"@odata.type": "#Memory.v1_20_0.Memory", "CapacityMiB": 32768}
+COMPUTE_PARTS = {"/c/P/0": CPU, "/c/P/1": CPU, "/c/M/0": DIMM, "/c/M/1": DIMM}
+OURS = {"ComposeSpawner": {"Hub": "h", "Machines": [{"Machine": "m", "Owner": "o/"}]}}
+
+
+def compute_block(block_id: str, *, parts: bool) -> dict[str, Any]:
+    found = unused_block(block_id, ["Compute"])
+    if parts:
+        found["Processors"] = [{"@odata.id": "/c/P/0"}, {"@odata.id": "/c/P/1"}]
+        found["Memory"] = [{"@odata.id": "/c/M/0"}, {"@odata.id": "/c/M/1"}]
+    return found
+
+
+def writable_system(*block_ids: str, writable: list[str] | None) -> dict[str, Any]:
+    system = system_of("composed-1", *block_ids, Oem=OURS, Status={"State": "Enabled"})
+    if writable is not None:
+        system["Links"]["@Redfish.WriteableProperties"] = writable
+    return system
+
+
+@pytest.mark.parametrize(
+    ("parts", "writable", "expected"),
+    [
+        (True, True, (16, 64, True)),  # capacity from the block's CPUs and DIMMs
+        (True, None, (16, 64, False)),  # the service has not said its blocks may change
+        (True, False, (16, 64, False)),  # it said they may not
+        (False, True, (0, 0, False)),  # capacity unknown: never shared
+    ],
+)
+def test_a_free_compute_block_is_shared_only_where_blocks_change_and_its_size_is_known(
+    parts: bool, writable: bool | None, expected: tuple[int, int, bool]
+) -> None:
+    inventory = build_inventory(
+        blocks=[compute_block("c1", parts=parts)],
+        zones=[],
+        systems=[],
+        parts=COMPUTE_PARTS,
+        whole_systems=True,
+        blocks_writable=writable,
+    )
+    host = inventory.host("c1")
+    assert host is not None
+    assert (host.cpus, host.memory_gib, host.shareable) == expected
+    assert inventory.largest_host() == ((16, 64) if expected[2] else (0, 0))
+
+
+def test_a_composed_systems_summary_gives_its_size_where_the_block_does_not() -> None:
+    system = writable_system("c1", writable=["ResourceBlocks"])
+    system["ProcessorSummary"] = {"CoreCount": 64}
+    system["MemorySummary"] = {"TotalSystemMemoryGiB": 512}
+    inventory = build_inventory(
+        blocks=[compute_block("c1", parts=False)],
+        zones=[],
+        systems=[system],
+        parts={},
+        whole_systems=True,
+        blocks_writable=blocks_writable(system),
+    )
+    host = inventory.host("c1")
+    assert host is not None
+    assert (host.cpus, host.memory_gib, host.state, host.shareable) == (64, 512, "enabled", True)
+    assert host.mark == HostMark("h", (M,))
+
+
+@pytest.mark.parametrize(
+    ("links", "expected"),
+    [
+        ({"@Redfish.WriteableProperties": ["ResourceBlocks"]}, True),
+        ({"@Redfish.WriteableProperties": []}, False),
+        ({"@Redfish.WriteableProperties": "ResourceBlocks"}, None),  # malformed: not said
+        ({}, None),
+    ],
+)
+def test_blocks_writable(links: dict[str, Any], expected: bool | None) -> None:
+    assert blocks_writable({"Links": links}) is expected
+    if "@Redfish.WriteableProperties" in links:  # the annotation beside Links says the same
+        beside = {"Links@Redfish.WriteableProperties": links["@Redfish.WriteableProperties"]}
+        assert blocks_writable(beside) is expected

@@ -9,6 +9,7 @@ hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transp
                    RedfishTimeouts / RedfishRetry: the knobs.
     errors.py      pure: Redfish error bodies (MessageIds) and statuses → base.py errors.
     mapping.py     pure: Redfish documents → Inventory / Device / Host / HostMark.
+    capabilities.py pure: how a service says it composes (POST, the Compose action).
     tasks.py       a write's final answer, at once or through a 202 task monitor.
     discovery.py   Discovery: the service map, the inventory (with $expand where
                    offered), systems and their latest answers (reads only).
@@ -16,7 +17,8 @@ hands work to, ``tasks`` to ``composition``, do I/O on purpose, through ``transp
                    AddResourceBlock/RemoveResourceBlock actions with ETags; machines
                    join and leave a shared host's mark, Oem.ComposeSpawner.
     composition.py WholeSystems: compose/decompose where the service creates systems
-                   (POST to Systems, or the CompositionService.Compose action).
+                   (POST to Systems, or the CompositionService.Compose action); machines
+                   share a composed system by PATCH of its blocks and mark where allowed.
     fabric.py      RedfishFabric: the Fabric protocol, each operation under its
                    deadline, handed to the three above.
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from composespawner.domain.hardware import Inventory
 from composespawner.fabric.base import CompositionMode, DeviceNotFound, FabricRefused
-from composespawner.fabric.redfish import mapping
+from composespawner.fabric.redfish import capabilities, mapping
 from composespawner.fabric.redfish.mapping import Document, dig
 from composespawner.fabric.redfish.transport import (
     SERVICE_ROOT,
@@ -93,6 +93,10 @@ class Discovery:
         # once. The ETag guards it: if the system changed since, the service
         # refuses the change as stale and we read the system afresh.
         self._recent: dict[str, tuple[Seen, float]] = {}
+        # Whether a composed system's Links.ResourceBlocks may be PATCHed (machines
+        # share it), as the service last said or showed: by a system's
+        # @Redfish.WriteableProperties, or by refusing that PATCH. None: not known yet.
+        self.blocks_writable: bool | None = None
 
     async def document(self, path: str, deadline: Deadline) -> dict[str, Any]:
         response = await self._transport.request("GET", path, deadline)
@@ -131,7 +135,9 @@ class Discovery:
         if isinstance(target, str) and await self._applies_manifests(action, deadline):
             return "action", target
         systems = await self.document(service.systems, deadline)
-        if mapping.creates_systems(systems) or await self._zones_create_systems(service, deadline):
+        if capabilities.creates_systems(systems) or await self._zones_create_systems(
+            service, deadline
+        ):
             return "specific", None
         return "expandable", None
 
@@ -141,17 +147,17 @@ class Discovery:
             zones = await self.members(service.resource_zones, service.expand, deadline)
         except DeviceNotFound:
             return False  # no zones to say anything: attach and tag need none
-        linked = await self.fetch_existing(mapping.zone_capabilities_uris(zones), deadline)
-        return mapping.zones_create_systems(zones, linked)
+        linked = await self.fetch_existing(capabilities.zone_capabilities_uris(zones), deadline)
+        return capabilities.zones_create_systems(zones, linked)
 
     async def _applies_manifests(self, action: Document, deadline: Deadline) -> bool:
         info_uri = dig(action, "@Redfish.ActionInfo")
         if not isinstance(info_uri, str):
             return True  # no ActionInfo: the schema's parameters, Apply among them
         info = await self.document_if_present(info_uri, deadline)
-        return mapping.action_allows(info or {}, "RequestType", "Apply") and mapping.action_allows(
-            info or {}, "RequestFormat", "Manifest"
-        )
+        return capabilities.action_allows(
+            info or {}, "RequestType", "Apply"
+        ) and capabilities.action_allows(info or {}, "RequestFormat", "Manifest")
 
     async def inventory(self, deadline: Deadline) -> Inventory:
         service = await self.service_map(deadline)
@@ -169,9 +175,10 @@ class Discovery:
             ]
         )
         self._parts |= mapping.inline_parts(blocks)
-        parts = await self._device_parts(
-            (uri for block in blocks for uri in mapping.device_part_uris(block)), deadline
-        )
+        part_uris = [uri for block in blocks for uri in mapping.device_part_uris(block)]
+        if service.whole_systems:  # a free compute block's capacity is in its CPUs and DIMMs
+            part_uris += [uri for block in blocks for uri in mapping.compute_part_uris(block)]
+        parts = await self._device_parts(part_uris, deadline)
         parts |= await self._device_parts(mapping.storage_drive_uris(parts), deadline)
         # Forget parts of devices that left the fabric.
         self._parts = parts
@@ -181,13 +188,21 @@ class Discovery:
             etag = system.get("@odata.etag")
             if isinstance(etag, str) and etag:
                 self._recent[mapping.resource_id(system)] = (Seen(system, etag), now)
+            self.learn_blocks_writable(system)
         return mapping.build_inventory(
             blocks=blocks,
             zones=zones,
             systems=systems,
             parts=parts,
             whole_systems=service.whole_systems,
+            blocks_writable=self.blocks_writable,
         )
+
+    def learn_blocks_writable(self, system: Document) -> None:
+        """Remember what a composed system says of PATCHing its blocks, if it says."""
+        said = None if mapping.is_expandable(system) else mapping.blocks_writable(system)
+        if said is not None:
+            self.blocks_writable = said
 
     async def _device_parts(self, uris: Iterable[str], deadline: Deadline) -> dict[str, Document]:
         """Part documents by normalized URI: known ones, the rest fetched."""

@@ -2,7 +2,7 @@
 
 The protocol's door: each method bounds its work by the operation deadline and
 hands it to a collaborator on the same transport — :class:`Discovery` (reads,
-the inventory), :class:`ExpandableSystems` (attach, detach, tag) or
+the inventory), :class:`ExpandableSystems` (attach, detach, the mark) or
 :class:`WholeSystems` (compose and decompose on services that create systems).
 """
 
@@ -46,8 +46,9 @@ class RedfishFabric:
 
     Devices are attached to expandable hosts with the ``AddResourceBlock`` /
     ``RemoveResourceBlock`` actions the host's ComputerSystem advertises;
-    hosts are tagged through ``Oem.ComposeSpawner``. Every method is bounded by
-    ``timeouts.operation`` and raises only errors of the ``base.py`` tree.
+    machines join and leave a host's mark, ``Oem.ComposeSpawner``. Every method
+    is bounded by ``timeouts.operation`` and raises only errors of the
+    ``base.py`` tree.
     Over https certificates are always verified, against ``ca_bundle`` (a PEM
     file) when given, else the system's CAs.
     """
@@ -81,7 +82,7 @@ class RedfishFabric:
             self._transport, self._discovery, timeouts=timeouts, retry=retry, log=self._log
         )
         self._whole = WholeSystems(
-            self._transport, self._discovery, timeouts=timeouts, log=self._log
+            self._transport, self._discovery, timeouts=timeouts, retry=retry, log=self._log
         )
 
     # -- the protocol ---------------------------------------------------------------------
@@ -106,7 +107,7 @@ class RedfishFabric:
             return await decompose_by_detaching(self, host, blocks, tag)
         return await self._within_deadline(
             f"decompose {tag.machine} on {host}",
-            lambda deadline: self._whole.decompose(host, tag, deadline),
+            lambda deadline: self._whole.decompose(host, blocks, tag, deadline),
         )
 
     async def attach(self, system_id: str, block_id: str) -> None:

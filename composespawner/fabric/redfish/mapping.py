@@ -167,12 +167,12 @@ def _expanded_value(value: Any, resolve: Callable[[str], Document | None], level
 
 
 def inline_parts(blocks: Iterable[Document]) -> dict[str, Document]:
-    """Device parts that came expanded inside ``blocks``, by normalized URI."""
+    """Device parts (and compute blocks' CPUs and DIMMs) that came expanded inside
+    ``blocks``, by normalized URI."""
     parts = [
         part
         for block in blocks
-        if not block_types(block) & HOST_BLOCK_TYPES
-        for name in DEVICE_PART_LINKS
+        for name in (("Processors", "Memory") if is_compute_block(block) else DEVICE_PART_LINKS)
         for part in _documents(block.get(name))
     ]
     drives = [drive for part in parts for drive in _documents(part.get("Drives"))]
@@ -205,13 +205,13 @@ def storage_drive_uris(parts: Mapping[str, Document]) -> list[str]:
     return [
         uri
         for part in parts.values()
-        if _is_type(part, "Storage")
+        if is_type(part, "Storage")
         for uri in link_uris(part.get("Drives"))
         if uri not in parts
     ]
 
 
-def _is_type(document: Document, type_name: str) -> bool:
+def is_type(document: Document, type_name: str) -> bool:
     odata_type = document.get("@odata.type")
     return isinstance(odata_type, str) and odata_type.startswith(f"#{type_name}.")
 
@@ -453,13 +453,22 @@ def system_holding(block_id: str, systems: Iterable[Document]) -> Document | Non
 
 
 def host_from_compute_block(
-    block: Document, systems: Sequence[Document], membership: Mapping[str, set[str]]
+    block: Document,
+    systems: Sequence[Document],
+    membership: Mapping[str, set[str]],
+    parts: Mapping[str, Document] | None = None,
+    *,
+    blocks_writable: bool | None = None,
 ) -> Host:
     """Where whole systems are composed, a free compute block is a host, named by its Id.
 
-    Its tag and devices are those of the system composed of it, if any. A
+    Its mark and devices are those of the system composed of it, if any. A
     block composed without our mark (or into a system we cannot read, or one
-    whose block still reads Unused) is someone else's: "unavailable".
+    whose block still reads Unused) is someone else's: "unavailable". Its
+    capacity is its system's summary, else its own CPUs and DIMMs (``parts``).
+    Machines share it only where the service lets a composed system's blocks
+    change (``blocks_writable``) and its capacity is known: else one machine
+    has the whole system, as it was composed.
     """
     block_id = resource_id(block)
     holding = system_holding(block_id, systems)
@@ -469,18 +478,49 @@ def host_from_compute_block(
     # A system that links the block holds it, whatever the block's own status says.
     if mark is None and (holding is not None or device_state(block) == "attached"):
         state = "unavailable"
+    cores, memory = block_capacity(block, parts or {})
+    cpus = host_cores(system) or cores
+    memory_gib = _count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")) or memory
     return Host(
         system_id=block_id,
         block_id=block_id,
         zones=block_zones(block, membership),
-        cpus=host_cores(system),
-        memory_gib=_count(dig(system, "MemorySummary", "TotalSystemMemoryGiB")),
+        cpus=cpus,
+        memory_gib=memory_gib,
         state=state,
         attached=tuple(b for b in system_block_ids(system) if b != block_id),
         mark=mark,
-        # A composed system is made whole and taken apart whole here: one machine each.
-        shareable=False,
+        shareable=blocks_writable is True and cpus > 0 and memory_gib > 0,
     )
+
+
+def blocks_writable(system: Document) -> bool | None:
+    """Whether a PATCH may change a system's ``Links.ResourceBlocks``; None: not said.
+
+    ``@Redfish.WriteableProperties`` in ``Links`` (or ``Links@Redfish...`` beside
+    it) lists what is writable there now: the schema marks ResourceBlocks
+    ReadWrite, but some services keep a composed system's blocks until DELETE.
+    """
+    listed = dig(system, "Links", "@Redfish.WriteableProperties")
+    if not isinstance(listed, list):
+        listed = system.get("Links@Redfish.WriteableProperties")
+    return "ResourceBlocks" in listed if isinstance(listed, list) else None
+
+
+def compute_part_uris(block: Document) -> list[str]:
+    """A compute block's Processor and Memory resources (none for other blocks)."""
+    if "Compute" not in block_types(block):
+        return []
+    return [uri for name in ("Processors", "Memory") for uri in link_uris(block.get(name))]
+
+
+def block_capacity(block: Document, parts: Mapping[str, Document]) -> tuple[int, int]:
+    """Cores (its CPUs' ``TotalCores``) and GiB (its DIMMs' ``CapacityMiB``) of a compute
+    block, from its parts among ``parts``; 0 where unknown, never more than it has."""
+    found = [parts[uri] for uri in compute_part_uris(block) if uri in parts]
+    cpus = [p for p in found if is_type(p, "Processor") and p.get("ProcessorType") in ("CPU", None)]
+    mib = sum(_count(p.get("CapacityMiB")) for p in found if is_type(p, "Memory"))
+    return sum(_count(p.get("TotalCores")) for p in cpus), mib // 1024
 
 
 def build_inventory(
@@ -490,11 +530,13 @@ def build_inventory(
     systems: Sequence[Document],
     parts: Mapping[str, Document],
     whole_systems: bool = False,
+    blocks_writable: bool | None = None,
 ) -> Inventory:
     """The inventory; with ``whole_systems`` free compute blocks are hosts too.
 
     A service that composes whole systems may still have expandable systems
-    (DMTF's mockup has both): those stay hosts of their own.
+    (DMTF's mockup has both): those stay hosts of their own. ``blocks_writable``:
+    whether its composed systems' blocks may be changed (None: not known yet).
     """
     membership = zone_membership(zones)
     blocks_by_uri = {uri: b for b in blocks if (uri := uri_of(b))}
@@ -505,7 +547,10 @@ def build_inventory(
         # Expandable systems stay hosts; every other compute block is one too.
         owned = {h.block_id for h in hosts if h is not None}
         computes = [b for b in blocks if is_compute_block(b) and resource_id(b) not in owned]
-        hosts += [host_from_compute_block(b, systems, membership) for b in computes]
+        hosts += [
+            host_from_compute_block(b, systems, membership, parts, blocks_writable=blocks_writable)
+            for b in computes
+        ]
         devices = _attached_to_hosts(devices, systems, {resource_id(b) for b in computes})
     return Inventory(
         hosts=tuple(h for h in hosts if h is not None),
@@ -548,53 +593,3 @@ def _attached_to_hosts(
         else d
         for d in devices
     ]
-
-
-def creates_systems(systems: Document) -> bool:
-    """Whether a Systems collection says it takes POST of composed systems."""
-    capabilities = dig(systems, "@Redfish.CollectionCapabilities", "Capabilities")
-    if not isinstance(capabilities, list):
-        return False
-    return any(dig(c, "UseCase") == "ComputerSystemComposition" for c in capabilities)
-
-
-def zone_capabilities_uris(zones: Iterable[Document]) -> list[str]:
-    """Capabilities objects that older services link from each zone, once each."""
-    uris = (uri for zone in zones for uri in link_uris(dig(zone, "Links", "CapabilitiesObjects")))
-    return list(dict.fromkeys(uris))
-
-
-def zones_create_systems(zones: Iterable[Document], capabilities: Mapping[str, Document]) -> bool:
-    """Whether resource zones say their blocks compose by POST of whole systems.
-
-    Older services say so on each zone rather than on the Systems collection:
-    with ``Links.CapabilitiesObjects`` naming the Systems collection's
-    Capabilities object (``capabilities``: those read, by URI), a template of
-    a ComputerSystem to create; or with the collection's own annotation,
-    ``@Redfish.CollectionCapabilities``, put on the zone.
-    """
-    zones = list(zones)
-    linked = [capabilities[uri] for uri in zone_capabilities_uris(zones) if uri in capabilities]
-    return any(creates_systems(zone) for zone in zones) or any(
-        _is_type(c, "ComputerSystem") or creates_systems(c) for c in linked
-    )
-
-
-def action_allows(info: Document, parameter: str, value: str) -> bool:
-    """Whether an ActionInfo lets ``parameter`` take ``value`` (unlisted: the schema's own)."""
-    parameters = info.get("Parameters")
-    for entry in parameters if isinstance(parameters, list) else []:
-        if dig(entry, "Name") == parameter:
-            allowed = dig(entry, "AllowableValues")
-            return not isinstance(allowed, list) or value in allowed
-    return True
-
-
-def composed_system_id(answer: Document) -> str | None:
-    """The system a Compose action's answer names in its ComposeSystem stanza."""
-    stanzas = dig(answer, "Manifest", "Stanzas")
-    for stanza in stanzas if isinstance(stanzas, list) else []:
-        uri = uri_of(dig(stanza, "Response"))
-        if dig(stanza, "StanzaType") == "ComposeSystem" and uri:
-            return id_from_uri(uri)
-    return None
