@@ -643,6 +643,40 @@ async def test_machines_composing_on_one_host_at_once_all_keep_their_blocks(
         await other.close()
 
 
+@only(*WHOLE_SYSTEM)
+async def test_a_shared_system_whose_etags_stay_stale_is_left_as_it_was(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    ada, bob = await devices_of(fabric, "r1-l40s-1"), await devices_of(fabric, "r1-l40s-2")
+    first = await fabric.compose("host-02-block", ada, ADA, ignore)
+    before = composed_systems(simulator)
+    simulator.switches.faults(stale_etags=True)
+    with pytest.raises(StaleETag):
+        await fabric.compose("host-02-block", bob, BOB, ignore)  # the join: PATCH
+    with pytest.raises(StaleETag):
+        await fabric.decompose("host-02-block", ["r1-l40s-1"], ADA)  # the last: DELETE
+    simulator.switches.clear_faults()
+    assert composed_systems(simulator) == before
+    assert machines_on(simulator, first) == [ADA.machine]
+
+
+@only(*WHOLE_SYSTEM)
+async def test_joining_with_a_device_another_system_holds_is_refused_whole(
+    simulator: RunningSimulator, fabric: RedfishFabric
+) -> None:
+    first = await fabric.compose(
+        "host-03-block", await devices_of(fabric, "r1-nvme-2"), ADA, ignore
+    )
+    eve = CompositionTag("hub-test", "m-39", "eve/")
+    await fabric.compose("host-04-block", await devices_of(fabric, "r1-t4-3"), eve, ignore)
+    before = composed_systems(simulator)
+    taken = await devices_of(fabric, "r1-a100-2", "r1-t4-3")  # the T4 is Eve's now
+    with pytest.raises(DeviceInUse):
+        await fabric.compose("host-03-block", taken, BOB, ignore)
+    assert composed_systems(simulator) == before  # one write, refused: nothing of it done
+    assert machines_on(simulator, first) == [ADA.machine]
+
+
 # --- TLS ---------------------------------------------------------------------------------
 
 
