@@ -178,6 +178,24 @@ def plan_cgroup(
     return CgroupPlan(tuple(cgroups), tuple(writes))
 
 
+# A cgroup's CPU weight file, what one process weighs there by default, and its most:
+# v2's cpu.weight, v1's cpu.shares.
+CPU_WEIGHTS = (("cpu.weight", 100, 10_000), ("cpu.shares", 1024, 262_144))
+
+
+def parent_cpu_weight(children: int, per_child: int, most: int) -> int:
+    """The CPU weight of the parent of ``children`` notebook cgroups: theirs together.
+
+    Under contention the kernel shares CPU among a cgroup's children by weight,
+    and the parent competes with the hub and everything else beside it as one
+    child: at the default weight every notebook together would weigh what one
+    process does, and a class starting at once would start at the pace of one
+    process. Weighing the parent as its notebooks gives each notebook what it had
+    as a plain process; its cap (its share's cores) is the CPU quota, not this.
+    """
+    return min(max(children, 1) * per_child, most)
+
+
 def controllers_to_enable(enabled: str, wanted: str) -> str:
     """Of ``wanted`` (``+cpu +memory``), those not in ``enabled`` (a subtree_control's text)."""
     have = set(enabled.split())
@@ -220,6 +238,25 @@ def find_hierarchies(mounts: Path = MOUNTS) -> tuple[Hierarchy, ...]:
 
 def new_token() -> str:
     return secrets.token_hex(4)
+
+
+def balance_cpu_weight(parents: Iterable[Path]) -> None:
+    """Weigh each parent folder as the notebook cgroups in it now (see parent_cpu_weight).
+
+    Racing starts and stops each count the children again, so the last write
+    counts them all. CgroupError if a weight cannot be written.
+    """
+    for parent in parents:
+        for name, per_child, most in CPU_WEIGHTS:
+            weight = parent / name
+            if not weight.exists():
+                continue
+            try:
+                children = sum(1 for entry in os.scandir(parent) if entry.is_dir())
+            except OSError as e:
+                raise CgroupError(f"cannot list {parent}: {e.strerror}") from e
+            value = str(parent_cpu_weight(children, per_child, most))
+            _checked(f"write {value!r} to {weight}", write_value, weight, value)
 
 
 def write_value(path: Path, value: str) -> None:

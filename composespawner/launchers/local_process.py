@@ -26,6 +26,7 @@ from composespawner.launchers.cgroups import (
     REMOVE_TIMEOUT,
     CgroupError,
     CgroupPlan,
+    balance_cpu_weight,
     cgroup_name,
     find_hierarchies,
     join_command,
@@ -157,7 +158,15 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
             self._unenforced(self.share, e)
             return None
         self._cgroups = plan.cgroups
+        self._balance(plan.cgroups)
         return plan
+
+    def _balance(self, cgroups: tuple[Path, ...]) -> None:
+        """The notebooks' parents weigh as their notebooks (see parent_cpu_weight)."""
+        try:
+            balance_cpu_weight({cgroup.parent for cgroup in cgroups})
+        except CgroupError as e:
+            self.log.warning("%s: %s; notebooks share CPU as one process", log_name(self), e)
 
     def _unenforced(self, share: Share, error: CgroupError) -> None:
         """Refuse the start (``cgroup_required``), or say that it runs unlimited."""
@@ -208,6 +217,7 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
             self.log.warning(
                 "%s: %s; remove it (rmdir) once its processes have ended", log_name(self), e
             )
+        self._balance(cgroups)
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)

@@ -27,12 +27,14 @@ from composespawner.launchers.cgroups import (
     CgroupPlan,
     Hierarchy,
     Write,
+    balance_cpu_weight,
     cgroup_name,
     controllers_to_enable,
     hierarchies_in,
     join_command,
     join_then,
     make_cgroup,
+    parent_cpu_weight,
     parent_parts,
     plan_cgroup,
     remove_cgroups,
@@ -340,3 +342,32 @@ def test_a_restarted_hub_keeps_the_cgroups_it_must_remove(tmp_path: Path) -> Non
 def test_a_parent_outside_the_hierarchy_is_refused_as_config(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="cgroup_parent"):
         launcher(tmp_path, cgroup_parent="../escape")
+
+
+@pytest.mark.parametrize(
+    ("children", "per_child", "most", "weight"),
+    [
+        (0, 1024, 262_144, 1024),
+        (1, 1024, 262_144, 1024),
+        (60, 1024, 262_144, 61_440),
+        (300, 1024, 262_144, 262_144),
+        (3, 100, 10_000, 300),
+        (200, 100, 10_000, 10_000),
+    ],
+)
+def test_the_parent_weighs_as_its_notebooks(
+    children: int, per_child: int, most: int, weight: int
+) -> None:
+    assert parent_cpu_weight(children, per_child, most) == weight
+
+
+def test_balancing_counts_the_notebook_folders_in_each_parent(tmp_path: Path) -> None:
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    for parent, weight in ((v1, "cpu.shares"), (v2, "cpu.weight")):
+        parent.mkdir()
+        (parent / weight).write_text("x")
+        for n in range(3):
+            (parent / f"nb-{n}").mkdir()
+    balance_cpu_weight([v1, v2])
+    assert (v1 / "cpu.shares").read_text() == "3072"
+    assert (v2 / "cpu.weight").read_text() == "300"

@@ -42,6 +42,16 @@ from composespawner.fabric.redfish.transport import (
 
 
 @dataclass(frozen=True, slots=True)
+class MarkChange:
+    """One machine's change of a host's mark, waiting for the host's writer."""
+
+    what: str  # for logs
+    done: Callable[[Seen | Response], bool]  # whether a read of the host has it already
+    change: Callable[[HostMark | None], HostMark | None]
+    result: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     """One direction of ``attach``/``detach``."""
 
@@ -79,6 +89,9 @@ class ExpandableSystems:
         self._retry = retry
         self._log = log
         self._action_targets: dict[tuple[str, str], str] = {}
+        # Mark changes waiting for a host's writer, and the writer of each host busy now.
+        self._pending: dict[str, list[MarkChange]] = {}
+        self._writers: dict[str, asyncio.Task[None]] = {}
 
     async def refuse_unless_expandable(self, host: str, what: str, deadline: Deadline) -> None:
         if not await self._discovery.is_expandable(host, deadline):
@@ -157,13 +170,50 @@ class ExpandableSystems:
         change: Callable[[HostMark | None], HostMark | None],
         deadline: Deadline,
     ) -> None:
-        """Write the mark ``change`` makes of the one read, against the ETag of that read:
-        another machine joining or leaving meanwhile makes it stale, and the change is
-        made again on what they left."""
+        """Have ``change`` written into the host's mark, with every change of it waiting.
+
+        A class starting at once puts many machines on one host, each joining its
+        mark. Written one by one, against each other every write but one would find
+        the ETag changed and read the host again, and the last to join would wait
+        for all the others; so one writer per host takes every change waiting and
+        writes them in one PATCH (group commit), against the ETag of what it read.
+        """
+        del deadline  # the writer runs under its own: it writes others' changes too
+        waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(system_id, []).append(MarkChange(what, done, change, waiting))
+        if system_id not in self._writers:
+            self._writers[system_id] = asyncio.create_task(self._write_marks(system_id))
+        await waiting
+
+    async def _write_marks(self, system_id: str) -> None:
+        """Write a host's waiting mark changes, a batch at a time, until none waits."""
+        try:
+            while batch := [c for c in self._pending.pop(system_id, []) if not c.result.done()]:
+                try:
+                    await self._write_batch(system_id, batch)
+                except Exception as error:  # each caller hears it, as if it wrote alone
+                    for c in batch:
+                        if not c.result.done():
+                            c.result.set_exception(error)
+                else:
+                    for c in batch:
+                        if not c.result.done():
+                            c.result.set_result(None)
+        finally:
+            del self._writers[system_id]
+
+    async def _write_batch(self, system_id: str, batch: list[MarkChange]) -> None:
+        deadline = Deadline(self._timeouts.operation)
+        what = "; ".join(c.what for c in batch)
+
+        def done(system: Seen | Response) -> bool:
+            return all([c.done(system) for c in batch])  # every check runs: refusals too
 
         async def write(path: str, system: Seen | Response) -> None:
-            wanted = mapping.mark_object(change(mapping.host_mark(system.document())))
-            written = await self._patch_mark(path, system, wanted, deadline)
+            mark = mapping.host_mark(system.document())
+            for c in batch:
+                mark = c.change(mark)
+            written = await self._patch_mark(path, system, mapping.mark_object(mark), deadline)
             if written is not None:
                 self._discovery.remember(system_id, written)
 
