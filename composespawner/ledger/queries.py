@@ -11,12 +11,12 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, tzinfo
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Row, func, select
+from sqlalchemy import Connection, Engine, Row, func, select, text
 
 from composespawner.domain.rooms import HostUse
 from composespawner.domain.usage import DayUse, Period
 from composespawner.ledger.database import ZonedLedgerPart
-from composespawner.ledger.lifecycle import TERMINAL
+from composespawner.ledger.models import LIVE_MACHINE_WHERE
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
@@ -95,7 +95,9 @@ class Queries(ZonedLedgerPart):
             return read_live_machine(connection, user, server)
 
     def live_machines(self, user: str | None = None) -> list[Machine]:
-        query = select(MACHINES).where(MACHINES.c.state.not_in(TERMINAL))
+        # The partial index's own condition, as literals: SQLite then reads the live
+        # machines from that index instead of every machine there ever was.
+        query = select(MACHINES).where(text(LIVE_MACHINE_WHERE))
         if user is not None:
             query = query.where(MACHINES.c.user_name == user)
         query = query.order_by(MACHINES.c.user_name, MACHINES.c.server_name)

@@ -166,7 +166,8 @@ class Composer:
             registrations=allowed.registrations,
             within=within,
         )
-        return replace(offer, stacks=allowed.stacks)
+        sizes = tuple(s for s in self.catalog.sizes if allowed.sizes.allows(s.id))
+        return replace(offer, stacks=allowed.stacks, sizes=sizes)
 
     def readout(self) -> PoolReadout:
         """The pool as this composer knows it, for a metrics scrape: no wait on the fabric."""
