@@ -8,7 +8,7 @@ fabric package.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DeviceKind = Literal["gpu", "nic", "nvme"]
 DEVICE_KINDS: tuple[DeviceKind, ...] = ("gpu", "nic", "nvme")
@@ -122,6 +122,9 @@ class Inventory:
     zones: tuple[str, ...] = ()
     _by_block: dict[str, Device] = field(default_factory=dict, compare=False, repr=False)
     _largest: list[tuple[int, int]] = field(default_factory=list, compare=False, repr=False)
+    # What placement works out of this snapshot alone, kept with it: every spawn reads
+    # the same snapshot (see placement.pool_for).
+    derived: dict[object, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_block.update({d.block_id: d for d in self.devices})

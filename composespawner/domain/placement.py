@@ -157,16 +157,15 @@ def pool_for(
     ]
     use = use or {}
     hosts = []
-    for h in inventory.hosts:
+    for h, fresh in _hosts_as_fresh(inventory, max_devices):
         # A host whose own block the ledger holds is a whole-host machine's of old.
         if h.state != "enabled" or h.block_id in held or not _ours_to_compose(h, hub):
             continue
-        total = Room(h.cpus, h.memory_gib, h.max_devices or max_devices)
         held_here = use.get(h.system_id)
         if held_here is None and h.mark is None:
-            hosts.append(OpenHost(h, total, total, 0))  # fresh: nothing on it
+            hosts.append(fresh)  # nothing on it
             continue
-        held_here = held_here or NO_USE
+        held_here, total = held_here or NO_USE, fresh.total
         free = Room(
             total.cores - held_here.cores,
             total.memory_gib - held_here.memory_gib,
@@ -181,6 +180,20 @@ def pool_for(
         zones=inventory.zones,
         largest=Room(cores, memory, 0),
     )
+
+
+def _hosts_as_fresh(inventory: Inventory, max_devices: int) -> list[tuple[Host, OpenHost]]:
+    """Each host, and the host as an empty one: worked out once per snapshot, since most
+    hosts of a pool are empty and every spawn builds its pool from the same snapshot."""
+    key = ("hosts-as-fresh", max_devices)
+    found = inventory.derived.get(key)
+    if found is None:
+        found = []
+        for h in inventory.hosts:
+            room = Room(h.cpus, h.memory_gib, h.max_devices or max_devices)
+            found.append((h, OpenHost(h, room, room, 0)))
+        inventory.derived[key] = found
+    return found
 
 
 def _ours_to_compose(host: Host, hub: str | None) -> bool:
