@@ -83,7 +83,7 @@ def test_a_refusal_is_shown_on_the_form(hub: Hub, page: Page) -> None:
     )
     page.click("form input[type=submit], form button[type=submit]")
     expect(page.locator(".spawn-error-msg")).to_have_text(
-        "Error: GPU count must be from 1 to 4 (the most one machine can hold); got -4."
+        "Error: GPU count must be from 0 (CPU only) to 4 (the most one machine can hold); got -4."
     )
     shot(page, "spawn-refused")
     assert hub.composed_hosts() == composed

@@ -99,7 +99,7 @@ def test_refused_spawns_of_new_named_servers_leave_no_record(hub: Hub) -> None:
     assert hub.spawn("researcher1", {"gpu_model": "t4", "gpu_count": 2}).status_code in (201, 202)
     hub.wait_ready("researcher1")
     refusals = [
-        ("n1", {"gpu_model": "t4", "gpu_count": 0}, 400, "from 1 to 4"),
+        ("n1", {"gpu_model": "t4", "gpu_count": -1}, 400, "from 0 (CPU only) to 4"),
         ("n2", {"gpu_model": "v100", "gpu_count": 1}, 400, "Unknown GPU model 'v100'"),
         ("n3", {"gpu_model": "t4", "gpu_count": 3}, 403, "limit is 4 GPUs"),
     ]
