@@ -86,9 +86,12 @@ def test_an_admin_releases_a_machine_from_the_inventory_and_its_user_reads_why(
     page.goto(f"{hub.url}/services/compose/inventory")
     held = page.locator("#inventory-devices tr", has_text="researcher1")
     expect(held.first).to_contain_text("running")
+    host = page.locator("#inventory-hosts tr", has_text="researcher1")
+    expect(host).to_contain_text("4 cores, 32 GiB")  # its share of the host it shares
+    expect(host).to_contain_text("60 of 64")  # the cores the host has left
     shot(page, "portal-inventory")
 
-    release = page.locator("#inventory-devices form.release").first
+    release = host.locator("form.release").first
     release.locator('input[name="reason"]').fill("Rack 2 goes down for maintenance at noon")
     page.once("dialog", lambda dialog: dialog.accept())
     release.locator("button").click()
