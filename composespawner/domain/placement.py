@@ -294,6 +294,7 @@ def sizes_free(pool: Pool, shares: Mapping[str, Share | None]) -> dict[str, int]
 def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
     """The machine's zone, host and devices (see the module's docstring), or why none fit."""
     index = pool.index(ask.gpu_models)
+    gpus_by_zone = index.gpus_for(ask.share)
     # Slots at least: the GPUs, a NIC, one drive. The extras themselves are picked
     # only for the zones tried, best first: picking drives is the costly step.
     least = ask.gpu_count + (1 if ask.nic_speed_gbps else 0) + (1 if ask.scratch_gb > 0 else 0)
@@ -302,7 +303,7 @@ def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
     for fresh in (False, True):
         heap: list[tuple[float, int, str, int, str, int, OpenHost]] = []
         for zone in index.zones:
-            left = _gpus_left(index.gpus.get(zone, []), ask.gpu_count)
+            left = _gpus_left(gpus_by_zone.get(zone, []), ask.gpu_count)
             best = None if left is None else _best_host(index.rooms(zone, fresh), ask.share, least)
             if best is not None and left is not None:
                 heap.append(
@@ -324,7 +325,7 @@ def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
                     entry = (best[0], left, best[1].host.system_id, len(heap) + 1, zone, exact)
                     heappush(heap, (*entry, best[1]))
                 continue
-            gpus = _pick_gpus(index.gpus.get(zone, []), ask.gpu_count)
+            gpus = _pick_gpus(gpus_by_zone.get(zone, []), ask.gpu_count)
             need = room_for(ask.share, chosen, slots)
             assert gpus is not None, "the zone was ranked for having enough"
             assert need is not None, "the host was ranked for having room"
@@ -415,7 +416,21 @@ class _ZoneIndex:
                 self._rooms[zone, open_host.fresh].append(room)
         self.zones = sorted({zone for zone, _ in self._rooms})
         self.gpus = _by_zone([d for d in pool.devices if d.kind == "gpu" and d.model in models])
+        self._named: dict[str, list[Device]] | None = None
         self._extras: dict[str, dict[str, list[Device]]] = {}
+
+    def gpus_for(self, share: Share | None) -> dict[str, list[Device]]:
+        """The free GPUs per zone a machine of ``share`` may get.
+
+        A notebook on a shared host is limited to its own GPUs by their UUIDs: a
+        GPU the fabric names no UUID for goes only to a machine with a host of its
+        own (``share`` None).
+        """
+        if share is None:
+            return self.gpus
+        if self._named is None:
+            self._named = {z: [g for g in gpus if g.uuid] for z, gpus in self.gpus.items()}
+        return self._named
 
     def rooms(self, zone: str, fresh: bool) -> list[_HostRoom]:
         """The hosts of a zone, composed or fresh, as :func:`_best_host` reads them."""
@@ -507,7 +522,7 @@ def _why_not(pool: Pool, index: _ZoneIndex, ask: DeviceAsk) -> str:
     zones = index.zones
     if not zones:
         return "Every compute host is in use right now. Try again when a server stops."
-    most = max(len(index.gpus.get(z, [])) for z in zones)
+    most = max(len(index.gpus_for(ask.share).get(z, [])) for z in zones)
     if ask.gpu_count and most == 0:
         return f"No {ask.label} is free right now. Choose another GPU model or try again later."
     if most < ask.gpu_count:

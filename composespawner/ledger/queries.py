@@ -151,8 +151,9 @@ class Queries(ZonedLedgerPart):
         return self._blocks_with("owner_group")
 
     def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
-        """What placement reads of the ledger, in one snapshot: block_id → machine_id for
-        every held block, and what live machines hold on each host they are on."""
+        """What placement reads of the ledger, read together: block_id → machine_id for
+        every held block, and what live machines hold on each host they are on (the
+        claims' compare-and-set keeps them right; these only guide placement)."""
         query = select(DEVICES.c.block_id, DEVICES.c.machine_id).where(
             DEVICES.c.machine_id.is_not(None)
         )

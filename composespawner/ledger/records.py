@@ -14,7 +14,8 @@ from typing import Any, Literal
 from composespawner.domain.hardware import Device, Host
 from composespawner.domain.rooms import Room
 
-# Hosts are holdable too: a composed machine takes its whole compute host.
+# Hosts are holdable too: a machine on a host that cannot be shared (a whole system
+# composed for it), or one from before hosts were shared, holds the host's own block.
 HoldableKind = Literal["gpu", "nic", "nvme", "host"]
 HOLDABLE_KINDS: tuple[HoldableKind, ...] = ("gpu", "nic", "nvme", "host")
 

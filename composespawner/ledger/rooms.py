@@ -150,11 +150,11 @@ def _change(
 
 
 def know_hosts(connection: Connection, hosts: Iterable[HostRecord], now: datetime) -> None:
-    """A row for each host, with the capacity the fabric says while nobody is on it.
+    """A row for each host, with the capacity the fabric says.
 
-    A host's capacity changes only with its hardware; a change the fabric reports
-    while machines hold room there waits until the last one ends, so what is held
-    is never above what the row says the host has.
+    A host's capacity changes only with its hardware; a change that what its
+    machines hold would not fit waits until they have ended, so what is held is
+    never above what the row says the host has.
     """
     rows = [
         {
@@ -169,7 +169,8 @@ def know_hosts(connection: Connection, hosts: Iterable[HostRecord], now: datetim
             "machines": 0,
             "updated_at": now,
         }
-        for host in hosts
+        # In one order, so that two hubs' syncs lock the rows alike (PostgreSQL).
+        for host in sorted(hosts, key=lambda h: h.host_id)
     ]
     if not rows:
         return
@@ -185,7 +186,15 @@ def know_hosts(connection: Connection, hosts: Iterable[HostRecord], now: datetim
                 "memory_gib": new.memory_gib,
                 "slots": new.slots,
             },
-            where=(_ROOM.machines == 0)
+            # A change while machines are on the host only if what they hold still fits.
+            where=(
+                (_ROOM.machines == 0)
+                | (
+                    (_ROOM.cores_held <= new.cores)
+                    & (_ROOM.memory_gib_held <= new.memory_gib)
+                    & (_ROOM.slots_held <= new.slots)
+                )
+            )
             & (
                 (_ROOM.cores != new.cores)
                 | (_ROOM.memory_gib != new.memory_gib)

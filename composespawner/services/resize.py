@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from composespawner.domain.catalog import Catalog
+from composespawner.domain.hardware import Share
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.placement import DeviceAsk, NoFit, place_more
 from composespawner.fabric.base import Fabric, FabricError, NotExpandable
@@ -184,6 +185,7 @@ class Resizer:
             gpus=tuple(d for d in devices if d.kind == "gpu"),
             nic=next((d for d in devices if d.kind == "nic"), None),
             drives=tuple(d for d in devices if d.kind == "nvme"),
+            share=share_of(machine),
         )
 
     async def _gpus_of(self, machine: Machine) -> list[str]:
@@ -284,3 +286,10 @@ class MoreGpus:
         if attaching and isinstance(error, FabricError):
             return ComposeFailed(FABRIC_FAILED)
         return error
+
+
+def share_of(machine: Machine) -> Share | None:
+    """The machine's share of its host as the ledger keeps it (None: the whole host)."""
+    if machine.cores is None or machine.memory_gib is None:
+        return None
+    return Share(machine.cores, machine.memory_gib)

@@ -14,6 +14,7 @@ a device "by someone else" or to disable a block.
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,6 +192,10 @@ class InProcessFabric:
             state=state,
             attached_to=holder,
             memory_gib=spec.memory_gib,
+            # As the simulator serves Processor.UUID: derived from the fabric's and the block's.
+            uuid=str(uuid.uuid5(uuid.UUID(self.state.inventory.uuid), spec.id))
+            if spec.kind == "gpu"
+            else None,
             speed_gbps=spec.speed_gbps,
             capacity_gb=spec.capacity_gb,
         )

@@ -28,8 +28,9 @@ SMALL = Share(2, 8)
 LARGE = Share(16, 128)
 
 
-def gpu(block: str, zone: str = "r1") -> Device:
-    return Device(block, "gpu", T4, frozenset({zone}), f"{zone}-drawer", "free")
+def gpu(block: str, zone: str = "r1", uuid: str | None = "") -> Device:
+    named = f"uuid-{block}" if uuid == "" else uuid
+    return Device(block, "gpu", T4, frozenset({zone}), f"{zone}-drawer", "free", uuid=named)
 
 
 def host(system: str, zone: str = "r1", *, machines: int = 0, cores: int = 64) -> Host:
@@ -69,6 +70,16 @@ def test_the_tightest_composed_host_wins() -> None:
     assert isinstance(plan, Plan)
     assert plan.host.system_id == "h2"
     assert plan.gpus == ()
+
+
+def test_a_gpu_without_a_uuid_goes_only_to_a_machine_with_a_host_of_its_own() -> None:
+    """A shared host's notebook is limited to its GPUs by UUID: none, no limit."""
+    inventory = Inventory(hosts=(host("h1"),), devices=(gpu("g1", uuid=None),), zones=("r1",))
+    pool = pool_for(inventory, held=(), owners={}, groups=(), hub=HUB)
+    assert isinstance(place(pool, ask(1)), NoFit)
+    whole = place(pool, ask(1, None))
+    assert isinstance(whole, Plan)
+    assert [g.block_id for g in whole.gpus] == ["g1"]
 
 
 def test_another_hubs_or_clients_host_is_never_shared() -> None:

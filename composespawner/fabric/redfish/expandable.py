@@ -1,9 +1,10 @@
-"""Changes to expandable systems: attaching and detaching blocks, tagging hosts.
+"""Changes to expandable systems: attaching and detaching blocks, and the host's mark.
 
 Devices are attached to expandable hosts with the ``AddResourceBlock`` /
-``RemoveResourceBlock`` actions the host's ComputerSystem advertises; hosts
-are tagged through ``Oem.ComposeSpawner``. Every write goes against the
-system's ETag, and an unclear answer is settled by looking at the system.
+``RemoveResourceBlock`` actions the host's ComputerSystem advertises; machines
+join and leave a shared host's mark, ``Oem.ComposeSpawner``, through one writer
+per host that puts every change waiting in one PATCH against the system's ETag.
+An unclear answer is settled by looking at the system.
 """
 
 from __future__ import annotations
@@ -191,10 +192,12 @@ class ExpandableSystems:
             while batch := [c for c in self._pending.pop(system_id, []) if not c.result.done()]:
                 try:
                     await self._write_batch(system_id, batch)
-                except Exception as error:  # each caller hears it, as if it wrote alone
+                except BaseException as error:  # each caller hears it, as if it wrote alone
                     for c in batch:
                         if not c.result.done():
                             c.result.set_exception(error)
+                    if not isinstance(error, Exception):
+                        raise  # cancelled (the client closing): the callers were told
                 else:
                     for c in batch:
                         if not c.result.done():
