@@ -79,7 +79,7 @@ def test_ending_and_giving_back_return_exactly_what_was_held(
 def test_a_capacity_change_waits_for_the_host_to_be_empty(ledger: Ledger) -> None:
     first = claim(ledger, "ada", [], room(6, 8))
     smaller = Room(cores=4, memory_gib=64, slots=3)
-    # Told 4 cores while 6 are held: the ledger keeps 8 until the host is empty.
+    # Told 4 cores while 6 are held: the ledger keeps 8 until what is held fits.
     second = claim(ledger, "bob", [], room(2, 8, capacity=smaller))
     assert use(ledger) == HostUse(8, 16, 0, 2)
     end(ledger, first.id)
@@ -122,15 +122,18 @@ def test_racing_spawns_for_the_last_room_on_a_host_one_wins(
 def test_every_host_the_fabric_has_is_known_with_its_room(ledger: Ledger) -> None:
     other = HostRecord("host-2", "host-2-block", Room(64, 512, 16))
     ledger.sync_hosts([HostRecord(HOST, f"{HOST}-block", CAPACITY), other])
-    claim(ledger, "ada", [], room(2, 8))
-    # The fabric now says the busy host is bigger and the idle one smaller.
+    claim(ledger, "ada", [], room(6, 8))
+    # The fabric now says the busy host is smaller than what is held, the idle one smaller.
     ledger.sync_hosts(
         [
-            HostRecord(HOST, f"{HOST}-block", Room(16, 64, 3)),
+            HostRecord(HOST, f"{HOST}-block", Room(4, 64, 3)),
             HostRecord("host-2", "host-2-block", Room(32, 256, 16)),
         ]
     )
     rooms = {host.host_id: (host, use) for host, use in ledger.host_rooms()}
-    assert rooms[HOST] == (HostRecord(HOST, f"{HOST}-block", CAPACITY), HostUse(2, 8, 0, 1))
+    assert rooms[HOST] == (HostRecord(HOST, f"{HOST}-block", CAPACITY), HostUse(6, 8, 0, 1))
     assert rooms["host-2"][0].capacity == Room(32, 256, 16)  # empty: the change is taken
     assert rooms["host-2"][1] == HostUse(0, 0, 0, 0)
+    # Bigger than what is held: taken at once, machines on it or not.
+    ledger.sync_hosts([HostRecord(HOST, f"{HOST}-block", Room(16, 64, 3))])
+    assert dict((h.host_id, h.capacity) for h, _ in ledger.host_rooms())[HOST] == Room(16, 64, 3)
