@@ -7,7 +7,13 @@ from pathlib import Path
 
 from benchmarks.gates import check, unmet
 
-STORM = {"p95_ratio": 1.18, "failures": 0, "double_holders": 0, "leaked_devices": 0}
+STORM = {
+    "p95_ratio": 1.18,
+    "failures": 0,
+    "double_holders": 0,
+    "leaked_devices": 0,
+    "hosts_over_capacity": 0,
+}
 
 
 def test_a_storm_within_its_gates_meets_them() -> None:
@@ -33,4 +39,14 @@ def test_the_written_result_is_checked(tmp_path: Path) -> None:
     assert check("spawn_to_lab", tmp_path) == [
         "spawn_to_lab: median_ratio is 1.12, the gate is at most 1.1"
     ]
-    assert check("placement_speed", tmp_path) == []  # no gate
+    assert check("trace_replay", tmp_path) == []  # no gate
+
+
+def test_placement_is_gated_at_twenty_thousand_devices(tmp_path: Path) -> None:
+    assert unmet("placement_speed", {"large_place_p99_us": 1000}) == []
+    assert unmet("placement_speed", {"large_place_p99_us": 1200.0}) == [
+        "placement_speed: large_place_p99_us is 1200.0, the gate is at most 1000"
+    ]
+    assert unmet("course_storm", {**STORM, "hosts_over_capacity": 1}) == [
+        "course_storm: hosts_over_capacity is 1, the gate is at most 0"
+    ]
