@@ -36,6 +36,8 @@
 #   COMPOSE_PROXY_API_PORT, COMPOSE_HUB_API_PORT, COMPOSE_PORTAL_PORT  (8001, 8081, 8002)
 #   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
 #   COMPOSE_MAX_GPUS_PER_USER   (4)
+#   COMPOSE_ENFORCE_SHARES      required (a share no cgroup can hold refuses the start)
+#                               or best-effort (it runs unlimited, with a warning)
 #   COMPOSE_EXTRA_CONFIG        a further config file loaded last (local overrides)
 #
 # Schema upgrades are a deploy step, as for JupyterHub itself:
@@ -113,6 +115,7 @@ c.ComposeMixin.fabric_password = (
 c.ComposeMixin.fabric_ca_bundle = setting("COMPOSE_FABRIC_CA_BUNDLE", "")
 c.ComposeMixin.hub_id = setting("COMPOSE_HUB_ID")
 c.ComposeMixin.max_gpus_per_user = int(setting("COMPOSE_MAX_GPUS_PER_USER", "4"))
+c.LocalLauncher.cgroup_required = setting("COMPOSE_ENFORCE_SHARES", "required") != "best-effort"
 c.ComposeMixin.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
 # Local notebooks run as their user's own account, made at first login with a home
 # only that user may enter. One account for all (the demo's shared_account) would

@@ -179,6 +179,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                         "composespawner_fabric_password": FABRIC_AUTH[1],
                         "composespawner_catalog_file": str(catalog_without_stacks(tmp / "c.toml")),
                         "composespawner_manage_service": False,  # no systemd in a chroot
+                        # nor a cgroup hierarchy of its own: notebooks run unlimited
+                        "composespawner_enforce_shares": False,
                     }
                 )
             )

@@ -175,10 +175,13 @@ def test_nobody_gives_back_anothers_gpu(hub: Hub, running: str) -> None:
     hub.spawn("student2", ONE_T4).raise_for_status()
     hub.wait_ready("student2")
     try:
-        theirs = hub.attached(hub.server_host("student2"))
-        response = Caller(hub, "student1")("DELETE", f"api/me/server/gpus/{theirs[0]}")
+        # Its own GPU: the host may be student1's too, and carry student1's GPU beside it.
+        theirs = process_env(notebook_pid(hub, "student2"))["COMPOSE_DEVICE_IDS"]
+        attached = hub.attached(hub.server_host("student2"))
+        assert theirs in attached
+        response = Caller(hub, "student1")("DELETE", f"api/me/server/gpus/{theirs}")
         assert response.status_code == 404, response.text
-        assert hub.attached(hub.server_host("student2")) == theirs
+        assert hub.attached(hub.server_host("student2")) == attached
     finally:
         hub.stop("student2")
 

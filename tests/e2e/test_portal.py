@@ -356,7 +356,11 @@ def test_an_admin_releases_a_machine_and_its_user_is_told_why(
     hub.wait_ready("student1")
     inventory = admin.call("GET", "api/inventory").json()
     held = [d for d in inventory["devices"] if d["holder"] and d["holder"]["user"] == "student1"]
-    assert {d["kind"] for d in held} == {"gpu", "host"}
+    assert {d["kind"] for d in held} == {"gpu"}  # the host is shared: its block is nobody's
+    [host] = [h for h in inventory["hosts"] if any(m["user"] == "student1" for m in h["machines"])]
+    [mine] = [m for m in host["machines"] if m["user"] == "student1"]
+    assert mine["share"] == {"cores": 8, "memory_gib": 64}  # the default size for two GPUs
+    assert host["free"]["slots"] <= host["capacity"]["slots"] - 2
     assert {d["holder"]["state"] for d in held} == {"running"}
     machine = held[0]["holder"]["machine"]
     t4 = next(row for row in inventory["summary"] if row["model"] == "NVIDIA T4")
