@@ -108,7 +108,15 @@ def synthetic_fabric(
                 if 0.15 <= roll < 0.25:
                     held.add(block)
                 devices.append(
-                    Device(block, "gpu", model, in_zone, f"{zone}-drawer-{c:02d}", state)  # type: ignore[arg-type]
+                    Device(
+                        block,
+                        "gpu",
+                        model,
+                        in_zone,
+                        f"{zone}-drawer-{c:02d}",
+                        state,  # type: ignore[arg-type]
+                        uuid=f"uuid-{block}",  # as fabrics name GPUs: shared hosts need it
+                    )
                 )
         for n in range(NICS_PER_ZONE):
             speed = NIC_SPEEDS[n % len(NIC_SPEEDS)]
