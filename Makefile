@@ -35,6 +35,19 @@ $(DEBOOTSTRAP):
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# OpenSSH's server, for the tests' simulated compute hosts (an sshd each on its own
+# loopback address, started and stopped by the tests), never as a service: apt
+# must not start one listening on every address. A policy-rc.d keeps it from
+# doing so (container images have one; one is put in place for the install if not).
+SSHD := /usr/sbin/sshd
+$(SSHD):
+	set -e; added=; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; \
+	fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+	if [ -n "$$added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+
 install: $(VENV)/.installed $(CHP)
 
 # As root, the demo's notebooks run as an unprivileged account (composespawner-nb),
@@ -54,7 +67,7 @@ $(OIDC_PROVIDER): tests/support/oidc_provider/package.json tests/support/oidc_pr
 	cd tests/support/oidc_provider && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(DEBOOTSTRAP) $(OIDC_PROVIDER) notebook-account
+install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(DEBOOTSTRAP) $(SSHD) $(OIDC_PROVIDER) notebook-account
 
 demo: install notebook-account
 	$(BIN)/composespawner demo

@@ -28,6 +28,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "composespawner.ledger": {"domain"},
     "composespawner.fabric": {"domain"},
     "composespawner.launchers": {"domain", "ledger", "client"},
+    # The compute host's agent: a launcher's far end, built from the launchers' parts.
+    "composespawner.hostagent": {"domain", "launchers", "client"},
     "composespawner.services": BELOW_SERVICES,
     "composespawner.spawners": BELOW_SERVICES | {"services"},
     "composespawner.auth": BELOW_SERVICES,
