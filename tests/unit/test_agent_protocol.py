@@ -1,0 +1,176 @@
+"""The hub-agent wire protocol: what the agent refuses, and what goes round intact."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from composespawner.launchers.agent_protocol import (
+    MAX_REQUEST_BYTES,
+    Done,
+    Exited,
+    Failed,
+    ListNotebooks,
+    PollNotebook,
+    Progress,
+    Refused,
+    RefusedReply,
+    StackSource,
+    StartNotebook,
+    StopNotebook,
+    WatchExits,
+    encode_request,
+    parse_reply,
+    parse_request,
+    reply,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+LOCK = "jupyterlab==4.2.5 \\\n    --hash=sha256:00\n"
+START = StartNotebook(
+    user="student1",
+    server="",
+    machine="0123456789abcdef0123456789abcdef",
+    gpus=("GPU-1b2f4c3e-55aa-4bb0-8c1d-2e3f4a5b6c7d",),
+    cores=4,
+    memory_gib=32,
+    env=(("JUPYTERHUB_API_TOKEN", "secret"), ("JUPYTERHUB_SERVICE_URL", "http://h:1/user/a/")),
+    args=("--debug",),
+    stack=StackSource(
+        id="pytorch",
+        label="PyTorch 2.13",
+        lock_sha256=hashlib.sha256(LOCK.encode()).hexdigest(),
+        lock=LOCK,
+        common=(("repro.py", "print('hi')\n"),),
+    ),
+    manifest={"user": "student1"},
+)
+
+
+def start_body(**changes: Any) -> bytes:
+    body = json.loads(encode_request(START))
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [START, StopNotebook("m1"), PollNotebook("m1"), WatchExits(), ListNotebooks()],
+    ids=["start", "stop", "poll", "watch", "list"],
+)
+def test_every_request_goes_round_intact(request_: Any) -> None:
+    assert parse_request(encode_request(request_)) == request_
+
+
+def test_a_whole_host_start_has_no_share() -> None:
+    whole = StartNotebook(
+        user="a", server="x", machine="m", gpus=("0", "1"), cores=None, memory_gib=None
+    )
+    assert parse_request(encode_request(whole)) == whole
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"user": "../etc"}, "cannot be an account's name"),
+        ({"user": "a;id"}, "cannot be an account's name"),
+        ({"user": "$(reboot)"}, "cannot be an account's name"),
+        ({"user": "Alice"}, "cannot be an account's name"),
+        ({"user": "1000"}, "cannot be an account's name"),
+        ({"user": "a" * 33}, "cannot be an account's name"),
+        ({"user": ["root"]}, "cannot be an account's name"),
+        ({"server": "../x"}, "server"),
+        ({"machine": "m/../../x"}, "machine"),
+        ({"gpus": ["GPU-1;rm -rf /"]}, "a GPU"),
+        ({"gpus": ["0", "0"]}, "names a GPU twice"),
+        ({"gpus": "0"}, "gpus is a list"),
+        ({"cores": 0}, "cores"),
+        ({"cores": -4}, "cores"),
+        ({"cores": 10**9}, "cores"),
+        ({"cores": 4.5}, "cores"),
+        ({"cores": "4"}, "cores"),
+        ({"cores": True}, "cores"),
+        ({"memory_gib": None}, "both given"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "not the hub's to set"),
+        ({"env": {"LD_LIBRARY_PATH": "/tmp"}}, "not the hub's to set"),
+        ({"env": {"PATH": "/tmp"}}, "not the hub's to set"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}}, "not the hub's to set"),
+        ({"env": {"A B": "x"}}, "not a variable's name"),
+        ({"env": {"X": 1}}, "without NUL"),
+        ({"env": {"X": "a\0b"}}, "without NUL"),
+        ({"args": ["/bin/sh"]}, "is not an option"),
+        ({"args": ["-c"]}, "is not an option"),
+        ({"home": "/root"}, "does not know: home"),
+        ({"command": ["id"]}, "does not know: command"),
+        ({"v": 2}, "protocol version"),
+        ({"op": "exec"}, "unknown op"),
+    ],
+)
+def test_a_start_the_agent_must_not_do_is_refused_with_the_reason(
+    changes: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(Refused) as refused:
+        parse_request(start_body(**changes))
+    assert said in str(refused.value)
+
+
+def test_a_stack_whose_lock_does_not_match_its_hash_is_refused() -> None:
+    body = json.loads(encode_request(START))
+    body["stack"]["lock"] += "evil==1.0\n"
+    with pytest.raises(Refused, match="does not hash"):
+        parse_request(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("name", ["../repro.py", "a/b.py", ".bashrc", ""])
+def test_common_files_are_plain_names(name: str) -> None:
+    body = json.loads(encode_request(START))
+    body["stack"]["common"] = {name: "x"}
+    with pytest.raises(Refused, match="plain file names"):
+        parse_request(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"[]", b"not json", b'{"v": 1}', b'{"v":1,"op":"poll"}', b"\xff"]
+)
+def test_garbage_is_refused(data: bytes) -> None:
+    with pytest.raises(Refused):
+        parse_request(data)
+
+
+def test_a_request_too_big_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(Refused, match="bytes, more than"):
+        parse_request(b" " * (MAX_REQUEST_BYTES + 1))
+
+
+def test_the_hub_cannot_encode_what_the_agent_would_refuse() -> None:
+    bad = StartNotebook(user="root;id", server="", machine="m", gpus=(), cores=1, memory_gib=1)
+    with pytest.raises(Refused):
+        encode_request(bad)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (reply(progress="building", percent=40), Progress("building", 40)),
+        (reply(ok=True, ip="127.0.1.3", port=4000), Done({"ip": "127.0.1.3", "port": 4000})),
+        (reply(ok=False, refused="no"), RefusedReply("no")),
+        (reply(ok=False, error="broke"), Failed("broke")),
+        (reply(exited="m1", status=None), Exited("m1", None)),
+        (reply(exited="m1", status=137), Exited("m1", 137)),
+    ],
+)
+def test_replies_read_back(line: bytes, expected: object) -> None:
+    assert parse_reply(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"[1]", b'{"ok": "yes"}', b'{"ok": false}', b'{"progress": "x", "percent": 900}'],
+)
+def test_a_reply_that_is_not_the_agents_is_an_error(line: bytes) -> None:
+    with pytest.raises(ValueError, match="not"):
+        parse_reply(line)
