@@ -38,25 +38,10 @@ from composespawner.launchers.cgroups import (
     remove_cgroups,
 )
 from composespawner.launchers.jupyterhub_internals import log_name
+from composespawner.launchers.processes import process_started, started_from_stat
 from composespawner.ledger.runner import whole_in_thread
 
-
-def process_started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot); None if it is gone or a zombie."""
-    try:
-        return started_from_stat(Path(f"/proc/{pid}/stat").read_text())
-    except OSError:
-        return None
-
-
-def started_from_stat(stat: str) -> int | None:
-    """The start time in a ``/proc/PID/stat`` line; None for a zombie (proc(5))."""
-    # The command's name, in parentheses, may hold spaces and parentheses itself:
-    # the fields that follow start after the last ")".
-    fields = stat[stat.rfind(")") + 1 :].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
-        return None
-    return int(fields[19])  # field 22, starttime
+__all__ = ["CgroupLimitedSpawner", "process_started", "started_from_stat", "watch_exit"]
 
 
 def watch_exit(

@@ -1,0 +1,80 @@
+"""``composespawner-host``: the forced command of the hub's key on a compute host.
+
+Reads one request from stdin (to EOF), answers on stdout, logs to stderr (and
+``log_file``). Exit status 0 when the request was done, 1 when it was refused
+or failed, 2 when the agent itself is misconfigured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from composespawner.hostagent.agent import command_refusal, handle, refuse
+from composespawner.hostagent.config import ConfigError, load_config
+from composespawner.launchers.agent_protocol import MAX_REQUEST_BYTES, reply
+
+log = logging.getLogger("composespawner.hostagent")
+LOG_FORMAT = "%(asctime)s composespawner-host[%(process)d] %(levelname)s %(message)s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    _log_to(logging.StreamHandler(sys.stderr))
+    out = sys.stdout.buffer
+
+    def say(line: bytes) -> None:
+        out.write(line)
+        out.flush()
+
+    try:
+        return _run(args, say, out.fileno())
+    except BrokenPipeError:  # the hub closed the channel: nobody is left to answer
+        with_devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(with_devnull, out.fileno())  # so the exit's flush does not fail again
+        return 1
+
+
+def _run(args: list[str], say: Callable[[bytes], None], stdout_fd: int) -> int:
+    refusal = command_refusal(os.environ)
+    if refusal:
+        refuse(f"command={os.environ.get('SSH_ORIGINAL_COMMAND', '')!r}", refusal, say)
+        return 1
+    try:
+        config = load_config(_config_path(args), os.environ)
+    except ConfigError as e:
+        log.error("cannot start: %s", e)
+        say(reply(ok=False, error=f"the host agent is misconfigured: {e}"))
+        return 2
+    if config.log_file is not None:
+        try:
+            _log_to(logging.FileHandler(config.log_file))
+        except OSError as e:
+            log.error("cannot log to %s: %s", config.log_file, e.strerror)
+    data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+    return 0 if handle(data, config, say, stdout_fd) else 1
+
+
+def _config_path(args: list[str]) -> Path | None:
+    """``--config PATH`` or ``--config=PATH``; ConfigError for anything else."""
+    if not args:
+        return None
+    if len(args) == 2 and args[0] == "--config":
+        return Path(args[1])
+    if len(args) == 1 and args[0].startswith("--config="):
+        return Path(args[0].removeprefix("--config="))
+    raise ConfigError(f"usage: composespawner-host [--config PATH] (got {' '.join(args)!r})")
+
+
+def _log_to(handler: logging.Handler) -> None:
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

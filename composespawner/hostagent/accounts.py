@@ -1,0 +1,127 @@
+"""The account a notebook runs as on this host: the user's own, never a system one.
+
+An existing account (a campus one through NSS/SSSD, or one made here before) is
+used as it is, when its uid is a person's (``min_uid`` or more). Otherwise the
+agent creates it as the local launcher creates a person's account
+(:func:`~composespawner.launchers.accounts.user_account_command`), with a home
+only it may enter under ``home_root``, in the group ``composespawner-users``.
+
+That group is how accounts the agent made reach the notebook's interpreter
+when it sits behind a folder others may not enter (a Python under ``/root``,
+as pyenv installs it, on a test machine): the agent lets the group enter
+those folders, only to enter (an ACL ``g:composespawner-users:x``), never to
+list. One entry per folder for every account, rather than one per account
+(``launchers.accounts.let_in``): a host that makes thousands of accounts
+would otherwise grow ``/root``'s ACL past what the filesystem holds. A campus
+account is left as its site made it; if it cannot reach the interpreter, the
+start fails saying so (add it to the group, or install where all can enter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import logging
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from composespawner.hostagent.config import USERS_GROUP, AgentConfig
+from composespawner.hostagent.decisions import account_refusal, interpreter_of
+from composespawner.launchers.accounts import (
+    USERADD_TIMEOUT,
+    AccountError,
+    closed_dirs,
+    ensure_account,
+    make_home,
+    user_account_command,
+)
+from composespawner.launchers.agent_protocol import Refused
+
+log = logging.getLogger("composespawner.hostagent")
+
+
+def existing_account(name: str, config: AgentConfig) -> pwd.struct_passwd | None:
+    """``name``'s account if it exists and may run notebooks; Refused if it may not."""
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        if not config.create_accounts:
+            raise Refused(
+                f"no account {name!r} on this host, and this agent creates none"
+            ) from None
+        return None
+    refusal = account_refusal(name, account.pw_uid, account.pw_gid, config.min_uid)
+    if refusal:
+        raise Refused(refusal)
+    return account
+
+
+def create_account(name: str, config: AgentConfig) -> pwd.struct_passwd:
+    """A new person's account under ``home_root``, in :data:`USERS_GROUP`; AccountError."""
+    group = ensure_group(USERS_GROUP)
+    config.home_root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    command = user_account_command(name, config.home_root)
+    account = ensure_account(name, [*command[:-1], "--groups", group, command[-1]])
+    refusal = account_refusal(name, account.pw_uid, account.pw_gid, config.min_uid)
+    if refusal:  # useradd's UID_MIN (login.defs) below the agent's min_uid
+        raise AccountError(f"useradd made {refusal}; raise UID_MIN in /etc/login.defs")
+    make_home(Path(account.pw_dir), account)
+    log.info("created the account %s (uid %d, home %s)", name, account.pw_uid, account.pw_dir)
+    return account
+
+
+def ensure_group(name: str) -> str:
+    with contextlib.suppress(KeyError):
+        return grp.getgrnam(name).gr_name
+    command = [_groupadd(), "--system", name]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=USERADD_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AccountError(f"cannot create the group {name}: {e}") from e
+    if done.returncode not in (0, 9):  # 9: made meanwhile by another agent
+        raise AccountError(f"cannot create the group {name}: {done.stderr.strip()}")
+    return name
+
+
+def programs_of(command: Sequence[str]) -> list[Path]:
+    """The program ``command`` runs and, for a script, the interpreter its ``#!`` names."""
+    program = Path(command[0])
+    programs = [program]
+    try:
+        with program.open("rb") as file:
+            interpreter = interpreter_of(file.readline(256))
+    except OSError:
+        interpreter = None
+    if interpreter:
+        programs.append(Path(interpreter))
+    return programs
+
+
+def folders_to_open(programs: Iterable[Path]) -> list[Path]:
+    """The closed folders on the way to each program, as named and as resolved."""
+    paths = [p for program in programs for p in (program, program.resolve())]
+    return list(dict.fromkeys(d for path in paths for d in closed_dirs(path)))
+
+
+def let_group_in(folders: Iterable[Path], group: str = USERS_GROUP) -> None:
+    """Let ``group`` enter ``folders`` (ACL ``x``, not read); AccountError if it cannot."""
+    for folder in folders:
+        command = ["setfacl", "-m", f"g:{group}:x", str(folder)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            done = subprocess.CompletedProcess(command, 1, "", str(e))
+        if done.returncode != 0:
+            raise AccountError(
+                f"cannot let {group} enter {folder} ({done.stderr.strip()}): install the"
+                " notebook's Python where every account can enter"
+            )
+
+
+def _groupadd() -> str:
+    return (
+        shutil.which("groupadd") or shutil.which("groupadd", path="/usr/sbin:/sbin") or "groupadd"
+    )

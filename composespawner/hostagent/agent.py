@@ -1,0 +1,112 @@
+"""One channel's work: the request read, checked, done, answered, and logged.
+
+Every refusal and failure is logged with the request's op, user and machine,
+never its environment: that holds the notebook's API token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from composespawner.hostagent.config import AgentConfig
+from composespawner.launchers.agent_protocol import (
+    ListNotebooks,
+    PollNotebook,
+    Refused,
+    Request,
+    StartNotebook,
+    StopNotebook,
+    WatchExits,
+    parse_request,
+    reply,
+)
+
+ALLOWED_COMMAND = "composespawner-host"
+log = logging.getLogger("composespawner.hostagent")
+Say = Callable[[bytes], None]
+
+
+def command_refusal(environ: Mapping[str, str]) -> str | None:
+    """Why the SSH client's own command is refused: the hub's key runs this agent alone."""
+    asked = environ.get("SSH_ORIGINAL_COMMAND")
+    if asked is None or asked.strip() == ALLOWED_COMMAND:
+        return None
+    return "this key runs composespawner-host only; the command asked for was refused"
+
+
+def who(data: bytes) -> str:
+    """op, user and machine of a request, however bad, for the log (never its env)."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return "op=? (not JSON)"
+    if not isinstance(body, dict):
+        return "op=? (not an object)"
+    return " ".join(f"{key}={_short(body.get(key))}" for key in ("op", "user", "machine"))
+
+
+def describe(request: Request) -> str:
+    user = getattr(request, "user", None)
+    machine = getattr(request, "machine", None)
+    return f"op={request.op} user={_short(user)} machine={_short(machine)}"
+
+
+def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
+    """Carry out the request in ``data``, answering through ``say``; whether it was done."""
+    try:
+        request = parse_request(data)
+    except Refused as e:
+        return refuse(who(data), str(e), say)
+    from composespawner.hostagent.notebooks import Notebooks, StartFailed
+
+    notebooks = Notebooks(config)
+    try:
+        fields = _dispatch(request, notebooks, say, stdout_fd)
+    except Refused as e:
+        return refuse(describe(request), str(e), say)
+    except StartFailed as e:
+        return fail(describe(request), str(e), say)
+    except Exception as e:  # the hub gets a line whatever broke; the log has the trace
+        log.exception("%s failed", describe(request))
+        say(reply(ok=False, error=f"the agent failed: {type(e).__name__}: {e}"))
+        return False
+    if fields is not None:
+        say(reply(ok=True, **fields))
+    return True
+
+
+def _dispatch(request: Request, notebooks: Any, say: Say, stdout_fd: int) -> dict[str, Any] | None:
+    if isinstance(request, StartNotebook):
+        result: dict[str, Any] = notebooks.start(request, say)
+    elif isinstance(request, StopNotebook):
+        result = notebooks.stop(request.machine)
+    elif isinstance(request, PollNotebook):
+        result = notebooks.poll(request.machine)
+    elif isinstance(request, ListNotebooks):
+        result = notebooks.listed()
+    else:
+        assert isinstance(request, WatchExits)
+        notebooks.watch(say, stdout_fd)
+        return None
+    return result
+
+
+def refuse(whose: str, why: str, say: Say) -> bool:
+    log.warning("refused %s: %s", whose, why)
+    say(reply(ok=False, refused=why))
+    return False
+
+
+def fail(whose: str, why: str, say: Say) -> bool:
+    log.error("failed %s: %s", whose, why)
+    say(reply(ok=False, error=why))
+    return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    text = text.encode("unicode_escape").decode()  # one log line, whatever was sent
+    return text if len(text) <= 64 else text[:64] + "…"

@@ -1,0 +1,194 @@
+"""The agent's configuration: a TOML file of the host's administrator (``--config``).
+
+Every key is optional; what the hub sends never changes any of these. Parsing
+is pure (:func:`parse_config` takes the file's table, the environment and the
+machine's figures); :func:`load_config` reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composespawner.launchers.cgroups import parent_parts
+
+DEFAULT_STATE_DIR = "/var/lib/composespawner-host"
+DEFAULT_STACKS_DIR = "/var/cache/composespawner/stacks"
+NVIDIA_SMI_QUERY = ("--query-gpu=uuid", "--format=csv,noheader")
+USERS_GROUP = "composespawner-users"  # the accounts the agent creates
+NOTEBOOK_SERVER = "jupyterhub-singleuser"
+KEYS = frozenset(
+    {
+        "listen_address",
+        "state_dir",
+        "cgroup_parent",
+        "home_root",
+        "create_accounts",
+        "min_uid",
+        "stacks_dir",
+        "notebook_command",
+        "cores",
+        "memory_gib",
+        "log_file",
+        "gpu_list_command",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or wrong; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    listen_address: str  # "" when neither configured nor known from SSH_CONNECTION
+    state_dir: Path
+    cgroup_parent: tuple[str, ...]
+    home_root: Path
+    create_accounts: bool
+    min_uid: int
+    stacks_dir: Path
+    notebook_command: tuple[str, ...]
+    cores: int
+    memory_gib: int
+    log_file: Path | None
+    gpu_list_command: tuple[str, ...]  # () : GPU presence is not checked
+
+
+@dataclass(frozen=True, slots=True)
+class MachineFacts:
+    """What the machine itself says, for the defaults."""
+
+    cores: int
+    memory_gib: int
+    python: str  # the agent's own interpreter: jupyterhub-singleuser is beside it
+    nvidia_smi: str | None
+
+
+def parse_config(
+    table: Mapping[str, Any], environ: Mapping[str, str], facts: MachineFacts
+) -> AgentConfig:
+    """The config in ``table`` (a TOML document's top level), defaults filled in."""
+    unknown = sorted(set(table) - KEYS)
+    if unknown:
+        raise ConfigError(f"unknown keys {', '.join(unknown)} (known: {', '.join(sorted(KEYS))})")
+    listen = _text(table, "listen_address", connected_address(environ.get("SSH_CONNECTION", "")))
+    try:
+        parent = parent_parts(_text(table, "cgroup_parent", "composespawner"))
+    except ValueError as e:
+        raise ConfigError(f"cgroup_parent: {e}") from None
+    gpu_default = (facts.nvidia_smi, *NVIDIA_SMI_QUERY) if facts.nvidia_smi else ()
+    log_file = _text(table, "log_file", "")
+    return AgentConfig(
+        listen_address=listen,
+        state_dir=_absolute(table, "state_dir", DEFAULT_STATE_DIR),
+        cgroup_parent=parent,
+        home_root=_absolute(table, "home_root", "/home"),
+        create_accounts=_flag(table, "create_accounts", True),
+        min_uid=_number(table, "min_uid", 1000, least=1),
+        stacks_dir=_absolute(table, "stacks_dir", DEFAULT_STACKS_DIR),
+        notebook_command=_command(
+            table, "notebook_command", (str(Path(facts.python).parent / NOTEBOOK_SERVER),)
+        ),
+        cores=_number(table, "cores", facts.cores, least=1),
+        memory_gib=_number(table, "memory_gib", facts.memory_gib, least=1),
+        log_file=Path(log_file) if log_file else None,
+        gpu_list_command=_command(table, "gpu_list_command", gpu_default, empty_ok=True),
+    )
+
+
+def connected_address(ssh_connection: str) -> str:
+    """The host's address the hub connected to: SSH_CONNECTION's third field."""
+    fields = ssh_connection.split()
+    return fields[2] if len(fields) == 4 else ""
+
+
+def memory_gib_in(meminfo: str) -> int:
+    """Whole GiB of ``MemTotal`` in ``/proc/meminfo``'s text (at least 1)."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            return max(1, int(line.split()[1]) >> 20)  # kB
+    return 1
+
+
+def _text(table: Mapping[str, Any], key: str, default: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} is a string")
+    return value
+
+
+def _absolute(table: Mapping[str, Any], key: str, default: str) -> Path:
+    path = Path(_text(table, key, default))
+    if not path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"{key}: {str(path)!r} is not an absolute path")
+    return path
+
+
+def _flag(table: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} is true or false")
+    return value
+
+
+def _number(table: Mapping[str, Any], key: str, default: int, least: int) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"{key} is a whole number, at least {least}")
+    return value
+
+
+def _command(
+    table: Mapping[str, Any], key: str, default: tuple[str, ...], empty_ok: bool = False
+) -> tuple[str, ...]:
+    """A command: a list of words, or a string split as a shell would (no shell runs it)."""
+    value = table.get(key, default)
+    if isinstance(value, str):
+        value = shlex.split(value)
+    if not isinstance(value, list | tuple) or not all(isinstance(w, str) for w in value):
+        raise ConfigError(f"{key} is a command: a string or a list of strings")
+    if not value:
+        if empty_ok:
+            return ()
+        raise ConfigError(f"{key} is empty")
+    if not Path(value[0]).is_absolute():
+        raise ConfigError(f"{key}: {value[0]!r} is not an absolute path")
+    return tuple(value)
+
+
+# -- the reads (the edges) -----------------------------------------------------------
+
+
+def machine_facts() -> MachineFacts:
+    try:
+        memory = memory_gib_in(Path("/proc/meminfo").read_text())
+    except OSError:
+        memory = 1
+    return MachineFacts(
+        cores=os.cpu_count() or 1,
+        memory_gib=memory,
+        python=sys.executable,
+        nvidia_smi=shutil.which("nvidia-smi"),
+    )
+
+
+def load_config(path: Path | None, environ: Mapping[str, str]) -> AgentConfig:
+    """The config in ``path`` (None: every default); ConfigError says what is wrong."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as file:
+                table = tomllib.load(file)
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not TOML: {e}") from None
+    return parse_config(table, environ, machine_facts())

@@ -1,0 +1,170 @@
+"""What the agent decides, as pure functions: whose a start is, whether it fits, what
+the notebook is given. The reads and writes are in :mod:`.notebooks`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Accounts no notebook runs as whatever their uid: the kernel's overflow id (nobody)
+# and the "no id" of chown(2).
+UNUSABLE_UIDS = frozenset({65534, 4294967295})
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A notebook this host's agent started: ``state_dir/<machine>.json``."""
+
+    machine: str
+    user: str
+    uid: int
+    server: str
+    pid: int
+    started: int  # the process's start time (clock ticks after boot): pid reuse is not it
+    port: int
+    gpus: tuple[str, ...]
+    cores: int
+    memory_gib: int
+    cgroups: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["gpus"], body["cgroups"] = list(self.gpus), list(self.cgroups)
+        return body
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Record:
+        """The record in ``body``; ValueError if it is not one (a damaged file)."""
+        try:
+            record = cls(
+                machine=str(body["machine"]),
+                user=str(body["user"]),
+                uid=int(body["uid"]),
+                server=str(body["server"]),
+                pid=int(body["pid"]),
+                started=int(body["started"]),
+                port=int(body["port"]),
+                gpus=tuple(str(g) for g in body["gpus"]),
+                cores=int(body["cores"]),
+                memory_gib=int(body["memory_gib"]),
+                cgroups=tuple(str(c) for c in body["cgroups"]),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a notebook record: {e}") from None
+        return record
+
+    def listed(self) -> dict[str, Any]:
+        """What ``list`` says of it."""
+        return {
+            "machine": self.machine,
+            "user": self.user,
+            "server": self.server,
+            "pid": self.pid,
+            "port": self.port,
+            "gpus": list(self.gpus),
+            "cores": self.cores,
+            "memory_gib": self.memory_gib,
+        }
+
+
+def account_refusal(name: str, uid: int, gid: int, min_uid: int) -> str | None:
+    """Why an existing account ``name`` may not run a notebook, or None if it may."""
+    if uid < min_uid or uid in UNUSABLE_UIDS:
+        return (
+            f"the account {name!r} is a system account (uid {uid}): notebooks run only as"
+            f" people's accounts (uid {min_uid} or more)"
+        )
+    if gid == 0:
+        return f"the account {name!r} has the root group as its own: no notebook runs in it"
+    return None
+
+
+def start_refusal(
+    machine: str,
+    gpus: Sequence[str],
+    share: tuple[int, int],
+    running: Iterable[Record],
+    capacity: tuple[int, int],
+) -> str | None:
+    """Why a start of ``machine`` with ``gpus`` and ``share`` (cores, GiB) cannot run
+    beside the ``running`` notebooks on a host of ``capacity``, or None if it can."""
+    records = list(running)
+    if any(r.machine == machine for r in records):
+        return f"machine {machine} already has a notebook running on this host"
+    held = {gpu: r.machine for r in records for gpu in r.gpus}
+    taken = [f"{gpu} (machine {held[gpu]})" for gpu in gpus if gpu in held]
+    if taken:
+        return f"GPUs held by another notebook on this host: {', '.join(taken)}"
+    cores = sum(r.cores for r in records) + share[0]
+    memory = sum(r.memory_gib for r in records) + share[1]
+    if cores > capacity[0] or memory > capacity[1]:
+        return (
+            f"the share ({share[0]} cores, {share[1]} GiB) does not fit: notebooks here"
+            f" would hold {cores} of {capacity[0]} cores and {memory} of {capacity[1]} GiB"
+        )
+    return None
+
+
+def missing_gpus(asked: Sequence[str], listed: Sequence[str]) -> list[str]:
+    """Of ``asked`` (UUIDs or indexes), those the host's GPU list does not have."""
+    present = {line.strip() for line in listed if line.strip()}
+    return [
+        gpu
+        for gpu in asked
+        if gpu not in present and not (gpu.isdigit() and int(gpu) < len(present))
+    ]
+
+
+def service_url(url: str | None, ip: str, port: int) -> str:
+    """``JUPYTERHUB_SERVICE_URL`` with its host and port the notebook's own (it listens there)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    if not url:
+        return f"http://{host}:{port}/"
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme or "http", f"{host}:{port}", parts.path, parts.query, ""))
+
+
+def notebook_env(
+    asked: Iterable[tuple[str, str]],
+    account: tuple[str, str, str],
+    gpus: Sequence[str],
+    listen: tuple[str, int],
+    bin_dir: str,
+    extra: Mapping[str, str],
+) -> dict[str, str]:
+    """The notebook's whole environment: what the hub asked, then what the agent sets.
+
+    ``account`` is (name, home, shell); ``extra`` the stack's and the run manifest's
+    variables. Nothing of the agent's own environment is passed on.
+    """
+    env = dict(asked)
+    name, home, shell = account
+    selection = ",".join(gpus)
+    env.update(
+        HOME=home,
+        USER=name,
+        LOGNAME=name,
+        SHELL=shell or "/bin/sh",
+        PATH=f"{bin_dir}:{DEFAULT_PATH}" if bin_dir else DEFAULT_PATH,
+        CUDA_VISIBLE_DEVICES=selection,
+        NVIDIA_VISIBLE_DEVICES=selection or "none",
+        JUPYTERHUB_SERVICE_URL=service_url(env.get("JUPYTERHUB_SERVICE_URL"), *listen),
+    )
+    env.update(extra)
+    return env
+
+
+def interpreter_of(first_line: bytes) -> str | None:
+    """The program a script's ``#!`` line names (absolute), or None for no script."""
+    if not first_line.startswith(b"#!"):
+        return None
+    words = first_line[2:].decode(errors="replace").split()
+    return words[0] if words and words[0].startswith("/") else None
+
+
+def parse_gpu_list(output: str) -> list[str]:
+    """``nvidia-smi --query-gpu=uuid --format=csv,noheader``: one GPU a line."""
+    return [line.strip() for line in output.splitlines() if line.strip()]

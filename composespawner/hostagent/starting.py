@@ -1,0 +1,156 @@
+"""The steps of a start that touch the host, one function each (see :mod:`.notebooks`).
+
+The notebook's process: Popen forks the agent, and the child, still root,
+enters the notebook's cgroups, takes the account's groups and ids, forbids
+itself new privileges (no setuid program lifts it back) and enters the home;
+only then does it exec the notebook with the request's environment. No root
+process ever runs with what the hub sent (an LD_PRELOAD, had it passed the
+protocol, would load only into the user's own process).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
+from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
+from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
+from composespawner.launchers.cgroups import join_then
+
+GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
+PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
+log = logging.getLogger("composespawner.hostagent")
+Say = Callable[[bytes], None]
+
+
+class StartFailed(Exception):
+    """The start failed on the host (what was begun is undone); the message says why."""
+
+
+def check_gpus_present(request: StartNotebook, config: AgentConfig) -> None:
+    """Refused if the host's GPU list lacks one the request names (not checked without one)."""
+    if not request.gpus:
+        return
+    if not config.gpu_list_command:
+        log.warning("no gpu_list_command: not checking that %s are on this host", request.gpus)
+        return
+    try:
+        done = subprocess.run(
+            config.gpu_list_command,
+            capture_output=True,
+            text=True,
+            timeout=GPU_LIST_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise StartFailed(f"cannot list this host's GPUs: {e}") from e
+    if done.returncode != 0:
+        raise StartFailed(f"cannot list this host's GPUs: {done.stderr.strip()[-300:]}")
+    missing = missing_gpus(request.gpus, parse_gpu_list(done.stdout))
+    if missing:
+        raise Refused(f"GPUs not on this host: {', '.join(missing)}")
+
+
+def stack_environment(request: StartNotebook, config: AgentConfig, say: Say) -> Any:
+    """The request's stack environment (a StackEnvironment), built if need be; None without."""
+    if request.stack is None:
+        return None
+    from composespawner.hostagent.stacks import build
+    from composespawner.launchers.environments import StackBuildError
+
+    def progress(message: str, percent: int) -> None:
+        say(reply(progress=message, percent=percent))
+
+    try:
+        return build(request.stack, config.state_dir / "stacks", config.stacks_dir, progress)
+    except StackBuildError as e:
+        raise StartFailed(str(e)) from e
+
+
+def notebook_command(config: AgentConfig, environment: Any) -> list[str]:
+    """The configured command; a stack's own notebook server replaces the default one."""
+    command = list(config.notebook_command)
+    if environment is not None and Path(command[0]).name == NOTEBOOK_SERVER:
+        command[0] = str(environment.bin / NOTEBOOK_SERVER)
+    return command
+
+
+def open_the_way(command: list[str]) -> None:
+    """Let the agent's accounts enter closed folders on the way to the notebook's
+    interpreter (see :mod:`.accounts`)."""
+    from composespawner.hostagent.accounts import folders_to_open, let_group_in, programs_of
+    from composespawner.launchers.accounts import AccountError
+
+    folders = folders_to_open(programs_of(command))
+    if not folders:
+        return
+    try:
+        let_group_in(folders)
+    except AccountError as e:
+        raise StartFailed(str(e)) from e
+
+
+def deliver(request: StartNotebook, account: pwd.struct_passwd, environment: Any) -> dict[str, str]:
+    """The run manifest in the home (as the local launcher writes it), and the
+    variables that say where it and the stack's environment are."""
+    extra: dict[str, str] = {}
+    if environment is not None:
+        extra["VIRTUAL_ENV"] = str(environment.path)
+        extra["COMPOSE_STACK_MANIFEST"] = str(environment.manifest)
+        if request.stack is not None:
+            extra["COMPOSE_STACK_LOCK_SHA256"] = request.stack.lock_sha256
+    if request.manifest is not None:
+        # Only here: local_files imports JupyterHub (for its errors), too slow for every channel.
+        from composespawner.launchers.local_files import write_for_notebook
+
+        name = f"{request.server or 'default'}.run.json"
+        path = Path(account.pw_dir) / ".composespawner" / name
+        data = (json.dumps(request.manifest, indent=2) + "\n").encode()
+        write_for_notebook(path, data, account)
+        extra["COMPOSE_RUN_MANIFEST"] = str(path)
+    return extra
+
+
+def popen_as(
+    account: pwd.struct_passwd,
+    command: list[str],
+    env: dict[str, str],
+    procs: tuple[Path, ...],
+    log_path: Path,
+) -> subprocess.Popen[bytes]:
+    """The notebook's process as ``account`` in the cgroups of ``procs``, its output in
+    ``log_path`` (root's: not in the home, where the user could swap it for a link)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+    name, uid, gid, home = account.pw_name, account.pw_uid, account.pw_gid, account.pw_dir
+
+    def become_the_user() -> None:  # in the forked child, as root, before exec
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        os.chdir(home)  # as the user: a home root may not enter (NFS) is still entered
+
+    output = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            # Entering the cgroups goes first: it needs root, which the rest gives up.
+            preexec_fn=join_then(procs, become_the_user),
+        )
+    finally:
+        os.close(output)
