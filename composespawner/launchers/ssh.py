@@ -1,0 +1,402 @@
+"""The SSH launcher: the notebook runs on the composed host, started by its agent.
+
+After composing, the hub reaches the machine's host over SSH, with the host's
+key pinned in ``known_hosts`` and the hub's own key, which each host authorizes
+only for one forced command: ``composespawner-host``, the host agent
+(:mod:`composespawner.hostagent`). The launcher asks it to start the notebook
+as the user's account on that host, held to the machine's share and shown only
+its GPUs (:mod:`.agent_protocol`); the notebook listens on the host's address,
+where the hub's proxy routes. The host's agent also reports each notebook's
+exit as it happens, over a channel the hub keeps open per host: the machine is
+released then, not at the next poll.
+
+Which address a host has comes from ``hosts``, the hub's host table, keyed by
+the fabric's ``ComputerSystem`` Id: the address and the key pinned for it in
+``known_hosts`` come from the same trusted source (the deployment's inventory),
+whereas a fabric's ``HostName`` is the fabric manager's label, not what SSH pins.
+
+One SSH connection per host serves every launcher of the hub (:mod:`.ssh_links`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any, ClassVar
+
+import asyncssh
+from jupyterhub.spawner import Spawner
+from traitlets import Dict, Float, Unicode
+
+from composespawner.domain.catalog import Kit, Stack
+from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
+from composespawner.launchers.agent_protocol import (
+    PollNotebook,
+    Progress,
+    Refused,
+    StackSource,
+    StopNotebook,
+)
+from composespawner.launchers.base import Launcher, SpawnRefused
+from composespawner.launchers.environments import BUILD_TIMEOUT
+from composespawner.launchers.jupyterhub_internals import log_name
+from composespawner.launchers.ssh_links import (
+    AgentFailed,
+    AgentRefused,
+    AgentUnintelligible,
+    HostLink,
+    HostLinks,
+    LinkSettings,
+    describe,
+)
+from composespawner.launchers.ssh_requests import (
+    host_key_problem,
+    host_refusal,
+    parse_address,
+    stack_refusal,
+    start_request,
+    unreachable,
+)
+from composespawner.launchers.ssh_requests import (
+    stack_source as read_stack_source,
+)
+
+# What reaching a host can raise (the agent's own answers aside).
+UNREACHABLE = (OSError, TimeoutError, asyncssh.Error, AgentUnintelligible)
+
+
+class SSHLauncher(Launcher, Spawner):
+    """Start the notebook on the machine's host through that host's agent, over SSH."""
+
+    hosts = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        config=True,
+        help="""The hub's host table: each compute host's fabric ComputerSystem Id →
+        the address the hub reaches its SSH server at, ``"address"`` or
+        ``"address:port"`` (``"[v6-address]:port"``). The deployment writes it with
+        known_hosts, from the same inventory. A host missing here cannot run notebooks.""",
+    )
+    ssh_user = Unicode(
+        "root",
+        config=True,
+        help="""The account the hub logs in as on each host. Its authorized_keys allow
+        the hub's key only the agent's forced command; the agent needs root to start
+        notebooks as the users' accounts. Change it only with an agent set up for it.""",
+    )
+    ssh_key = Unicode(
+        "",
+        config=True,
+        help="""Path of the hub's private SSH key (ed25519), readable by the hub alone.
+        Its public half is on every host, for the forced command only.""",
+    )
+    known_hosts = Unicode(
+        "",
+        config=True,
+        help="""Path of the known_hosts file with every host's key, written by the
+        deployment. Required: a host that is not listed there, or shows another key,
+        is never connected to (no trust on first use).""",
+    )
+    connect_timeout = Float(
+        10,
+        config=True,
+        help="""Seconds to open an SSH connection to a host (TCP, handshake and login).
+        Raise it for hosts behind slow links.""",
+    )
+    request_timeout = Float(
+        30,
+        config=True,
+        help="""Seconds a stop or poll of a notebook on its host may take, connecting
+        included. A start has the hub's start_timeout (plus stack_build_timeout when it
+        may build its stack).""",
+    )
+    keepalive_interval = Float(
+        15,
+        config=True,
+        help="""Seconds between keepalives on each host's connection; three missed
+        ones close it (and it is made again on the next request). 0 sends none.""",
+    )
+    stack_build_timeout = Float(
+        BUILD_TIMEOUT,
+        config=True,
+        help="""Seconds the first start on a stack's lock may take, on top of
+        start_timeout, on a host that has not built that stack's environment yet.""",
+    )
+
+    stack_variant = "cpu"
+    machine: ComposedMachine | None = None  # the mixin's; set before start
+
+    # Every host's link of this hub process, and which launcher runs which machine on
+    # which host: the host's exit watch tells the right one.
+    links: ClassVar[HostLinks] = HostLinks()
+    _running: ClassVar[dict[tuple[str, str], weakref.ref[SSHLauncher]]] = {}
+
+    _where = ""  # the host's address:port the notebook runs at
+    _host_id = ""
+    _machine_id = ""
+    _manifest: dict[str, Any] | None = None
+    _run_manifest: str | None = None
+    _stack_source: StackSource | None = None
+    _late_stop: asyncio.Future[None] | None = None  # the stop of a start given up on
+
+    # -- before the start -------------------------------------------------------------
+
+    def check_stack(self, stack: Stack) -> None:
+        if stack.cpu is None:
+            raise stack_refusal(stack, readable=True)
+        try:
+            self._stack_source = read_stack_source(stack)
+        except (OSError, ValueError) as e:
+            self.log.error("%s: stack %s cannot be sent to a host: %s", log_name(self), stack.id, e)
+            raise stack_refusal(stack, readable=False) from e
+
+    def check_kit(self, kit: Kit) -> None:
+        raise SpawnRefused(
+            f"The {kit.label} starter kit cannot be delivered to this hub's compute hosts"
+            " yet. Start your server without it.",
+            reason="kit",
+            status_code=409,
+        )
+
+    def extra_start_time(self, stack: Stack | None) -> float:
+        # Whether the host has built this stack already is the host's to know.
+        return 0.0 if stack is None else self.stack_build_timeout
+
+    async def prepare_launch(self) -> None:
+        self._manifest = self._run_manifest = None
+        if self.stack is None:
+            self._stack_source = None
+
+    async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
+        """Sent with the start: the agent writes it, read-only, in the notebook's home
+        on the host (whose path the hub does not know)."""
+        self._manifest = manifest
+        self._run_manifest = f"~/.composespawner/{self.name or 'default'}.run.json"
+        return self._run_manifest
+
+    def launcher_env(self) -> dict[str, str]:
+        """What the agent adds that the hub knows of (the run manifest records it)."""
+        env: dict[str, str] = {}
+        if self.stack is not None and self.stack.cpu is not None:
+            env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.cpu.lock_sha256
+        if self._run_manifest is not None:
+            env["COMPOSE_RUN_MANIFEST"] = self._run_manifest
+        if self.machine is not None:
+            env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
+        return env
+
+    # -- the host -----------------------------------------------------------------------
+
+    def _settings(self, where: str) -> LinkSettings:
+        address, port = parse_address(where)
+        return LinkSettings(
+            address=address,
+            port=port,
+            username=self.ssh_user,
+            key=self.ssh_key,
+            known_hosts=self.known_hosts,
+            connect_timeout=self.connect_timeout,
+            keepalive_interval=self.keepalive_interval,
+        )
+
+    def _link(self, where: str) -> HostLink:
+        return self.links.link(self._settings(where), _exit_seen, self.log)
+
+    def _refused(self, host_id: str, where: str, error: BaseException) -> SpawnRefused:
+        """The refusal of a start that could not reach the host; the log says why."""
+        detail = describe(error)
+        if isinstance(error, asyncssh.HostKeyNotVerifiable):
+            settings = self._settings(where)
+            detail = host_key_problem(settings.known_hosts, settings.address, settings.port)
+        log_line, refusal = unreachable(error, host_id, where, detail, self.connect_timeout)
+        self.log.error("%s: %s", log_name(self), log_line)
+        return refusal
+
+    # -- start ----------------------------------------------------------------------------
+
+    async def start(self) -> Any:
+        machine = self.machine
+        assert machine is not None, "the mixin composes the machine before start"
+        where = self.hosts.get(machine.host)
+        if not where or not self.known_hosts:
+            raise self._unconfigured(machine.host)
+        try:
+            request = start_request(
+                user=self.user.name,
+                server=self.name,
+                machine=machine,
+                env=self.get_env(),
+                args=self.get_args(),
+                share=self.share,
+                stack=self._stack_source if self.stack is not None else None,
+                manifest=self._manifest,
+            )
+        except Refused as e:
+            self.log.error("%s: the host's agent would refuse the start: %s", log_name(self), e)
+            raise SpawnRefused(
+                f"Your server cannot run on the compute hosts: {e}. Tell the hub's administrators.",
+                reason="host-refused",
+                status_code=409,
+            ) from e
+        self._where, self._host_id, self._machine_id = where, machine.host, machine.machine_id
+        link = self._link(where)
+        began, channels = time.monotonic(), link.counters.channels
+        answer = asyncio.ensure_future(
+            link.request(request, self.start_timeout, self._progress_line)
+        )
+        try:
+            done = await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            answer.add_done_callback(_late_start(self, where, machine.machine_id))
+            raise
+        except (AgentRefused, AgentFailed) as e:
+            raise self._host_answered(machine.host, e) from e
+        except UNREACHABLE as e:
+            raise self._refused(machine.host, where, e) from e
+        _running_on(self, where)
+        self.log.info(
+            "%s: notebook %s started on %s (%s) as pid %s in %.2f s; SSH: %d channels"
+            " this start, %d connections and %d channels opened by this hub",
+            log_name(self),
+            machine.machine_id,
+            machine.host,
+            where,
+            done.get("pid"),
+            time.monotonic() - began,
+            link.counters.channels - channels,
+            link.counters.connections,
+            link.counters.channels,
+        )
+        return (str(done["ip"]), int(done["port"]))
+
+    def _progress_line(self, progress: Progress) -> None:
+        self.launch_progress(progress.message, progress.percent)
+
+    def _unconfigured(self, host_id: str) -> SpawnRefused:
+        self.log.error(
+            "%s: cannot reach compute host %s: %s",
+            log_name(self),
+            host_id,
+            "c.SSHLauncher.known_hosts is not set (required: no trust on first use)"
+            if not self.known_hosts
+            else f"it is not in c.SSHLauncher.hosts (the hub's host table: {sorted(self.hosts)})",
+        )
+        return host_refusal(host_id, "unknown")
+
+    def _host_answered(self, host_id: str, error: AgentRefused | AgentFailed) -> SpawnRefused:
+        what = "refused the start" if isinstance(error, AgentRefused) else "failed the start"
+        self.log.error("%s: the agent on %s %s: %s", log_name(self), host_id, what, error)
+        return host_refusal(host_id, "refused" if isinstance(error, AgentRefused) else "failed")
+
+    # -- stop and poll -------------------------------------------------------------------
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the notebook on its host. A host that cannot be reached is logged, and the
+        release goes on: the fabric takes the machine's devices away from the host."""
+        del now  # the agent stops it as fast as it ends (SIGTERM, then SIGKILL)
+        where, machine_id = self._where, self._machine_id
+        if not where or not machine_id:
+            return
+        _not_running(where, machine_id)
+        await self._stop_on(where, machine_id)
+
+    async def _stop_on(self, where: str, machine_id: str) -> None:
+        try:
+            await self._link(where).request(StopNotebook(machine_id), self.request_timeout)
+        except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
+            self.log.warning(
+                "%s: could not stop notebook %s on %s (%s): %s; its machine is released"
+                " anyway, and the host loses its devices",
+                log_name(self),
+                machine_id,
+                self._host_id or where,
+                where,
+                describe(e),
+            )
+
+    async def poll(self) -> int | None:
+        """None while the notebook runs, or while its host cannot say (unknown is not dead)."""
+        where, machine_id = self._where, self._machine_id
+        if not where or not machine_id:
+            return 0
+        try:
+            answer = await self._link(where).request(PollNotebook(machine_id), self.request_timeout)
+        except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
+            self.log.warning(
+                "%s: cannot ask %s (%s) about notebook %s (%s); taken as running",
+                log_name(self),
+                self._host_id or where,
+                where,
+                machine_id,
+                describe(e),
+            )
+            return None
+        if answer.get("running"):
+            _running_on(self, where)  # after a hub restart: its exit is watched again
+            return None
+        _not_running(where, machine_id)
+        status = answer.get("status")
+        return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+    # -- state ----------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self._machine_id:
+            # The address, not just the host's Id: a later host table must not lose it.
+            state["ssh_host"] = self._where
+            state["ssh_host_id"] = self._host_id
+            state["ssh_machine"] = self._machine_id
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        where, machine = state.get("ssh_host"), state.get("ssh_machine")
+        if isinstance(where, str) and isinstance(machine, str):
+            self._where, self._machine_id = where, machine
+            self._host_id = str(state.get("ssh_host_id", ""))
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        if self._where and self._machine_id:
+            _not_running(self._where, self._machine_id)
+        self._where = self._host_id = self._machine_id = ""
+        self._manifest = self._run_manifest = None
+
+
+def _late_start(launcher: SSHLauncher, where: str, machine_id: str) -> Any:
+    """A start the hub gave up on (its timeout) may still end on the host: stop it then."""
+
+    def ended(answer: asyncio.Future[dict[str, Any]]) -> None:
+        if not answer.cancelled() and answer.exception() is None:
+            whose = log_name(launcher)
+            launcher.log.warning("%s: %s started after the hub gave up", whose, machine_id)
+            launcher._late_stop = asyncio.ensure_future(launcher._stop_on(where, machine_id))
+
+    return ended
+
+
+# -- which launcher runs which machine, for the hosts' exit watches -------------------------
+
+
+def _running_on(launcher: SSHLauncher, where: str) -> None:
+    SSHLauncher._running[where, launcher._machine_id] = weakref.ref(launcher)
+
+
+def _not_running(where: str, machine_id: str) -> None:
+    SSHLauncher._running.pop((where, machine_id), None)
+
+
+async def _exit_seen(settings: LinkSettings, machine_id: str, status: int | None) -> None:
+    """A host's agent saw a notebook exit: its launcher's machine is released now."""
+    found = [
+        (where, ref())
+        for (where, machine), ref in list(SSHLauncher._running.items())
+        if machine == machine_id and parse_address(where) == (settings.address, settings.port)
+    ]
+    for where, launcher in found:
+        _not_running(where, machine_id)
+        if launcher is not None and launcher._machine_id == machine_id:
+            launcher.log.info("%s: notebook %s exited on its host", log_name(launcher), machine_id)
+            await launcher.notebook_exited(status)

@@ -1,0 +1,311 @@
+"""The hub's SSH connections to its compute hosts' agents: one per host, shared.
+
+Every request is a channel of that connection running the agent's forced
+command (:mod:`.agent_protocol`): a JSON request written and ended with EOF,
+JSON lines read back. One more channel per host stays open for the agent's
+``watch``: the exits of that host's notebooks, as they happen, each handed to
+the callback the link was made with.
+
+A connection that is lost is made again on the next request; the watch is
+made again with it, retrying with backoff while the host does not answer.
+Host keys are checked against the configured ``known_hosts`` only: a host
+that is not listed, or shows another key, is never connected to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import asyncssh
+
+from composespawner.launchers.agent_protocol import (
+    Done,
+    Exited,
+    Failed,
+    Progress,
+    RefusedReply,
+    Request,
+    WatchExits,
+    encode_request,
+    parse_reply,
+)
+
+# The command every channel asks for. sshd runs the forced command whatever is
+# asked; the agent sees this as SSH_ORIGINAL_COMMAND and refuses anything else.
+AGENT_COMMAND = "composespawner-host"
+STDERR_KEPT = 2000  # characters of the agent's stderr kept for the hub's log
+WATCH_RETRY_FIRST = 1.0  # seconds before the first try to watch a host again
+WATCH_RETRY_MOST = 30.0
+
+ExitCallback = Callable[["LinkSettings", str, int | None], Awaitable[None]]
+
+
+class AgentRefused(Exception):
+    """The agent refused the request (nothing was done); the message is its reason."""
+
+
+class AgentFailed(Exception):
+    """The request failed on the host (what was begun is undone); the message says why."""
+
+
+class AgentUnintelligible(Exception):
+    """The agent's answer was not the protocol's (another program, or it crashed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    """Where and how to reach one host's agent: the pool's key."""
+
+    address: str
+    port: int
+    username: str
+    key: str  # path of the hub's private key
+    known_hosts: str
+    connect_timeout: float
+    keepalive_interval: float
+
+    @property
+    def where(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass
+class Counters:
+    """SSH work done by this hub process, for its log and the benchmarks."""
+
+    connections: int = 0  # connections opened (a reconnect counts)
+    channels: int = 0  # channels opened (requests and watches)
+
+
+class HostLink:
+    """The connection to one host's agent, made on first use and again after a loss."""
+
+    counters: ClassVar[Counters] = Counters()
+
+    def __init__(self, settings: LinkSettings, on_exit: ExitCallback, log: Any) -> None:
+        self.settings = settings
+        self._on_exit = on_exit
+        self.log: logging.Logger | logging.LoggerAdapter[Any] = log
+        self._connection: asyncssh.SSHClientConnection | None = None
+        self._connecting = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    # -- the connection ----------------------------------------------------------
+
+    async def connection(self) -> asyncssh.SSHClientConnection:
+        """The open connection, made now if there is none (one at a time)."""
+        async with self._connecting:
+            if self._connection is None or self._connection.is_closed():
+                self._connection = await self._connect()
+        return self._connection
+
+    async def _connect(self) -> asyncssh.SSHClientConnection:
+        s = self.settings
+        began = time.monotonic()
+        connection = await asyncio.wait_for(
+            asyncssh.connect(
+                s.address,
+                s.port,
+                username=s.username,
+                client_keys=[s.key],
+                known_hosts=s.known_hosts,
+                # Only what the hub's config says: no ~/.ssh/config, ssh-agent or password.
+                config=None,
+                agent_path=None,
+                password=None,
+                kbdint_auth=False,
+                preferred_auth="publickey",
+                connect_timeout=s.connect_timeout,
+                keepalive_interval=s.keepalive_interval or None,
+                keepalive_count_max=3,
+            ),
+            # connect_timeout covers the handshake; this bounds the whole of it too.
+            s.connect_timeout + 1,
+        )
+        self.counters.connections += 1
+        self.log.info(
+            "SSH: connected to %s in %.2f s (%d connections opened by this hub)",
+            s.where,
+            time.monotonic() - began,
+            self.counters.connections,
+        )
+        return connection
+
+    async def close(self) -> None:
+        """Stop watching and close the connection (the hub is shutting down, or a test)."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+            with suppress(asyncio.CancelledError):
+                await watch
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+            await connection.wait_closed()
+
+    # -- one request ---------------------------------------------------------------
+
+    async def request(
+        self,
+        request: Request,
+        within: float,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> dict[str, Any]:
+        """Send ``request``, follow its progress, and return what the agent answered.
+
+        Raises :class:`AgentRefused`, :class:`AgentFailed`, :class:`AgentUnintelligible`,
+        TimeoutError (``within`` seconds for the whole), or the connection's error
+        (OSError, asyncssh.Error).
+        """
+        data = encode_request(request)
+        async with asyncio.timeout(within), self._channel(await self._reached()) as process:
+            process.stdin.write(data)
+            process.stdin.write_eof()
+            async for line in process.stdout:
+                if not line.strip():
+                    continue  # the end of a channel closed mid-line
+                reply = self._parsed(line, process)
+                if isinstance(reply, Progress):
+                    if progress is not None:
+                        progress(reply)
+                elif isinstance(reply, Done):
+                    return reply.fields
+                elif isinstance(reply, RefusedReply):
+                    raise AgentRefused(reply.reason)
+                elif isinstance(reply, Failed):
+                    raise AgentFailed(reply.reason)
+            raise AgentUnintelligible(
+                f"the agent on {self.settings.where} ended without an answer"
+                f" (its stderr: {process.stderr_tail or 'nothing'})"
+            )
+
+    async def _reached(self) -> asyncssh.SSHClientConnection:
+        """The connection, with the watch on; made again if it is found broken."""
+        connection = await self.connection()
+        self.ensure_watch()
+        return connection
+
+    @asynccontextmanager
+    async def _channel(self, connection: asyncssh.SSHClientConnection) -> AsyncIterator[Channel]:
+        try:
+            process = await connection.create_process(AGENT_COMMAND, encoding=None)
+        except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError):
+            # Lost before the loss was seen (nothing was sent): once more, on a new one.
+            connection.close()
+            if self._connection is connection:
+                self._connection = None
+            connection = await self._reached()
+            process = await connection.create_process(AGENT_COMMAND, encoding=None)
+        self.counters.channels += 1
+        channel = Channel(process)
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+    def _parsed(self, line: bytes, channel: Channel) -> Any:
+        try:
+            return parse_reply(line)
+        except ValueError as e:
+            raise AgentUnintelligible(
+                f"the agent on {self.settings.where} answered {e}"
+                f" (its stderr: {channel.stderr_tail or 'nothing'})"
+            ) from e
+
+    # -- the exits of this host's notebooks -------------------------------------------
+
+    def ensure_watch(self) -> None:
+        """Have a channel follow this host's exits (made again while the host is away)."""
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.ensure_future(self._watching())
+
+    async def _watching(self) -> None:
+        delay = WATCH_RETRY_FIRST
+        while True:
+            try:
+                connection = await self.connection()
+                async with self._channel(connection) as channel:
+                    # Ended by EOF as every request; the agent then watches until the
+                    # channel closes (its stdout's reader gone).
+                    channel.stdin.write(encode_request(WatchExits()))
+                    channel.stdin.write_eof()
+                    delay = WATCH_RETRY_FIRST
+                    async for line in channel.stdout:
+                        reply = self._parsed(line, channel) if line.strip() else None
+                        if isinstance(reply, Exited):
+                            await self._exited(reply)
+                self.log.warning("SSH: %s's exit watch ended; watching again", self.settings.where)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # anything: the watch must outlive it
+                self.log.warning(
+                    "SSH: cannot watch %s for notebook exits (%s); again in %.0f s"
+                    " (meanwhile the hub's polls find them)",
+                    self.settings.where,
+                    describe(e),
+                    delay,
+                )
+            # A backoff between tries to reach the host, not a wait for a condition.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WATCH_RETRY_MOST)
+
+    async def _exited(self, exit: Exited) -> None:
+        try:
+            await self._on_exit(self.settings, exit.machine, exit.status)
+        except Exception:
+            self.log.exception("SSH: handling the exit of %s failed", exit.machine)
+
+
+class Channel:
+    """One agent channel: its stdin, its stdout lines, the tail of its stderr kept."""
+
+    def __init__(self, process: asyncssh.SSHClientProcess[bytes]) -> None:
+        self._process = process
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+        self.stderr_tail = ""
+        # Read as it comes: unread, it would fill the channel's window and stall stdout.
+        self._stderr = asyncio.ensure_future(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        async for chunk in self._process.stderr:
+            text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else str(chunk)
+            self.stderr_tail = (self.stderr_tail + text)[-STDERR_KEPT:].strip()
+
+    def close(self) -> None:
+        self._stderr.cancel()
+        with suppress(Exception):
+            self._process.close()
+
+
+def describe(error: BaseException) -> str:
+    """An error as a log line names it (asyncssh's often have an empty str())."""
+    text = str(error) or getattr(error, "reason", "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class HostLinks:
+    """Every host link of this hub process, by their settings (one per host)."""
+
+    def __init__(self) -> None:
+        self._links: dict[LinkSettings, HostLink] = {}
+
+    def link(self, settings: LinkSettings, on_exit: ExitCallback, log: Any) -> HostLink:
+        link = self._links.get(settings)
+        # A link belongs to the event loop it was made on (a test's loop ends with it).
+        if link is None or link.loop is not asyncio.get_running_loop():
+            link = self._links[settings] = HostLink(settings, on_exit, log)
+        return link
+
+    async def close(self) -> None:
+        links = list(self._links.values())
+        self._links.clear()
+        for link in links:
+            await link.close()

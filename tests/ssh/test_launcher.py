@@ -1,0 +1,243 @@
+"""The SSH launcher against a strict fake agent over real SSH (in process): what it sends,
+what it makes of the answers, one connection per host, and exits seen as they happen."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import User
+
+from composespawner.domain.hardware import Device, Share
+from composespawner.domain.machine import ComposedMachine
+from composespawner.launchers.agent_protocol import PollNotebook, StartNotebook, StopNotebook
+from composespawner.launchers.base import SpawnRefused
+from composespawner.launchers.ssh import SSHLauncher
+from composespawner.launchers.ssh_links import HostLink
+from tests.support.fake_agent import FakeAgent
+
+pytestmark = pytest.mark.timeout(30)
+
+GPU = Device(
+    block_id="r1-t4-1",
+    kind="gpu",
+    model="NVIDIA T4",
+    zones=frozenset({"rack-1"}),
+    chassis="rack-1",
+    state="attached",
+    uuid="0f3c1c9e-aaaa-bbbb-cccc-000000000001",
+)
+
+
+def machine(machine_id: str = "m-1", host: str = "host-1") -> ComposedMachine:
+    return ComposedMachine(machine_id, host, "rack-1", (GPU,), None, (), Share(4, 32))
+
+
+class RecordingLauncher(SSHLauncher):
+    """Records what the launcher tells the composing side."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.exits: list[int | None] = []
+        self.progress_seen: list[str] = []
+        self.exited = asyncio.Event()
+
+    async def notebook_exited(self, status: int | None) -> None:
+        self.exits.append(status)
+        self.exited.set()
+
+    def launch_progress(self, message: str, percent: int) -> None:
+        self.progress_seen.append(message)
+
+
+@pytest.fixture
+def users() -> Iterator[list[User]]:
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    db.add_all([orm.User(name=n) for n in ("ada", "bob", "cy")])
+    db.commit()
+    yield [User(u, {}) for u in db.query(orm.User).order_by(orm.User.name)]
+    db.close()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[FakeAgent]:
+    async with FakeAgent(tmp_path) as agent:
+        yield agent
+        await SSHLauncher.links.close()
+        SSHLauncher._running.clear()
+
+
+def launcher(user: User, agent: FakeAgent, name: str = "", **config: Any) -> RecordingLauncher:
+    settings = {
+        "hosts": {"host-1": agent.where},
+        "ssh_key": str(agent.key),
+        "known_hosts": str(agent.known_hosts),
+        "connect_timeout": 5,
+        "request_timeout": 5,
+        **config,
+    }
+    spawner: RecordingLauncher = user._new_spawner(
+        name, spawner_class=RecordingLauncher, hub=Hub(), **settings
+    )
+    spawner.machine = machine(f"m-{user.name}{name}")
+    spawner.share = spawner.machine.share
+    return spawner
+
+
+async def test_a_start_sends_the_machine_and_returns_where_the_notebook_listens(
+    users: list[User], agent: FakeAgent
+) -> None:
+    spawner = launcher(users[0], agent, environment={"LD_PRELOAD": "/tmp/x.so", "FOO": "bar"})
+    await spawner.deliver_run_manifest({"user": "ada"})
+
+    assert await spawner.start() == ("127.0.0.1", 40001)
+
+    start = next(r for r in agent.requests if isinstance(r, StartNotebook))
+    assert (start.user, start.server, start.machine) == ("ada", "", "m-ada")
+    assert start.gpus == (f"GPU-{GPU.uuid}",)
+    assert (start.cores, start.memory_gib) == (4, 32)
+    env = dict(start.env)
+    assert env["FOO"] == "bar"
+    assert env["JUPYTERHUB_USER"] == "ada"
+    assert "JUPYTERHUB_API_TOKEN" in env
+    assert not {"LD_PRELOAD", "PATH", "HOME", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES"} & set(env)
+    assert start.manifest == {"user": "ada"}
+    assert spawner.progress_seen == ["building the stack's environment"]
+    assert agent.commands[0] == "composespawner-host"
+    assert spawner.get_state()["ssh_machine"] == "m-ada"
+
+
+async def test_one_connection_per_host_for_every_start_poll_and_stop(
+    users: list[User], agent: FakeAgent
+) -> None:
+    counters = HostLink.counters
+    connections, channels = counters.connections, counters.channels
+    spawners = [launcher(users[0], agent), launcher(users[1], agent), launcher(users[2], agent)]
+    await asyncio.gather(*(s.start() for s in spawners))
+    assert [await s.poll() for s in spawners] == [None, None, None]
+    for spawner in spawners:
+        await spawner.stop()
+    assert agent.running == {}
+    assert agent.connections == 1
+    assert counters.connections - connections == 1
+    # A channel per start, poll and stop, and the host's one watch.
+    assert counters.channels - channels == 3 * 3 + 1
+    assert agent.watching == 1
+
+
+async def test_an_exit_the_host_reports_reaches_its_launcher_at_once(
+    users: list[User], agent: FakeAgent
+) -> None:
+    ada, bob = launcher(users[0], agent), launcher(users[1], agent)
+    await ada.start()
+    await bob.start()
+    await agent.until(lambda: agent.watching > 0)
+
+    agent.exit("m-bob")
+
+    await asyncio.wait_for(bob.exited.wait(), 5)
+    assert bob.exits == [None]
+    assert ada.exits == []
+    assert await bob.poll() == 0  # and the hub's next poll finds it gone
+    assert await ada.poll() is None
+
+
+async def test_a_lost_connection_is_made_again_with_its_watch(
+    users: list[User], agent: FakeAgent
+) -> None:
+    spawner = launcher(users[0], agent)
+    await spawner.start()
+    await agent.until(lambda: agent.watching > 0)
+    agent.drop()
+
+    assert await spawner.poll() is None
+    assert agent.connections == 2
+    await agent.until(lambda: agent.watching > 0)
+    agent.exit("m-ada")
+    await asyncio.wait_for(spawner.exited.wait(), 5)
+
+
+async def test_an_unreachable_host_is_running_to_poll_and_stopped_anyway(
+    users: list[User], agent: FakeAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    spawner = launcher(users[0], agent)
+    await spawner.start()
+    state = spawner.get_state()
+    other = launcher(users[0], agent, hosts={"host-1": "127.0.0.1:1"})  # nothing listens
+    other.load_state({**state, "ssh_host": "127.0.0.1:1"})
+
+    with caplog.at_level(logging.WARNING):
+        assert await other.poll() is None  # unknown is not dead
+        await other.stop()
+    assert "taken as running" in caplog.text
+    assert "is released anyway" in caplog.text
+
+
+async def test_the_agents_refusal_is_logged_and_the_user_told_what_to_do(
+    users: list[User], agent: FakeAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent.refuse_next = "GPU-0f3c is held by machine m-9"
+    spawner = launcher(users[0], agent)
+    with pytest.raises(SpawnRefused) as refused:
+        await spawner.start()
+    assert refused.value.status_code == 503
+    assert "compute host host-1: the host refused it" in refused.value.jupyterhub_message
+    assert "m-9" not in refused.value.jupyterhub_message  # another's machine: the log's
+    assert "GPU-0f3c is held by machine m-9" in caplog.text
+
+    agent.fail_next = "useradd failed"
+    with pytest.raises(SpawnRefused, match="failed to start there"):
+        await spawner.start()
+
+
+async def test_a_host_missing_from_the_table_is_refused_before_any_connection(
+    users: list[User], agent: FakeAgent
+) -> None:
+    spawner = launcher(users[0], agent, hosts={"host-2": agent.where})
+    with pytest.raises(SpawnRefused, match="does not know how to reach the host"):
+        await spawner.start()
+    assert agent.connections == 0
+
+
+async def test_a_start_given_up_on_is_stopped_when_it_ends(
+    users: list[User], agent: FakeAgent
+) -> None:
+    agent.hold = asyncio.Event()
+    spawner = launcher(users[0], agent)
+    start = asyncio.ensure_future(spawner.start())
+    await agent.until(lambda: any(isinstance(r, StartNotebook) for r in agent.requests))
+    start.cancel()  # the hub's start_timeout
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    await spawner.stop()  # the hub stops it: nothing runs yet
+    agent.hold.set()
+
+    await agent.until(lambda: sum(isinstance(r, StopNotebook) for r in agent.requests) == 2)
+    assert spawner._late_stop is not None
+    await spawner._late_stop
+    assert agent.running == {}
+
+
+async def test_a_restarted_hub_finds_the_notebook_by_its_state_and_watches_it(
+    users: list[User], agent: FakeAgent
+) -> None:
+    first = launcher(users[0], agent)
+    await first.start()
+    state = first.get_state()
+    SSHLauncher._running.clear()  # the hub process is gone
+
+    again = launcher(users[0], agent)
+    again.load_state(state)
+    assert await again.poll() is None
+    assert isinstance(agent.requests[-1], PollNotebook)
+    await agent.until(lambda: agent.watching > 0)
+    agent.exit("m-ada")
+    await asyncio.wait_for(again.exited.wait(), 5)
+    again.clear_state()
+    assert "ssh_machine" not in again.get_state()
