@@ -1,0 +1,287 @@
+"""The real ``composespawner-host`` on a "host" of the test's own: notebooks started as
+people's accounts, in their cgroups, with their GPUs; stopped, polled, watched; and
+every request it must refuse refused, with nothing left behind.
+
+Starts processes, accounts and cgroups (root): run under ``flock /tmp/heavy.lock``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from harness.hub import wait_for
+from tests.hostagent.hosts import (
+    USERS_GROUP,
+    Host,
+    environ_of,
+    fake_hub_api,
+    start_request,
+    status_of,
+    users_gid,
+)
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.host_processes]
+
+GIB = 1 << 30
+
+
+def started(host: Host, request: dict[str, Any]) -> dict[str, Any]:
+    lines, status, stderr = host.ask(request)
+    assert status == 0, (lines, stderr)
+    assert lines[-1]["ok"] is True, (lines, stderr)
+    return lines[-1]
+
+
+def answering(reply: dict[str, Any], path: str = "/") -> None:
+    url = f"http://{reply['ip']}:{reply['port']}{path}"
+    wait_for(lambda: requests.get(url, timeout=2).status_code == 200, 30, f"{url} to answer")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return status_of(pid)["State"].startswith("Z")  # a zombie is gone: it runs nothing
+    except FileNotFoundError:
+        return True
+
+
+def refused(host: Host, request: dict[str, Any] | bytes, **environ: str) -> str:
+    lines, status, stderr = host.ask(request, environ)
+    assert status == 1, (lines, stderr)
+    assert len(lines) == 1, lines
+    assert lines[0]["ok"] is False, lines
+    assert "refused " in stderr, stderr  # logged
+    return str(lines[0]["refused"])
+
+
+def test_a_notebook_runs_as_a_new_account_in_its_share_with_its_gpus(host: Host) -> None:
+    user = host.new_user()
+    gpus = ["GPU-aaaa0000-0000-0000-0000-000000000001"]
+    reply = started(host, start_request(user, "m1", gpus, cores=1, memory_gib=1))
+    assert reply["ip"] == host.listen
+    answering(reply)
+    account, pid = pwd.getpwnam(user), reply["pid"]
+
+    status = status_of(pid)
+    assert status["Uid"].split() == [str(account.pw_uid)] * 4
+    assert status["Gid"].split() == [str(account.pw_gid)] * 4
+    assert str(users_gid()) in status["Groups"].split()
+    assert users_gid() < 1000  # groupadd --system
+    assert status["NoNewPrivs"] == "1"
+    env = environ_of(pid)
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == gpus[0]
+    assert env["JUPYTERHUB_SERVICE_URL"] == f"http://{host.listen}:{reply['port']}/user/{user}/"
+    assert (env["HOME"], env["USER"]) == (account.pw_dir, user)
+
+    home = Path(account.pw_dir)
+    assert home.parent == host.home_root
+    found = home.stat()
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (account.pw_uid, 0o700)
+    manifest = Path(env["COMPOSE_RUN_MANIFEST"])
+    assert manifest == home / ".composespawner" / "default.run.json"
+    assert stat.S_IMODE(manifest.stat().st_mode) == 0o444
+    assert json.loads(manifest.read_text()) == {"machine": "m1"}
+    log = host.state_dir / "m1.log"
+    assert (log.stat().st_uid, stat.S_IMODE(log.stat().st_mode)) == (0, 0o600)
+
+    cgroups = host.cgroups()
+    assert cgroups, "no cgroup made"
+    for cgroup in cgroups:
+        assert str(pid) in (cgroup / "cgroup.procs").read_text().split()
+        if (cgroup / "cpu.cfs_quota_us").exists():
+            assert (cgroup / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        if (cgroup / "memory.limit_in_bytes").exists():
+            assert int((cgroup / "memory.limit_in_bytes").read_text()) == GIB
+    assert any((c / "memory.limit_in_bytes").exists() for c in cgroups)
+
+    lines, _, _ = host.ask({"v": 1, "op": "poll", "machine": "m1"})
+    assert lines == [{"ok": True, "running": True, "status": None}]
+    lines, _, _ = host.ask({"v": 1, "op": "list"})
+    assert [n["machine"] for n in lines[0]["notebooks"]] == ["m1"]
+    assert lines[0]["notebooks"][0]["gpus"] == gpus
+
+    lines, _, _ = host.ask({"v": 1, "op": "stop", "machine": "m1"})
+    assert lines == [{"ok": True, "status": None}]
+    assert gone(pid)
+    assert host.cgroups() == []
+    assert host.records() == []
+    lines, _, _ = host.ask({"v": 1, "op": "poll", "machine": "m1"})
+    assert lines == [{"ok": True, "running": False, "status": None}]
+
+
+def test_a_killed_notebook_is_not_running_and_its_cgroup_is_gone(host: Host) -> None:
+    reply = started(host, start_request(host.new_user(), "m1"))
+    os.kill(reply["pid"], signal.SIGKILL)
+    wait_for(lambda: gone(reply["pid"]), 10, "the notebook to die")
+    lines, _, _ = host.ask({"v": 1, "op": "poll", "machine": "m1"})
+    assert lines == [{"ok": True, "running": False, "status": None}]
+    assert host.cgroups() == []
+    assert host.records() == []
+
+
+def test_a_watch_says_within_two_seconds_that_a_notebook_exited(host: Host) -> None:
+    reply = started(host, start_request(host.new_user(), "m1"))
+    watch = host.watch()
+    try:
+        assert watch.stdout is not None
+        os.kill(reply["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        ready, _, _ = select.select([watch.stdout], [], [], 2.0)
+        assert ready, "no exited line within 2 s"
+        assert json.loads(watch.stdout.readline()) == {"exited": "m1", "status": None}
+        assert time.monotonic() - killed < 2.0
+        assert host.cgroups() == []
+        watch.stdout.close()  # the hub closes the channel: the watch ends
+        assert watch.wait(timeout=5) is not None
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"user": "../x"}, "cannot be an account's name"),
+        ({"user": "a;id"}, "cannot be an account's name"),
+        ({"user": "root"}, "system account (uid 0)"),
+        ({"user": "daemon"}, "system account"),
+        ({"user": "nobody"}, "system account (uid 65534)"),
+        ({"op": "exec"}, "unknown op"),
+        ({"home": "/root"}, "fields this agent does not know: home"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "LD_PRELOAD is not the hub's to set"),
+        ({"env": {"PATH": "/tmp"}}, "PATH is not the hub's to set"),
+        ({"args": ["/bin/sh"]}, "is not an option"),
+        ({"cores": 5, "memory_gib": 1}, "does not fit"),
+        ({"cores": 1, "memory_gib": 5}, "does not fit"),
+    ],
+)
+def test_a_request_it_must_not_do_is_refused_and_nothing_is_left(
+    host: Host, change: dict[str, Any], says: str
+) -> None:
+    user = host.new_user()
+    assert says in refused(host, {**start_request(user, "m1"), **change})
+    assert host.existing_accounts() == []
+    assert host.cgroups() == []
+    assert host.records() == []
+
+
+def test_another_command_through_the_hubs_key_is_refused(host: Host) -> None:
+    poll = {"v": 1, "op": "poll", "machine": "m1"}
+    assert "composespawner-host only" in refused(host, poll, SSH_ORIGINAL_COMMAND="id")
+    lines, status, _ = host.ask(poll, {"SSH_ORIGINAL_COMMAND": "composespawner-host"})
+    assert (status, lines) == (0, [{"ok": True, "running": False, "status": None}])
+
+
+def test_gpus_the_host_lacks_and_accounts_it_may_not_make_are_refused(host: Host) -> None:
+    listed = host.root / "gpus.txt"
+    listed.write_text("GPU-aaaa0000-0000-0000-0000-000000000001\n")
+    host.reconfigure(gpu_list_command=["/bin/cat", str(listed)], create_accounts=False)
+    user = host.new_user()
+    missing = "GPU-bbbb0000-0000-0000-0000-000000000002"
+    assert f"not on this host: {missing}" in refused(host, start_request(user, "m1", [missing]))
+    assert "this agent creates none" in refused(host, start_request(user, "m1"))
+    assert host.existing_accounts() == []
+    assert host.records() == []
+
+
+def test_not_json_is_refused(host: Host) -> None:
+    assert "not one JSON object" in refused(host, b"id; rm -rf /")
+
+
+def test_a_held_gpu_a_second_start_and_a_full_host_are_refused(host: Host) -> None:
+    gpu = "GPU-aaaa0000-0000-0000-0000-000000000001"
+    first = started(host, start_request(host.new_user(), "m1", [gpu], cores=2, memory_gib=2))
+    other = host.new_user()
+    assert "held by another notebook" in refused(host, start_request(other, "m2", [gpu]))
+    assert "already has a notebook" in refused(host, start_request(other, "m1"))
+    assert "does not fit" in refused(host, start_request(other, "m2", cores=3, memory_gib=1))
+    assert other not in host.existing_accounts()
+    assert host.records() == ["m1.json"]
+    assert len(host.cgroups()) == len({c.parent for c in host.cgroups()})  # one per hierarchy
+    assert not gone(first["pid"])
+    host.ask({"v": 1, "op": "stop", "machine": "m1"})
+
+
+def test_an_existing_account_is_used_as_it_is(host: Host) -> None:
+    campus = host.campus_account()
+    before = pwd.getpwnam(campus.pw_name)
+    # The notebook's Python is under /root here: a site lets its people in as the agent
+    # lets the accounts it makes (the group's ACL); see hostagent/accounts.py.
+    subprocess.run(["groupadd", "--system", "-f", USERS_GROUP], check=True, timeout=30)
+    subprocess.run(["usermod", "-aG", USERS_GROUP, campus.pw_name], check=True, timeout=30)
+    reply = started(host, start_request(campus.pw_name, "m1"))
+    answering(reply)
+    assert pwd.getpwnam(campus.pw_name) == before
+    assert status_of(reply["pid"])["Uid"].split()[0] == str(campus.pw_uid)
+    assert not (host.home_root / campus.pw_name).exists()
+    assert environ_of(reply["pid"])["HOME"] == campus.pw_dir
+
+
+def test_one_users_notebook_cannot_read_or_signal_anothers(host: Host) -> None:
+    ada, bob = host.new_user(), host.new_user()
+    first = started(host, start_request(ada, "m1"))
+    second = started(host, start_request(bob, "m2"))
+    answering(first)
+    answering(second)
+    secret = Path(pwd.getpwnam(ada).pw_dir) / "secret.txt"
+    secret.write_text("ada's")
+    attempt = (
+        "import os, sys\n"
+        "for what, act in (('read', lambda: open(sys.argv[1]).read()),"
+        " ('list', lambda: os.listdir(os.path.dirname(sys.argv[1]))),"
+        " ('signal', lambda: os.kill(int(sys.argv[2]), 15))):\n"
+        "    try:\n"
+        "        act()\n"
+        "        print(what, 'allowed')\n"
+        "    except PermissionError:\n"
+        "        print(what, 'denied')\n"
+    )
+    account = pwd.getpwnam(bob)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", attempt, str(secret), str(first["pid"])],
+        user=account.pw_uid,
+        group=account.pw_gid,
+        extra_groups=os.getgrouplist(bob, account.pw_gid),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
+    assert done.stdout.split("\n")[:3] == ["read denied", "list denied", "signal denied"], done
+    assert not gone(first["pid"])
+
+
+def test_a_real_jupyterhub_singleuser_starts_through_the_agent(host: Host) -> None:
+    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+    host.reconfigure(notebook_command=[str(singleuser)])
+    user = host.new_user()
+    with fake_hub_api() as api_url:
+        request = start_request(user, "m1", cores=1, memory_gib=2)
+        request["env"].update(
+            JUPYTERHUB_API_URL=api_url,
+            JUPYTERHUB_BASE_URL="/",
+            JUPYTERHUB_SERVICE_PREFIX=f"/user/{user}/",
+            JUPYTERHUB_USER=user,
+            JUPYTERHUB_CLIENT_ID=f"jupyterhub-user-{user}",
+            JUPYTERHUB_OAUTH_CALLBACK_URL=f"/user/{user}/oauth_callback",
+        )
+        reply = started(host, request)
+        answering(reply, f"/user/{user}/api")
+        assert status_of(reply["pid"])["Uid"].split()[0] == str(pwd.getpwnam(user).pw_uid)
+        lines, _, _ = host.ask({"v": 1, "op": "stop", "machine": "m1"})
+        assert lines == [{"ok": True, "status": None}]
+    assert gone(reply["pid"])
+    assert host.cgroups() == []

@@ -1,0 +1,272 @@
+"""The host agent's decisions, pure: its config, whose a start is, whether it fits,
+what the notebook is given. No process, no account, no cgroup."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from composespawner.hostagent.agent import command_refusal, describe, who
+from composespawner.hostagent.config import (
+    ConfigError,
+    MachineFacts,
+    connected_address,
+    memory_gib_in,
+    parse_config,
+)
+from composespawner.hostagent.decisions import (
+    Record,
+    account_refusal,
+    interpreter_of,
+    missing_gpus,
+    notebook_env,
+    parse_gpu_list,
+    service_url,
+    start_refusal,
+)
+from composespawner.hostagent.stacks import source_key, stack_of
+from composespawner.launchers.agent_protocol import StackSource, StartNotebook
+
+pytestmark = pytest.mark.timeout(10)
+
+FACTS = MachineFacts(cores=64, memory_gib=512, python="/opt/cs/venv/bin/python", nvidia_smi=None)
+SSH = {"SSH_CONNECTION": "10.0.0.9 51234 10.0.1.7 22"}
+
+
+def record(machine: str, gpus: tuple[str, ...] = (), cores: int = 4, memory: int = 16) -> Record:
+    return Record(machine, "ada", 1001, "", 100, 5, 9000, gpus, cores, memory, ("/c/x",))
+
+
+# -- config ------------------------------------------------------------------------------
+
+
+def test_an_empty_config_takes_the_machine_and_the_connection() -> None:
+    config = parse_config({}, SSH, FACTS)
+    assert config.listen_address == "10.0.1.7"  # the address the hub connected to
+    assert config.state_dir == Path("/var/lib/composespawner-host")
+    assert config.cgroup_parent == ("composespawner",)
+    assert config.home_root == Path("/home")
+    assert config.create_accounts is True
+    assert config.min_uid == 1000
+    assert config.stacks_dir == Path("/var/cache/composespawner/stacks")
+    assert config.notebook_command == ("/opt/cs/venv/bin/jupyterhub-singleuser",)
+    assert (config.cores, config.memory_gib) == (64, 512)
+    assert config.log_file is None
+    assert config.gpu_list_command == ()  # no nvidia-smi: GPU presence is not checked
+
+
+def test_nvidia_smi_lists_the_gpus_where_it_exists() -> None:
+    facts = MachineFacts(8, 64, "/usr/bin/python3", "/usr/bin/nvidia-smi")
+    assert parse_config({}, {}, facts).gpu_list_command == (
+        "/usr/bin/nvidia-smi",
+        "--query-gpu=uuid",
+        "--format=csv,noheader",
+    )
+
+
+def test_every_key_is_taken() -> None:
+    config = parse_config(
+        {
+            "listen_address": "127.0.1.4",
+            "state_dir": "/srv/state",
+            "cgroup_parent": "cs/host-4",
+            "home_root": "/srv/homes",
+            "create_accounts": False,
+            "min_uid": 2000,
+            "stacks_dir": "/srv/stacks",
+            "notebook_command": "/srv/venv/bin/python -I /srv/nb.py",
+            "cores": 8,
+            "memory_gib": 32,
+            "log_file": "/var/log/cs-host.log",
+            "gpu_list_command": ["/bin/cat", "/srv/gpus"],
+        },
+        SSH,
+        FACTS,
+    )
+    assert config.listen_address == "127.0.1.4"
+    assert config.cgroup_parent == ("cs", "host-4")
+    assert config.notebook_command == ("/srv/venv/bin/python", "-I", "/srv/nb.py")
+    assert (config.cores, config.memory_gib, config.min_uid) == (8, 32, 2000)
+    assert config.log_file == Path("/var/log/cs-host.log")
+    assert config.gpu_list_command == ("/bin/cat", "/srv/gpus")
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"listen": "x"}, "unknown keys listen"),
+        ({"state_dir": "relative"}, "state_dir"),
+        ({"home_root": "/srv/../etc"}, "home_root"),
+        ({"cgroup_parent": "../up"}, "cgroup_parent"),
+        ({"min_uid": 0}, "min_uid"),
+        ({"cores": True}, "cores"),
+        ({"create_accounts": "yes"}, "create_accounts"),
+        ({"notebook_command": "jupyterhub-singleuser"}, "not an absolute path"),
+        ({"notebook_command": []}, "notebook_command is empty"),
+    ],
+)
+def test_a_wrong_config_says_which_key(table: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_config(table, {}, FACTS)
+
+
+def test_the_connected_address_and_the_memory() -> None:
+    assert connected_address("10.0.0.9 51234 10.0.1.7 22") == "10.0.1.7"
+    assert connected_address("") == ""
+    assert memory_gib_in("MemTotal:       24576000 kB\nMemFree: 1 kB\n") == 23
+    assert memory_gib_in("nothing") == 1
+
+
+# -- whose, and whether it fits ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uid", "gid", "refused"),
+    [
+        (0, 0, True),
+        (1, 1, True),
+        (999, 999, True),
+        (65534, 65534, True),
+        (1000, 1000, False),
+        (1500000, 1500000, False),
+        (1001, 0, True),
+    ],
+)
+def test_only_peoples_accounts_run_notebooks(uid: int, gid: int, refused: bool) -> None:
+    assert (account_refusal("x", uid, gid, 1000) is not None) is refused
+
+
+def test_a_start_fits_beside_the_running_ones() -> None:
+    running = [record("m1", ("GPU-aaaa0000",), cores=2, memory=8)]
+    assert start_refusal("m2", ("GPU-bbbb0000",), (2, 8), running, (4, 16)) is None
+
+
+def test_a_second_start_of_a_machine_is_refused() -> None:
+    refusal = start_refusal("m1", (), (1, 1), [record("m1")], (64, 512))
+    assert refusal is not None
+    assert "m1 already" in refusal
+
+
+def test_a_gpu_another_notebook_holds_is_refused() -> None:
+    refusal = start_refusal(
+        "m2", ("GPU-aaaa0000",), (1, 1), [record("m1", ("GPU-aaaa0000",))], (64, 512)
+    )
+    assert refusal is not None
+    assert "GPU-aaaa0000 (machine m1)" in refusal
+
+
+@pytest.mark.parametrize("share", [(3, 8), (2, 9)])
+def test_a_share_past_the_host_is_refused(share: tuple[int, int]) -> None:
+    refusal = start_refusal("m2", (), share, [record("m1", cores=2, memory=8)], (4, 16))
+    assert refusal is not None
+    assert "does not fit" in refusal
+
+
+def test_gpus_the_host_lacks() -> None:
+    listed = parse_gpu_list("GPU-aaaa0000\n GPU-bbbb0000 \n\n")
+    assert listed == ["GPU-aaaa0000", "GPU-bbbb0000"]
+    assert missing_gpus(["GPU-aaaa0000", "GPU-cccc0000", "1", "2"], listed) == ["GPU-cccc0000", "2"]
+
+
+# -- what the notebook is given -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "ip", "expected"),
+    [
+        ("http://127.0.0.1:0/user/ada/", "10.0.1.7", "http://10.0.1.7:9000/user/ada/"),
+        ("https://hub:443/user/ada/x?y=1", "10.0.1.7", "https://10.0.1.7:9000/user/ada/x?y=1"),
+        (None, "10.0.1.7", "http://10.0.1.7:9000/"),
+        ("http://h:1/user/ada/", "fd00::7", "http://[fd00::7]:9000/user/ada/"),
+    ],
+)
+def test_the_service_url_is_where_the_notebook_listens(
+    url: str | None, ip: str, expected: str
+) -> None:
+    assert service_url(url, ip, 9000) == expected
+
+
+def test_the_environment_is_the_hubs_with_what_the_agent_sets() -> None:
+    asked = (("JUPYTERHUB_API_TOKEN", "t"), ("JUPYTERHUB_SERVICE_URL", "http://h:0/user/ada/"))
+    env = notebook_env(
+        asked,
+        ("ada", "/home/ada", "/bin/bash"),
+        ("GPU-aaaa0000", "GPU-bbbb0000"),
+        ("10.0.1.7", 9000),
+        "/stacks/x/bin",
+        {"VIRTUAL_ENV": "/stacks/x"},
+    )
+    assert env == {
+        "JUPYTERHUB_API_TOKEN": "t",
+        "JUPYTERHUB_SERVICE_URL": "http://10.0.1.7:9000/user/ada/",
+        "HOME": "/home/ada",
+        "USER": "ada",
+        "LOGNAME": "ada",
+        "SHELL": "/bin/bash",
+        "PATH": "/stacks/x/bin:/usr/local/bin:/usr/bin:/bin",
+        "CUDA_VISIBLE_DEVICES": "GPU-aaaa0000,GPU-bbbb0000",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa0000,GPU-bbbb0000",
+        "VIRTUAL_ENV": "/stacks/x",
+    }
+
+
+def test_no_gpus_is_none_for_a_container_and_empty_for_cuda() -> None:
+    env = notebook_env((), ("ada", "/home/ada", ""), (), ("10.0.1.7", 9000), "", {})
+    assert (env["CUDA_VISIBLE_DEVICES"], env["NVIDIA_VISIBLE_DEVICES"]) == ("", "none")
+    assert env["SHELL"] == "/bin/sh"
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+
+
+def test_a_scripts_interpreter() -> None:
+    assert interpreter_of(b"#!/opt/venv/bin/python\n") == "/opt/venv/bin/python"
+    assert interpreter_of(b"#! /usr/bin/env python3\n") == "/usr/bin/env"
+    assert interpreter_of(b"#!python\n") is None
+    assert interpreter_of(b"\x7fELF\x02") is None
+
+
+def test_a_record_survives_its_file() -> None:
+    kept = record("m1", ("GPU-aaaa0000",))
+    assert Record.from_json(kept.to_json()) == kept
+    assert kept.listed()["gpus"] == ["GPU-aaaa0000"]
+    with pytest.raises(ValueError, match="not a notebook record"):
+        Record.from_json({"machine": "m1"})
+
+
+def test_a_stacks_files_are_kept_by_what_they_are(tmp_path: Path) -> None:
+    lock = "numpy==2.0 --hash=sha256:00\n"
+    source = StackSource("pytorch", "PyTorch", hashlib.sha256(lock.encode()).hexdigest(), lock)
+    changed = StackSource(source.id, source.label, source.lock_sha256, lock, (("repro.py", "x"),))
+    assert source_key(source) != source_key(changed)
+    stack = stack_of(source, tmp_path)
+    assert stack.cpu is not None
+    assert stack.cpu.lock == tmp_path / "requirements.lock"
+    assert stack.common == tmp_path / "common"
+
+
+# -- the channel ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "refused"),
+    [
+        ({}, False),
+        ({"SSH_ORIGINAL_COMMAND": "composespawner-host"}, False),
+        ({"SSH_ORIGINAL_COMMAND": "id"}, True),
+        ({"SSH_ORIGINAL_COMMAND": ""}, True),
+    ],
+)
+def test_only_the_agent_runs(environ: dict[str, str], refused: bool) -> None:
+    assert (command_refusal(environ) is not None) is refused
+
+
+def test_the_log_names_the_request_never_its_env() -> None:
+    data = (
+        b'{"v":1,"op":"start","user":"a;id","machine":"m1","env":{"LD_PRELOAD":"/x","T":"s3cret"}}'
+    )
+    assert who(data) == "op=start user=a;id machine=m1"
+    assert who(b"\x00not json") == "op=? (not JSON)"
+    assert "s3cret" not in who(data)
+    request = StartNotebook("ada", "", "m1", (), None, None, env=(("T", "s3cret"),))
+    assert describe(request) == "op=start user=ada machine=m1"
