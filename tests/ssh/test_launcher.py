@@ -5,64 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyterhub import orm
-from jupyterhub.objects import Hub
 from jupyterhub.user import User
 
-from composespawner.domain.hardware import Device, Share
-from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.agent_protocol import PollNotebook, StartNotebook, StopNotebook
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.ssh import SSHLauncher
 from composespawner.launchers.ssh_links import HostLink
+from tests.ssh.spawners import GPU, RecordingLauncher, ssh_launcher
 from tests.support.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.timeout(30)
-
-GPU = Device(
-    block_id="r1-t4-1",
-    kind="gpu",
-    model="NVIDIA T4",
-    zones=frozenset({"rack-1"}),
-    chassis="rack-1",
-    state="attached",
-    uuid="0f3c1c9e-aaaa-bbbb-cccc-000000000001",
-)
-
-
-def machine(machine_id: str = "m-1", host: str = "host-1") -> ComposedMachine:
-    return ComposedMachine(machine_id, host, "rack-1", (GPU,), None, (), Share(4, 32))
-
-
-class RecordingLauncher(SSHLauncher):
-    """Records what the launcher tells the composing side."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.exits: list[int | None] = []
-        self.progress_seen: list[str] = []
-        self.exited = asyncio.Event()
-
-    async def notebook_exited(self, status: int | None) -> None:
-        self.exits.append(status)
-        self.exited.set()
-
-    def launch_progress(self, message: str, percent: int) -> None:
-        self.progress_seen.append(message)
-
-
-@pytest.fixture
-def users() -> Iterator[list[User]]:
-    db = orm.new_session_factory("sqlite:///:memory:")()
-    db.add_all([orm.User(name=n) for n in ("ada", "bob", "cy")])
-    db.commit()
-    yield [User(u, {}) for u in db.query(orm.User).order_by(orm.User.name)]
-    db.close()
 
 
 @pytest.fixture
@@ -74,20 +31,8 @@ async def agent(tmp_path: Path) -> AsyncIterator[FakeAgent]:
 
 
 def launcher(user: User, agent: FakeAgent, name: str = "", **config: Any) -> RecordingLauncher:
-    settings = {
-        "hosts": {"host-1": agent.where},
-        "ssh_key": str(agent.key),
-        "known_hosts": str(agent.known_hosts),
-        "connect_timeout": 5,
-        "request_timeout": 5,
-        **config,
-    }
-    spawner: RecordingLauncher = user._new_spawner(
-        name, spawner_class=RecordingLauncher, hub=Hub(), **settings
-    )
-    spawner.machine = machine(f"m-{user.name}{name}")
-    spawner.share = spawner.machine.share
-    return spawner
+    hosts = config.pop("hosts", {"host-1": agent.where})
+    return ssh_launcher(user, hosts, agent.key, agent.known_hosts, name=name, **config)
 
 
 async def test_a_start_sends_the_machine_and_returns_where_the_notebook_listens(
