@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composespawner.launchers.agent_protocol import ACCOUNT_NAME
 from composespawner.launchers.cgroups import parent_parts
 
 DEFAULT_STATE_DIR = "/var/lib/composespawner-host"
 DEFAULT_STACKS_DIR = "/var/cache/composespawner/stacks"
 NVIDIA_SMI_QUERY = ("--query-gpu=uuid", "--format=csv,noheader")
 USERS_GROUP = "composespawner-users"  # the accounts the agent creates
+BUILD_ACCOUNT = "composespawner-build"  # builds stack environments: never root
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 KEYS = frozenset(
     {
@@ -38,6 +40,7 @@ KEYS = frozenset(
         "memory_gib",
         "log_file",
         "gpu_list_command",
+        "build_account",
     }
 )
 
@@ -60,6 +63,7 @@ class AgentConfig:
     memory_gib: int
     log_file: Path | None
     gpu_list_command: tuple[str, ...]  # () : GPU presence is not checked
+    build_account: str  # the system account stack environments are built as
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,7 @@ def parse_config(
         memory_gib=_number(table, "memory_gib", facts.memory_gib, least=1),
         log_file=Path(log_file) if log_file else None,
         gpu_list_command=_command(table, "gpu_list_command", gpu_default, empty_ok=True),
+        build_account=_account_name(table, "build_account", BUILD_ACCOUNT),
     )
 
 
@@ -130,6 +135,13 @@ def _absolute(table: Mapping[str, Any], key: str, default: str) -> Path:
     if not path.is_absolute() or ".." in path.parts:
         raise ConfigError(f"{key}: {str(path)!r} is not an absolute path")
     return path
+
+
+def _account_name(table: Mapping[str, Any], key: str, default: str) -> str:
+    value = _text(table, key, default)
+    if not ACCOUNT_NAME.fullmatch(value) or value == "root":
+        raise ConfigError(f"{key}: {value!r} is not an account's name (nor root)")
+    return value
 
 
 def _flag(table: Mapping[str, Any], key: str, default: bool) -> bool:

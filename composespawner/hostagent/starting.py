@@ -62,14 +62,14 @@ def stack_environment(request: StartNotebook, config: AgentConfig, say: Say) -> 
     """The request's stack environment (a StackEnvironment), built if need be; None without."""
     if request.stack is None:
         return None
-    from composespawner.hostagent.stacks import build
+    from composespawner.hostagent.stacks import environment_for
     from composespawner.launchers.environments import StackBuildError
 
     def progress(message: str, percent: int) -> None:
         say(reply(progress=message, percent=percent))
 
     try:
-        return build(request.stack, config.state_dir / "stacks", config.stacks_dir, progress)
+        return environment_for(request.stack, config, progress)
     except StackBuildError as e:
         raise StartFailed(str(e)) from e
 
@@ -127,19 +127,6 @@ def popen_as(
 ) -> subprocess.Popen[bytes]:
     """The notebook's process as ``account`` in the cgroups of ``procs``, its output in
     ``log_path`` (root's: not in the home, where the user could swap it for a link)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
-    name, uid, gid, home = account.pw_name, account.pw_uid, account.pw_gid, account.pw_dir
-
-    def become_the_user() -> None:  # in the forked child, as root, before exec
-        os.initgroups(name, gid)
-        os.setgid(gid)
-        os.setuid(uid)
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        os.chdir(home)  # as the user: a home root may not enter (NFS) is still entered
-
     output = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         return subprocess.Popen(
@@ -150,7 +137,25 @@ def popen_as(
             stderr=output,
             start_new_session=True,
             # Entering the cgroups goes first: it needs root, which the rest gives up.
-            preexec_fn=join_then(procs, become_the_user),
+            preexec_fn=join_then(procs, becoming(account, account.pw_dir)),
         )
     finally:
         os.close(output)
+
+
+def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:
+    """A ``preexec_fn`` that turns the forked child (root) into ``account``, for good."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+    name, uid, gid = account.pw_name, account.pw_uid, account.pw_gid
+
+    def become() -> None:  # in the forked child, as root, before exec
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        os.chdir(home)  # as the account: a home root may not enter (NFS) is still entered
+
+    return become

@@ -35,10 +35,10 @@ class StateDir:
             self.path.chmod(0o700)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, name: str = LOCK) -> Iterator[None]:
         """Held by one agent at a time on this host (a start's checks through its record)."""
         self.ensure()
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

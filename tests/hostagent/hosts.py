@@ -110,6 +110,10 @@ class Host:
     def records(self) -> list[str]:
         return sorted(p.name for p in self.state_dir.glob("*.json"))
 
+    def processes_of(self, name: str) -> list[int]:
+        account = _account(name)
+        return [] if account is None else _pids_of({account.pw_uid})
+
     def existing_accounts(self) -> list[str]:
         return [name for name in self.accounts if _account(name) is not None]
 

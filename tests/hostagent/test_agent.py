@@ -7,6 +7,7 @@ Starts processes, accounts and cgroups (root): run under ``flock /tmp/heavy.lock
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -16,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from tests.hostagent.hosts import (
     status_of,
     users_gid,
 )
+from tests.support.stacks import COMMON, make_lock
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.host_processes]
 
@@ -285,3 +288,61 @@ def test_a_real_jupyterhub_singleuser_starts_through_the_agent(host: Host) -> No
         assert lines == [{"ok": True, "status": None}]
     assert gone(reply["pid"])
     assert host.cgroups() == []
+
+
+def test_a_stack_is_built_as_the_build_account_then_made_roots(host: Host) -> None:
+    stacks, builder = host.root / "stacks", host.new_user()
+    host.reconfigure(stacks_dir=str(stacks), build_account=builder)
+    (host.root / "wheels").mkdir(mode=0o755)
+    lock = make_lock(host.root / "wheels")
+    common = {p.name: p.read_text() for p in COMMON.glob("*.py")}
+    text = lock.read_text()
+    stack = {
+        "id": "tiny",
+        "label": "Tiny 1.0",
+        "lock_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "lock": text,
+        "common": common,
+    }
+    lines, status, stderr = host.ask(start_request(host.new_user(), "m1", stack=stack))
+    assert status == 0, (lines, stderr)
+    assert any("building the Tiny 1.0 stack" in line.get("progress", "") for line in lines)
+    reply = lines[-1]
+    env = environ_of(reply["pid"])
+    environment = Path(env["VIRTUAL_ENV"])
+    assert environment.parent == stacks
+    assert env["PATH"].startswith(f"{environment}/bin:")
+    assert Path(env["COMPOSE_STACK_MANIFEST"]).is_file()
+    assert environment.lstat().st_uid == 0  # root's once built: no later build changes it
+    assert all(p.lstat().st_uid == 0 for p in environment.rglob("*"))
+    found = stacks.stat()
+    assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (0, 0o1775)
+    assert found.st_gid == pwd.getpwnam(builder).pw_gid
+    assert pwd.getpwnam(builder).pw_uid < 1000  # a system account
+    assert host.processes_of(builder) == []
+
+    lines, status, _ = host.ask(start_request(host.new_user(), "m2", stack=stack))
+    assert status == 0
+    assert not any("progress" in line for line in lines)  # found ready
+    assert environ_of(lines[-1]["pid"])["VIRTUAL_ENV"] == str(environment)
+
+
+def test_a_start_that_fails_on_the_host_undoes_what_it_began(host: Host) -> None:
+    host.reconfigure(notebook_command=[str(host.root / "no-such-notebook")])
+    lines, status, stderr = host.ask(start_request(host.new_user(), "m1"))
+    assert status == 1
+    assert lines[-1]["ok"] is False
+    assert "could not be started" in lines[-1]["error"]
+    assert "failed op=start" in stderr
+    assert "not-a-real-token" not in stderr  # the env is never logged
+    assert host.cgroups() == []
+    assert host.records() == []
+
+
+def test_two_starts_racing_for_one_gpu_one_wins(host: Host) -> None:
+    gpu = ["GPU-aaaa0000-0000-0000-0000-000000000001"]
+    requests_ = [start_request(host.new_user(), f"m{n}", gpu) for n in (1, 2)]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(host.ask, requests_))
+    assert sorted(lines[-1]["ok"] for lines, _, _ in results) == [False, True]
+    assert len(host.records()) == 1

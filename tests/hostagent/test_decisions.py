@@ -55,6 +55,7 @@ def test_an_empty_config_takes_the_machine_and_the_connection() -> None:
     assert (config.cores, config.memory_gib) == (64, 512)
     assert config.log_file is None
     assert config.gpu_list_command == ()  # no nvidia-smi: GPU presence is not checked
+    assert config.build_account == "composespawner-build"
 
 
 def test_nvidia_smi_lists_the_gpus_where_it_exists() -> None:
@@ -81,6 +82,7 @@ def test_every_key_is_taken() -> None:
             "memory_gib": 32,
             "log_file": "/var/log/cs-host.log",
             "gpu_list_command": ["/bin/cat", "/srv/gpus"],
+            "build_account": "stack-builder",
         },
         SSH,
         FACTS,
@@ -91,6 +93,7 @@ def test_every_key_is_taken() -> None:
     assert (config.cores, config.memory_gib, config.min_uid) == (8, 32, 2000)
     assert config.log_file == Path("/var/log/cs-host.log")
     assert config.gpu_list_command == ("/bin/cat", "/srv/gpus")
+    assert config.build_account == "stack-builder"
 
 
 @pytest.mark.parametrize(
@@ -105,6 +108,8 @@ def test_every_key_is_taken() -> None:
         ({"create_accounts": "yes"}, "create_accounts"),
         ({"notebook_command": "jupyterhub-singleuser"}, "not an absolute path"),
         ({"notebook_command": []}, "notebook_command is empty"),
+        ({"build_account": "root"}, "build_account"),
+        ({"build_account": "a;b"}, "build_account"),
     ],
 )
 def test_a_wrong_config_says_which_key(table: dict[str, object], says: str) -> None:
