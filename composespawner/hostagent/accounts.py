@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import grp
 import logging
+import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from composespawner.hostagent.config import USERS_GROUP, AgentConfig
@@ -40,6 +41,7 @@ from composespawner.launchers.accounts import (
 )
 from composespawner.launchers.agent_protocol import Refused
 
+PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 log = logging.getLogger("composespawner.hostagent")
 
 
@@ -125,3 +127,27 @@ def _groupadd() -> str:
     return (
         shutil.which("groupadd") or shutil.which("groupadd", path="/usr/sbin:/sbin") or "groupadd"
     )
+
+
+def open_the_way(command: Sequence[str]) -> None:
+    """Let :data:`USERS_GROUP` enter the closed folders on the way to ``command``'s
+    program and interpreter (see above); AccountError if it cannot."""
+    let_group_in(folders_to_open(programs_of(command)))
+
+
+def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:
+    """A ``preexec_fn`` that turns the forked child (root) into ``account``, for good."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+    name, uid, gid = account.pw_name, account.pw_uid, account.pw_gid
+
+    def become() -> None:  # in the forked child, as root, before exec
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        os.chdir(home)  # as the account: a home root may not enter (NFS) is still entered
+
+    return become

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from composespawner.domain.hardware import Share
+from composespawner.hostagent.accounts import create_account, existing_account, open_the_way
 from composespawner.hostagent.config import AgentConfig
 from composespawner.hostagent.decisions import Record, notebook_env, start_refusal
 from composespawner.hostagent.starting import (
@@ -30,11 +31,11 @@ from composespawner.hostagent.starting import (
     check_gpus_present,
     deliver,
     notebook_command,
-    open_the_way,
     popen_as,
     stack_environment,
 )
 from composespawner.hostagent.state import StateDir, alive
+from composespawner.launchers.accounts import AccountError
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
 from composespawner.launchers.cgroups import (
     REMOVE_TIMEOUT,
@@ -65,9 +66,6 @@ class Notebooks:
 
     def start(self, request: StartNotebook, say: Say) -> dict[str, Any]:
         """Start the notebook; Refused (nothing done) or StartFailed (undone)."""
-        from composespawner.hostagent.accounts import create_account, existing_account
-        from composespawner.launchers.accounts import AccountError
-
         listen = self.config.listen_address
         if not listen:
             raise StartFailed("no listen_address configured, and SSH_CONNECTION is not set")
@@ -82,7 +80,10 @@ class Notebooks:
                     raise StartFailed(str(e)) from e
         environment = stack_environment(request, self.config, say)
         command = notebook_command(self.config, environment)
-        open_the_way(command)
+        try:
+            open_the_way(command)
+        except AccountError as e:
+            raise StartFailed(str(e)) from e
         with self.state.locked():
             self._check_fits(request)  # again: another start may have come meanwhile
             return self._launch(request, account, command, environment)

@@ -136,9 +136,8 @@ def _settled(environment: StackEnvironment) -> bool:
 def _build_account(config: AgentConfig) -> pwd.struct_passwd:
     """The build account (a system one, in the agent's group to reach its Python), and
     ``stacks_dir`` made so that it can add environments there and change none of root's."""
-    from composespawner.hostagent.accounts import ensure_group
+    from composespawner.hostagent.accounts import ensure_group, open_the_way
     from composespawner.hostagent.config import USERS_GROUP
-    from composespawner.hostagent.starting import open_the_way
     from composespawner.launchers.accounts import AccountError, ensure_account, useradd_command
 
     try:
@@ -162,7 +161,7 @@ def _build_account(config: AgentConfig) -> pwd.struct_passwd:
 def _build_as(
     account: pwd.struct_passwd, source: StackSource, stacks: Path, progress: Progress
 ) -> None:
-    from composespawner.hostagent.starting import becoming
+    from composespawner.hostagent.accounts import becoming
 
     environ = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}  # the site's index
     environ.update(PATH=os.defpath, HOME="/nonexistent", LANG="C.UTF-8")

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from composespawner.hostagent.accounts import becoming
 from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
 from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
 from composespawner.launchers.cgroups import join_then
 
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
-PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 log = logging.getLogger("composespawner.hostagent")
 Say = Callable[[bytes], None]
 
@@ -82,21 +82,6 @@ def notebook_command(config: AgentConfig, environment: Any) -> list[str]:
     return command
 
 
-def open_the_way(command: list[str]) -> None:
-    """Let the agent's accounts enter closed folders on the way to the notebook's
-    interpreter (see :mod:`.accounts`)."""
-    from composespawner.hostagent.accounts import folders_to_open, let_group_in, programs_of
-    from composespawner.launchers.accounts import AccountError
-
-    folders = folders_to_open(programs_of(command))
-    if not folders:
-        return
-    try:
-        let_group_in(folders)
-    except AccountError as e:
-        raise StartFailed(str(e)) from e
-
-
 def deliver(request: StartNotebook, account: pwd.struct_passwd, environment: Any) -> dict[str, str]:
     """The run manifest in the home (as the local launcher writes it), and the
     variables that say where it and the stack's environment are."""
@@ -141,21 +126,3 @@ def popen_as(
         )
     finally:
         os.close(output)
-
-
-def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:
-    """A ``preexec_fn`` that turns the forked child (root) into ``account``, for good."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
-    name, uid, gid = account.pw_name, account.pw_uid, account.pw_gid
-
-    def become() -> None:  # in the forked child, as root, before exec
-        os.initgroups(name, gid)
-        os.setgid(gid)
-        os.setuid(uid)
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        os.chdir(home)  # as the account: a home root may not enter (NFS) is still entered
-
-    return become
