@@ -45,6 +45,7 @@ setup(
         "alembic>=1.13",
         "prometheus_client>=0.20",
         "aiohttp>=3.9",
+        "asyncssh>=2.14,<3",  # compose-ssh: the hub's connections to bare compute hosts
         "yarl>=1.9",
         "Jinja2>=3.1",
         "plotly>=6",  # the portal serves its plotly.min.js for usage charts: no CDN
@@ -82,6 +83,7 @@ setup(
         "jupyterhub.spawners": [
             "compose = composespawner.spawners.spawner:ComposeSpawner",
             "compose-kubernetes = composespawner.spawners.kube:ComposeKubeSpawner",
+            "compose-ssh = composespawner.spawners.ssh:ComposeSSHSpawner",
         ],
         "jupyterhub.authenticators": [
             "compose-demo = composespawner.auth.demo:DemoAuthenticator",
@@ -90,6 +92,8 @@ setup(
         "console_scripts": [
             "composespawner = composespawner.commands.cli:main",
             "fabricsim = fabricsim.__main__:main",
+            # The forced command the hub's key runs on a compute host (compose-ssh).
+            "composespawner-host = composespawner.hostagent.__main__:main",
         ],
     },
     classifiers=[
