@@ -1,6 +1,6 @@
 """Compute hosts for tests: one real OpenSSH sshd per simulated host, with the agent.
 
-Each host of the demo fabric (host-1 … host-8) gets an ``sshd -D -e -f CONFIG``
+Each host of the demo fabric (host-01 … host-08) gets an ``sshd -D -e -f CONFIG``
 on a loopback address of its own (127.0.1.N, N = 10 + its number) and a free
 port there, its own ed25519 host key, and an authorized_keys file whose only
 line lets the hub's key run the host agent as a forced command, as the
@@ -17,6 +17,7 @@ sshd, and the test's cgroups.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import secrets
@@ -38,7 +39,7 @@ SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd's privilege separation folder: it refuses to run without
 AGENT = Path(sys.executable).parent / "composespawner-host"
-DEMO_HOSTS = tuple(f"host-{n}" for n in range(1, 9))
+DEMO_HOSTS = tuple(f"host-{n:02d}" for n in range(1, 9))  # the demo fabric's Ids
 DEMO_USERS = ("student1", "student2", "researcher1", "teacher1", "admin")
 USERS_GROUP = "composespawner-users"  # the group the agent puts accounts it creates in
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -130,6 +131,16 @@ c.SSHLauncher.connect_timeout = {connect_timeout!r}
         """The agent's records of the notebooks it runs on ``host_id``."""
         state = self.hosts[host_id].state_dir
         return sorted(state.glob("*.json")) if state.is_dir() else []
+
+    def notebook(self, user: str, server: str = "") -> tuple[SSHHost, dict[str, Any]] | None:
+        """The host and agent's record of ``user``'s notebook ``server``, if one runs."""
+        for host in self.hosts.values():
+            for path in self.records(host.host_id):
+                with suppress(OSError, ValueError):
+                    record = json.loads(path.read_text())
+                    if (record.get("user"), record.get("server")) == (user, server):
+                        return host, record
+        return None
 
     def agent_log(self, host_id: str) -> str:
         path = self.hosts[host_id].agent_log
