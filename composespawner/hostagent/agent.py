@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from composespawner.hostagent.config import AgentConfig
+from composespawner.hostagent.starting import StartFailed
 from composespawner.launchers.agent_protocol import (
     ListNotebooks,
     PollNotebook,
@@ -60,7 +62,7 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
         request = parse_request(data)
     except Refused as e:
         return refuse(who(data), str(e), say)
-    from composespawner.hostagent.notebooks import Notebooks, StartFailed
+    from composespawner.hostagent.notebooks import Notebooks
 
     notebooks = Notebooks(config)
     try:
@@ -81,6 +83,11 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
 def _dispatch(request: Request, notebooks: Any, say: Say, stdout_fd: int) -> dict[str, Any] | None:
     if isinstance(request, StartNotebook):
         result: dict[str, Any] = notebooks.start(request, say)
+        if channel_closed(stdout_fd):
+            # The hub gave up on this start (a timeout, a cancel) while it ran: it does
+            # not know of this notebook, and nothing else would ever stop it.
+            notebooks.stop(request.machine)
+            raise StartFailed("the hub closed the channel before the start was done: undone")
     elif isinstance(request, StopNotebook):
         result = notebooks.stop(request.machine)
     elif isinstance(request, PollNotebook):
@@ -92,6 +99,13 @@ def _dispatch(request: Request, notebooks: Any, say: Say, stdout_fd: int) -> dic
         notebooks.watch(say, stdout_fd)
         return None
     return result
+
+
+def channel_closed(fd: int) -> bool:
+    """Whether the reader of ``fd`` (the hub's channel) has gone: a pipe polls POLLERR."""
+    poller = select.poll()
+    poller.register(fd, select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
 
 
 def refuse(whose: str, why: str, say: Say) -> bool:

@@ -184,7 +184,8 @@ class Notebooks:
 
     def stop(self, machine: str) -> dict[str, Any]:
         """SIGTERM, a grace, then whatever is left in its cgroups is killed."""
-        record = self.state.read(machine)
+        with self.state.locked():  # a start of it now under way has written its record
+            record = self.state.read(machine)
         if record is None:
             return {"status": None}
         if alive(record):
@@ -222,7 +223,7 @@ class Notebooks:
     def watch(self, say: Say, closed_fd: int, every: float = WATCH_EVERY) -> None:
         """Say each notebook that exits, until ``closed_fd`` (stdout) is closed by the hub."""
         # The request ended with EOF on stdin, so the channel's end is seen on stdout:
-        # a pipe whose reader went away polls POLLERR, a socket POLLHUP.
+        # a pipe whose reader went away polls POLLERR (sshd's, once the channel closes).
         poller = select.poll()
         poller.register(closed_fd, select.POLLERR | select.POLLHUP)
         while True:

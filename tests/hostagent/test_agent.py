@@ -26,6 +26,7 @@ import requests
 
 from harness.hub import wait_for
 from tests.hostagent.hosts import (
+    AGENT,
     USERS_GROUP,
     Host,
     environ_of,
@@ -346,3 +347,21 @@ def test_two_starts_racing_for_one_gpu_one_wins(host: Host) -> None:
         results = list(pool.map(host.ask, requests_))
     assert sorted(lines[-1]["ok"] for lines, _, _ in results) == [False, True]
     assert len(host.records()) == 1
+
+
+def test_a_start_the_hub_gave_up_on_is_undone(host: Host) -> None:
+    agent = subprocess.Popen(
+        [str(AGENT), "--config", str(host.config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": os.defpath},
+    )
+    assert agent.stdin is not None
+    assert agent.stdout is not None
+    agent.stdout.close()  # the hub's channel is gone before the start is done
+    _, stderr = agent.communicate(json.dumps(start_request(host.new_user(), "m1")).encode(), 60)
+    assert agent.returncode == 1
+    assert b"closed the channel before the start was done" in stderr
+    assert host.records() == []
+    assert host.cgroups() == []
