@@ -49,7 +49,7 @@ def nothing_left(hub: Hub, hosts: SSHHosts) -> Iterator[None]:
     """Every test starts and ends with the fabric free and no notebook on any host."""
     assert hub.composed_hosts() == {}
     yield
-    for user in ("student1", "student2", "researcher1"):
+    for user in ("student1", "student2", "researcher1", "teacher1"):
         for name in hub.user(user).get("servers", {}):
             hub.stop(user, name)
     wait_for(lambda: hub.composed_hosts() == {}, 30, "every device to be detached")
@@ -144,6 +144,22 @@ def _as(account: pwd.struct_passwd, command: list[str]) -> subprocess.CompletedP
         timeout=10,
         check=False,
     )
+
+
+def test_a_server_from_the_form_runs_on_its_host_as_its_user(hub: Hub, hosts: SSHHosts) -> None:
+    session = hub.login("teacher1")
+    assert "NVIDIA T4 16GB" in session.get(f"{hub.url}/hub/spawn", timeout=30).text
+    form = {"gpu_model": "t4", "gpu_count": "1", "_xsrf": session.cookies.get("_xsrf")}
+    page = session.post(f"{hub.url}/hub/spawn", data=form, timeout=60)
+    assert page.status_code == 200, page.text[-2000:]
+    hub.wait_ready("teacher1", timeout=120)
+    found = hosts.notebook("teacher1")
+    assert found is not None
+    host, record = found
+    assert uid_of(record["pid"]) == pwd.getpwnam("teacher1").pw_uid
+    assert process_env(record["pid"])["COMPOSE_HOST"] == host.host_id
+    hub.stop("teacher1")
+    assert not alive(record["pid"])
 
 
 def test_a_killed_notebook_is_released_within_5_s(hub: Hub, hosts: SSHHosts) -> None:
