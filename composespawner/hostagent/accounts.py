@@ -55,7 +55,14 @@ def existing_account(name: str, config: AgentConfig) -> pwd.struct_passwd | None
                 f"no account {name!r} on this host, and this agent creates none"
             ) from None
         return None
-    refusal = account_refusal(name, account.pw_uid, account.pw_gid, config.min_uid)
+    refusal = account_refusal(
+        name,
+        account.pw_uid,
+        account.pw_gid,
+        config.min_uid,
+        group_names(name, account.pw_gid),
+        config.refused_groups,
+    )
     if refusal:
         raise Refused(refusal)
     return account
@@ -73,6 +80,15 @@ def create_account(name: str, config: AgentConfig) -> pwd.struct_passwd:
     make_home(Path(account.pw_dir), account)
     log.info("created the account %s (uid %d, home %s)", name, account.pw_uid, account.pw_dir)
     return account
+
+
+def group_names(name: str, gid: int) -> list[str]:
+    """The names of the groups ``name`` is in (as initgroups gives them to its notebook)."""
+    names = []
+    for member_of in os.getgrouplist(name, gid):
+        with contextlib.suppress(KeyError):
+            names.append(grp.getgrgid(member_of).gr_name)
+    return names
 
 
 def ensure_group(name: str) -> str:

@@ -25,6 +25,13 @@ DEFAULT_STACKS_DIR = "/var/cache/composespawner/stacks"
 NVIDIA_SMI_QUERY = ("--query-gpu=uuid", "--format=csv,noheader")
 USERS_GROUP = "composespawner-users"  # the accounts the agent creates
 BUILD_ACCOUNT = "composespawner-build"  # builds stack environments: never root
+# Groups that make an account more than a person's: root in all but name (docker, lxd,
+# libvirt, disk), a way to become root (sudo, wheel, admin), or its secrets (shadow, adm).
+REFUSED_GROUPS = (
+    *("root", "sudo", "wheel", "admin"),
+    *("docker", "lxd", "libvirt", "disk"),
+    *("shadow", "adm"),
+)
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 KEYS = frozenset(
     {
@@ -41,6 +48,7 @@ KEYS = frozenset(
         "log_file",
         "gpu_list_command",
         "build_account",
+        "refused_groups",
     }
 )
 
@@ -64,6 +72,7 @@ class AgentConfig:
     log_file: Path | None
     gpu_list_command: tuple[str, ...]  # () : GPU presence is not checked
     build_account: str  # the system account stack environments are built as
+    refused_groups: tuple[str, ...]  # an account in one of these runs no notebook
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,7 @@ def parse_config(
         log_file=Path(log_file) if log_file else None,
         gpu_list_command=_command(table, "gpu_list_command", gpu_default, empty_ok=True),
         build_account=_account_name(table, "build_account", BUILD_ACCOUNT),
+        refused_groups=_names(table, "refused_groups", REFUSED_GROUPS),
     )
 
 
@@ -142,6 +152,13 @@ def _account_name(table: Mapping[str, Any], key: str, default: str) -> str:
     if not ACCOUNT_NAME.fullmatch(value) or value == "root":
         raise ConfigError(f"{key}: {value!r} is not an account's name (nor root)")
     return value
+
+
+def _names(table: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = table.get(key, list(default))
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key} is a list of group names")
+    return tuple(value)
 
 
 def _flag(table: Mapping[str, Any], key: str, default: bool) -> bool:

@@ -70,8 +70,19 @@ class Record:
         }
 
 
-def account_refusal(name: str, uid: int, gid: int, min_uid: int) -> str | None:
-    """Why an existing account ``name`` may not run a notebook, or None if it may."""
+def account_refusal(
+    name: str,
+    uid: int,
+    gid: int,
+    min_uid: int,
+    groups: Iterable[str] = (),
+    refused: Iterable[str] = (),
+) -> str | None:
+    """Why an existing account ``name`` may not run a notebook, or None if it may.
+
+    ``groups`` are the account's groups' names, ``refused`` those that make an account
+    more than a person's (sudo, docker: what a notebook would hold through them).
+    """
     if uid < min_uid or uid in UNUSABLE_UIDS:
         return (
             f"the account {name!r} is a system account (uid {uid}): notebooks run only as"
@@ -79,6 +90,12 @@ def account_refusal(name: str, uid: int, gid: int, min_uid: int) -> str | None:
         )
     if gid == 0:
         return f"the account {name!r} has the root group as its own: no notebook runs in it"
+    privileged = sorted(set(groups) & set(refused))
+    if privileged:
+        return (
+            f"the account {name!r} is in the groups {', '.join(privileged)}, which give more"
+            " than a person's account: the hub's notebooks do not run as it"
+        )
     return None
 
 

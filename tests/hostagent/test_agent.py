@@ -234,6 +234,14 @@ def test_an_existing_account_is_used_as_it_is(host: Host) -> None:
     assert environ_of(reply["pid"])["HOME"] == campus.pw_dir
 
 
+def test_an_existing_account_in_a_group_worth_root_is_refused(host: Host) -> None:
+    admin = host.campus_account()
+    subprocess.run(["usermod", "-aG", "adm", admin.pw_name], check=True, timeout=30)
+    assert "in the groups adm" in refused(host, start_request(admin.pw_name, "m1"))
+    assert host.records() == []
+    assert host.cgroups() == []
+
+
 def test_one_users_notebook_cannot_read_or_signal_anothers(host: Host) -> None:
     ada, bob = host.new_user(), host.new_user()
     first = started(host, start_request(ada, "m1"))

@@ -10,6 +10,7 @@ import pytest
 
 from composespawner.hostagent.agent import command_refusal, describe, who
 from composespawner.hostagent.config import (
+    REFUSED_GROUPS,
     ConfigError,
     MachineFacts,
     connected_address,
@@ -56,6 +57,7 @@ def test_an_empty_config_takes_the_machine_and_the_connection() -> None:
     assert config.log_file is None
     assert config.gpu_list_command == ()  # no nvidia-smi: GPU presence is not checked
     assert config.build_account == "composespawner-build"
+    assert {"sudo", "wheel", "docker", "shadow"} <= set(config.refused_groups)
 
 
 def test_nvidia_smi_lists_the_gpus_where_it_exists() -> None:
@@ -83,6 +85,7 @@ def test_every_key_is_taken() -> None:
             "log_file": "/var/log/cs-host.log",
             "gpu_list_command": ["/bin/cat", "/srv/gpus"],
             "build_account": "stack-builder",
+            "refused_groups": ["sudo"],
         },
         SSH,
         FACTS,
@@ -94,6 +97,7 @@ def test_every_key_is_taken() -> None:
     assert config.log_file == Path("/var/log/cs-host.log")
     assert config.gpu_list_command == ("/bin/cat", "/srv/gpus")
     assert config.build_account == "stack-builder"
+    assert config.refused_groups == ("sudo",)
 
 
 @pytest.mark.parametrize(
@@ -141,6 +145,13 @@ def test_the_connected_address_and_the_memory() -> None:
 )
 def test_only_peoples_accounts_run_notebooks(uid: int, gid: int, refused: bool) -> None:
     assert (account_refusal("x", uid, gid, 1000) is not None) is refused
+
+
+def test_an_account_in_a_group_worth_root_is_refused() -> None:
+    refusal = account_refusal("x", 1001, 1001, 1000, ["x", "docker", "sudo"], REFUSED_GROUPS)
+    assert refusal is not None
+    assert "docker, sudo" in refusal
+    assert account_refusal("x", 1001, 1001, 1000, ["x", "video"], REFUSED_GROUPS) is None
 
 
 def test_a_start_fits_beside_the_running_ones() -> None:
