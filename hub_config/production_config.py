@@ -29,11 +29,24 @@
 #   COMPOSE_OIDC_GROUPS_CLAIM   claim listing a user's groups (groups)
 #   COMPOSE_OIDC_SCOPES         scopes asked for (openid profile email groups)
 #   COMPOSE_FABRIC_CA_BUNDLE    CA bundle for the fabric manager
-#   COMPOSE_SPAWNER             compose (local processes) or compose-kubernetes (compose)
+#   COMPOSE_SPAWNER             compose (local processes), compose-ssh (on the composed
+#                               machine's host, through its agent) or compose-kubernetes
+#                               (compose)
 #   COMPOSE_HOMES_DIR           where local notebooks' users get their homes (/home): each
 #                               user gets a system account of their own at first login
 #   COMPOSE_PROXY_COMMAND       configurable-http-proxy's path (found on PATH)
 #   COMPOSE_PROXY_API_PORT, COMPOSE_HUB_API_PORT, COMPOSE_PORTAL_PORT  (8001, 8081, 8002)
+#   COMPOSE_HUB_API_IP          where the hub's API listens for notebooks (127.0.0.1); with
+#                               compose-ssh an address the compute hosts reach (plain HTTP:
+#                               keep the hosts' network private)
+#   COMPOSE_HUB_CONNECT_URL     the hub's API as notebooks reach it, where that is not
+#                               http://COMPOSE_HUB_API_IP:PORT (a name, a NAT)
+# With COMPOSE_SPAWNER=compose-ssh (the Ansible role writes all three)
+#   COMPOSE_SSH_HOSTS           each compute host's fabric id = its sshd's address[:port]:
+#                               host-1=10.0.0.11,host-2=10.0.0.12:2222
+#   COMPOSE_SSH_KEY             the hub's private key; root's authorized_keys on each host
+#                               bind it to the agent (composespawner-host) as a forced command
+#   COMPOSE_SSH_KNOWN_HOSTS     every host's key (no host outside it is ever connected to)
 #   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
 #   COMPOSE_MAX_GPUS_PER_USER   (4)
 #   COMPOSE_ENFORCE_SHARES      required (a share no cgroup can hold refuses the start)
@@ -42,6 +55,7 @@
 #
 # Schema upgrades are a deploy step, as for JupyterHub itself:
 #   jupyterhub upgrade-db -f FILE && composespawner upgrade-db -f FILE
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -50,8 +64,33 @@ from urllib.parse import urlsplit
 from composespawner.commands.embedded import hub_templates_dir
 from composespawner.commands.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
 
-c = get_config()  # noqa: F821 (JupyterHub injects get_config)
 
+def ssh_hosts(text: str) -> dict[str, str]:
+    """COMPOSE_SSH_HOSTS (``id=address[:port],...``) as the SSH launcher's host table."""
+    table = {}
+    for entry in (item.strip() for item in text.split(",")):
+        host_id, _, address = entry.partition("=")
+        if not (host_id.strip() and address.strip()):
+            raise SystemExit(f"composespawner: COMPOSE_SSH_HOSTS: {entry!r} is not id=address")
+        table[host_id.strip()] = address.strip()
+    return table
+
+
+def host_of(address: str) -> str:
+    """The host part of ``address``, ``address:port`` or ``[v6-address]:port``."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    return address.rpartition(":")[0] if address.count(":") == 1 else address
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"  # a name: taken as routable
+
+
+c = get_config()  # noqa: F821 (JupyterHub injects get_config)
 BIN = Path(sys.executable).parent
 PUBLIC_URL = setting("COMPOSE_PUBLIC_URL").rstrip("/")
 STATE = Path(setting("COMPOSE_STATE_DIR"))
@@ -62,8 +101,10 @@ c.JupyterHub.bind_url = PUBLIC_URL
 if urlsplit(PUBLIC_URL).scheme == "https":
     c.JupyterHub.ssl_cert = setting("COMPOSE_TLS_CERT")
     c.JupyterHub.ssl_key = setting("COMPOSE_TLS_KEY")
-c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_ip = setting("COMPOSE_HUB_API_IP", "127.0.0.1")
 c.JupyterHub.hub_port = int(setting("COMPOSE_HUB_API_PORT", "8081"))
+if setting("COMPOSE_HUB_CONNECT_URL", ""):
+    c.JupyterHub.hub_connect_url = setting("COMPOSE_HUB_CONNECT_URL")
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{setting('COMPOSE_PROXY_API_PORT', '8001')}"
 c.ConfigurableHTTPProxy.command = [setting("COMPOSE_PROXY_COMMAND", "configurable-http-proxy")]
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
@@ -131,6 +172,18 @@ if setting("COMPOSE_SHARED_ACCOUNT", "0") != "0":
 if c.JupyterHub.spawner_class == "compose":
     c.CampusAuthenticator.create_system_users = True
     c.CampusAuthenticator.system_user_homes = setting("COMPOSE_HOMES_DIR", "/home")
+if c.JupyterHub.spawner_class == "compose-ssh":
+    c.SSHLauncher.hosts = ssh_hosts(setting("COMPOSE_SSH_HOSTS"))
+    c.SSHLauncher.ssh_key = setting("COMPOSE_SSH_KEY")
+    c.SSHLauncher.known_hosts = setting("COMPOSE_SSH_KNOWN_HOSTS")
+    if not setting("COMPOSE_HUB_CONNECT_URL", "") and loopback(c.JupyterHub.hub_ip):
+        remote = sorted(i for i, a in c.SSHLauncher.hosts.items() if not loopback(host_of(a)))
+        if remote:
+            raise SystemExit(
+                f"composespawner: notebooks on {', '.join(remote)} cannot reach the hub's API"
+                f" at {c.JupyterHub.hub_ip}: set COMPOSE_HUB_API_IP to an address of this"
+                " host that they reach (or COMPOSE_HUB_CONNECT_URL)"
+            )
 c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 300
