@@ -1,14 +1,18 @@
 """The Ansible deployment, tested by running it: ansible/site.yml converged into a Debian root.
 
-A fresh Debian bookworm root from debootstrap stands in for the new host
-(connection ``community.general.chroot``). No init runs there, so the test
-starts the hub itself, from the systemd unit the role installed (its
-ExecStart, WorkingDirectory and EnvironmentFile). The converged hub then has
-to serve HTTPS with the given certificate, keep its state in PostgreSQL (the
-local server, on databases and a role the playbook created) and let a campus
-user log in through the OpenID Connect provider and start JupyterLab on a GPU
-of the simulated fabric, each user's notebook under an account of their own.
-A second converge must change nothing.
+A fresh Debian bookworm root from debootstrap stands in for both new machines
+(connection ``community.general.chroot``): the hub (group composespawner) and
+its one compute host (group composespawner_hosts, the fabric's host-01), so the
+hub spawns through compose-ssh. No init runs there, so the test starts the
+host's sshd itself, on a loopback address of its own, and the hub from the
+systemd unit the role installed (its ExecStart, WorkingDirectory and
+EnvironmentFile). The converged hub then has to serve HTTPS with the given
+certificate, keep its state in PostgreSQL (the local server, on databases and a
+role the playbook created) and let a campus user log in through the OpenID
+Connect provider and start JupyterLab on a GPU of the simulated fabric: the
+notebook runs on the host, started by the agent the hub's key is bound to,
+each user's under an account of their own. A second converge must change
+nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from harness.hub import (
     Hub,
     fabric_on_its_own,
     free_port,
-    notebook_pid,
+    process_env,
     serving,
     start_hub,
     wait_for,
@@ -46,6 +50,18 @@ from harness.hub import (
 from harness.paths import HUB_CONFIG, ROOT
 from harness.postgres import PG_ADDRESS, connectable_admin_engine
 from harness.tls import TLSFiles, make_tls_files, served_certificate_der
+from tests.deploy.chroot_host import (
+    accounts,
+    as_account,
+    cgroups_in,
+    host_notebook,
+    host_sshd,
+    in_root,
+    loopback_address_and_port,
+    one_host_fabric,
+    site_admin_key,
+    ssh_as_root,
+)
 from tests.support.debian import ansible_tools, debian_root
 from tests.support.oidc import Account, OIDCProvider, campus_login, hub_user, oidc_provider
 
@@ -56,6 +72,9 @@ USERS = {
     "researcher1": Account("r1-secret", "researcher1@campus.example.edu", ("vision-lab",)),
 }
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
+HOST_ID = "host-01"  # the fabric's only compute host here: the root's sshd and agent
+AGENT = "/opt/composespawner/venv/bin/composespawner-host --config /etc/composespawner/host.toml"
+SSH_DIR = "etc/composespawner/ssh"  # the hub's key and known_hosts, in the root
 
 
 @dataclass
@@ -76,6 +95,10 @@ class Deployment:
     databases: tuple[str, str]
     role: str
     converges: list[Converge]
+    host_address: str  # the compute host's sshd (in the root): 127.0.1.N
+    host_port: int
+    site_key: Path  # a site admin's key for root, there before the converge
+    cgroup_parent: str  # where the agent makes its notebooks' cgroups
 
 
 def test_the_playbook_passes_ansible_lint_with_the_production_profile() -> None:
@@ -117,10 +140,10 @@ def converge(tools: Path, inventory: Path, variables: Path, log: Path) -> Conver
     )
     seconds = time.monotonic() - started
     log.write_text(run.stdout + run.stderr)
-    recap = RECAP.search(run.stdout)
+    recaps = RECAP.findall(run.stdout)  # one per host: the hub, the compute host
     assert run.returncode == 0, f"the playbook failed:\n{run.stdout[-6000:]}{run.stderr}"
-    assert recap is not None, run.stdout[-2000:]
-    ok, changed, _, failed = (int(n) for n in recap.groups())
+    assert len(recaps) == 2, run.stdout[-2000:]
+    ok, changed, _, failed = (sum(int(recap[n]) for recap in recaps) for n in range(4))
     return Converge(seconds, ok, changed, failed, run.stdout)
 
 
@@ -145,14 +168,19 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     try:
         with (
             oidc_provider(tmp / "idp", tls, USERS, [f"{public_url}/hub/oauth_callback"]) as idp,
-            fabric_on_its_own(tmp) as fabric,
+            fabric_on_its_own(tmp, "--inventory", str(one_host_fabric(tmp / "f.toml"))) as fabric,
             debian_root(tmp) as root,
+            cgroups_in(root) as cgroup_parent,
         ):
+            site_key = site_admin_key(tmp, root)
+            address, port = loopback_address_and_port()
+            chroot = f"ansible_connection=community.general.chroot ansible_host={root}"
             inventory = tmp / "inventory.ini"
             inventory.write_text(
-                "[composespawner]\n"
-                f"{root} ansible_connection=community.general.chroot"
-                " ansible_python_interpreter=/usr/bin/python3\n"
+                f"[composespawner]\nhub {chroot}\n"
+                f"[composespawner_hosts]\n{HOST_ID} {chroot} composespawner_host_address={address}"
+                f" composespawner_host_ssh_port={port}\n"
+                "[all:vars]\nansible_python_interpreter=/usr/bin/python3\n"
             )
             variables = tmp / "vars.json"
             variables.write_text(
@@ -181,6 +209,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                         "composespawner_manage_service": False,  # no systemd in a chroot
                         # nor a cgroup hierarchy of its own: notebooks run unlimited
                         "composespawner_enforce_shares": False,
+                        "composespawner_hub_api_address": "127.0.0.1",  # hosts on loopback
+                        # the simulator's figures for host-01, not this machine's
+                        "composespawner_host_cores": 64,
+                        "composespawner_host_memory_gib": 512,
+                        "composespawner_host_manage_service": False,
+                        "composespawner_host_cgroup_parent": cgroup_parent,
                     }
                 )
             )
@@ -188,7 +222,19 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 converge(tools, inventory, variables, tmp / f"converge{n}.log") for n in (1, 2)
             ]
             record_figures(converges)
-            yield Deployment(root, public_url, tls, idp, databases, role, converges)
+            yield Deployment(
+                root,
+                public_url,
+                tls,
+                idp,
+                databases,
+                role,
+                converges,
+                address,
+                port,
+                site_key,
+                cgroup_parent,
+            )
     finally:
         with admin.connect() as connection:
             for name in databases:
@@ -229,15 +275,86 @@ def unit_command(root: Path) -> tuple[list[str], dict[str, str]]:
     return command, environment
 
 
+def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
+    deployment: Deployment,
+) -> None:
+    root = deployment.root
+    hub_key = root / SSH_DIR / "id_ed25519"
+    assert hub_key.stat().st_mode & 0o777 == 0o600
+    public = hub_key.with_suffix(".pub").read_text().strip()  # "ssh-ed25519 AAAA… hub's name"
+    assert public.endswith(" composespawner-hub@hub")
+    authorized = (root / "root/.ssh/authorized_keys").read_text().splitlines()
+    assert [line for line in authorized if public.split()[1] in line] == [
+        f'restrict,command="{AGENT}" {public}'
+    ]
+    site = deployment.site_key.with_suffix(".pub").read_text().strip()
+    assert site in authorized  # the site's own keys are left alone
+
+    host_key = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
+    known = (root / SSH_DIR / "known_hosts").read_text().splitlines()
+    where = f"[{deployment.host_address}]:{deployment.host_port}"
+    assert [line for line in known if not line.startswith("#")] == [f"{where} {host_key}"]
+
+    dropin = (root / "etc/ssh/sshd_config.d/composespawner.conf").read_text()
+    assert "\nPermitRootLogin forced-commands-only\n" in dropin
+    settings = in_root(root, "/usr/sbin/sshd", "-T")
+    assert "permitrootlogin forced-commands-only" in settings.stdout.splitlines(), settings
+
+    environment = hub_environment(root)
+    assert environment["COMPOSE_SPAWNER"] == "compose-ssh"  # the group lists a host
+    assert environment["COMPOSE_SSH_HOSTS"] == (
+        f"{HOST_ID}={deployment.host_address}:{deployment.host_port}"
+    )
+    assert environment["COMPOSE_SSH_KNOWN_HOSTS"] == f"/{SSH_DIR}/known_hosts"
+    agent = (root / "etc/composespawner/host.toml").read_text()
+    assert f'listen_address = "{deployment.host_address}"' in agent
+    assert (root / "etc/composespawner/host.toml").stat().st_mode & 0o777 == 0o600
+
+
 @pytest.fixture(scope="module")
-def hub(deployment: Deployment) -> Iterator[Hub]:
+def sshd(deployment: Deployment) -> Iterator[None]:
+    where = (deployment.host_address, deployment.host_port)
+    try:
+        with host_sshd(deployment.root, *where, deployment.root.parent / "sshd.log"):
+            yield
+    finally:  # the agent's log, kept beside sshd's when the root goes
+        agent_log = deployment.root / "var/log/composespawner-host/agent.log"
+        if agent_log.exists():
+            shutil.copyfile(agent_log, deployment.root.parent / "agent.log")
+
+
+def test_over_ssh_the_hubs_key_gets_the_agent_and_no_shell(
+    deployment: Deployment, sshd: None
+) -> None:
+    hub_key = deployment.root / SSH_DIR / "id_ed25519"
+    where = (deployment.host_address, deployment.host_port, hub_key.with_name("known_hosts"))
+    tried = ssh_as_root(*where, hub_key, "id")
+    assert "uid=0" not in tried.stdout, tried
+    assert tried.returncode != 0, tried
+    assert '"refused"' in tried.stdout, tried  # the agent's answer
+    # Root's other keys have no forced command: refused (PermitRootLogin forced-commands-only).
+    site = ssh_as_root(*where, deployment.site_key, "id")
+    assert site.returncode == 255, site
+    assert "uid=0" not in site.stdout, site
+    log = (deployment.root.parent / "sshd.log").read_text()
+    assert "ROOT LOGIN REFUSED" in log, log
+
+
+def hub_environment(root: Path) -> dict[str, str]:
+    """The hub's environment file as the converge wrote it."""
+    text = (root / "etc/composespawner/composespawner.env").read_text()
+    return dict(re.findall(r'^(\w+)="(.*)"$', text, re.M))
+
+
+@pytest.fixture(scope="module")
+def hub(deployment: Deployment, sshd: None) -> Iterator[Hub]:
     root = deployment.root
     command, environment = unit_command(root)
     # The tests' admin token for the REST API, as the production config's extra config.
     (root / "etc/composespawner/test_admin.py").write_text(TEST_ADMIN_CONFIG)
     environment["COMPOSE_EXTRA_CONFIG"] = "/etc/composespawner/test_admin.py"
     state = root / environment["COMPOSE_STATE_DIR"].lstrip("/")
-    log = state.parent / "hub-test.log"
+    log = deployment.root.parent / "hub-test.log"  # outside the root: kept after the test
     hub = Hub(
         url=environment["COMPOSE_PUBLIC_URL"],
         fabric_url=environment["COMPOSE_FABRIC_URL"],
@@ -287,11 +404,26 @@ def test_the_converged_host_serves_https_uses_postgresql_and_spawns(
         ledger.close()
     assert machines == [("researcher1", "running")]
     host = hub.server_host("researcher1")
+    assert host == HOST_ID
     assert len(hub.attached(host)) == 1
+
+    # On the host, through its agent: as the user's own account, on the host's address.
+    pid = host_notebook(deployment.root, "researcher1")
+    assert pid is not None
+    account = accounts(deployment.root)["researcher1"]
+    assert Path(f"/proc/{pid}").stat().st_uid == int(account[2]) >= 1000
+    assert os.readlink(f"/proc/{pid}/root") == str(deployment.root)
+    service_url = process_env(pid)["JUPYTERHUB_SERVICE_URL"]
+    assert service_url.startswith(f"http://{deployment.host_address}:"), service_url
+    cgroups = Path(f"/proc/{pid}/cgroup").read_text()  # held to its share by the agent
+    assert f":/{deployment.cgroup_parent}/" in cgroups, cgroups
 
     stopped = hub.api.delete(f"{hub.url}/hub/api/users/researcher1/server", timeout=60)
     assert stopped.status_code in (202, 204)
     wait_for(lambda: hub.attached(host) == [], 60, "the GPU to go back to the pool")
+    wait_for(
+        lambda: host_notebook(deployment.root, "researcher1") is None, 30, "the notebook to end"
+    )
 
 
 def postgres_tables(url: str) -> set[str]:
@@ -300,24 +432,6 @@ def postgres_tables(url: str) -> set[str]:
         return set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
-
-
-def as_account(root: Path, name: str, script: str) -> subprocess.CompletedProcess[str]:
-    """``script`` run by ``name``'s account in the converged root, as their notebook runs."""
-    account = dict(
-        (line.split(":")[0], line.split(":")) for line in (root / "etc/passwd").read_text().split()
-    )[name]
-    return subprocess.run(
-        [
-            *(shutil.which("chroot") or "/usr/sbin/chroot", str(root)),
-            *("setpriv", f"--reuid={account[2]}", f"--regid={account[3]}", "--clear-groups"),
-            *("--", "/bin/sh", "-c", script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def test_two_users_notebooks_run_as_their_own_accounts_and_cannot_touch_each_other(
@@ -332,7 +446,9 @@ def test_two_users_notebooks_run_as_their_own_accounts_and_cannot_touch_each_oth
         assert response.status_code in (201, 202), response.text
     for name in ("researcher1", "researcher2"):
         hub.wait_ready(name, timeout=180)
-        pids[name] = notebook_pid(hub, name)
+        pid = host_notebook(root, name)
+        assert pid is not None, f"{name}'s notebook is not running on the host"
+        pids[name] = pid
     try:
         uids = {name: Path(f"/proc/{pid}").stat().st_uid for name, pid in pids.items()}
         assert uids["researcher1"] != uids["researcher2"]
