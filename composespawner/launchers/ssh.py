@@ -64,6 +64,8 @@ from composespawner.launchers.ssh_requests import (
 
 # What reaching a host can raise (the agent's own answers aside).
 UNREACHABLE = (OSError, TimeoutError, asyncssh.Error, AgentUnintelligible)
+# Of those, the ones raised before a request could reach the agent: nothing started.
+NEVER_SENT = (ConnectionRefusedError, asyncssh.HostKeyNotVerifiable, asyncssh.PermissionDenied)
 
 
 class SSHLauncher(Launcher, Spawner):
@@ -251,8 +253,11 @@ class SSHLauncher(Launcher, Spawner):
             answer.add_done_callback(_late_start(self, where, machine.machine_id))
             raise
         except (AgentRefused, AgentFailed) as e:
+            self._where = self._machine_id = ""  # nothing runs there: no stop to send
             raise self._host_answered(machine.host, e) from e
         except UNREACHABLE as e:
+            if isinstance(e, NEVER_SENT):
+                self._where = self._machine_id = ""
             raise self._refused(machine.host, where, e) from e
         _running_on(self, where)
         self.log.info(

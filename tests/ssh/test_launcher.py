@@ -135,6 +135,8 @@ async def test_the_agents_refusal_is_logged_and_the_user_told_what_to_do(
     assert "compute host host-1: the host refused it" in refused.value.jupyterhub_message
     assert "m-9" not in refused.value.jupyterhub_message  # another's machine: the log's
     assert "GPU-0f3c is held by machine m-9" in caplog.text
+    await spawner.stop()  # as the hub does after a failed start: nothing runs, nothing sent
+    assert not any(isinstance(r, StopNotebook) for r in agent.requests)
 
     agent.fail_next = "useradd failed"
     with pytest.raises(SpawnRefused, match="failed to start there"):
