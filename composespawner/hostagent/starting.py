@@ -24,6 +24,7 @@ from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
 from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
 from composespawner.launchers.cgroups import join_then
+from composespawner.launchers.notebook_files import write_for_notebook
 
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
 log = logging.getLogger("composespawner.hostagent")
@@ -92,9 +93,6 @@ def deliver(request: StartNotebook, account: pwd.struct_passwd, environment: Any
         if request.stack is not None:
             extra["COMPOSE_STACK_LOCK_SHA256"] = request.stack.lock_sha256
     if request.manifest is not None:
-        # Only here: local_files imports JupyterHub (for its errors), too slow for every channel.
-        from composespawner.launchers.local_files import write_for_notebook
-
         name = f"{request.server or 'default'}.run.json"
         path = Path(account.pw_dir) / ".composespawner" / name
         data = (json.dumps(request.manifest, indent=2) + "\n").encode()

@@ -7,7 +7,6 @@ The local launcher decides when each is done; how is here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pwd
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 from composespawner.domain.catalog import Kit, Stack
+from composespawner.launchers import notebook_files
 from composespawner.launchers.accounts import (
     notebook_account_for,
     switch_account_command,
@@ -22,6 +22,7 @@ from composespawner.launchers.accounts import (
 )
 from composespawner.launchers.base import KitNotDelivered, SpawnRefused
 from composespawner.launchers.environments import StackEnvironments
+from composespawner.launchers.notebook_files import NotAFolder
 
 KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
 
@@ -91,37 +92,8 @@ async def merge_kit(kit: Kit, account: pwd.struct_passwd | None, home: Path) -> 
 
 
 def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None) -> None:
-    """Write ``path`` (mode 0444, the hub's) into a folder of the notebook's (``owner``'s).
-
-    The notebook owns the folder, so as root nothing is trusted by name: the
-    folder is opened without following a symlink, and the file made in it by
-    descriptor, exclusively, so no link the notebook planted is written through.
-    It is written in place, not renamed into place: it is written before the
-    notebook starts, so nothing reads it half-written, and each metadata write
-    saved is one fewer for the hub database's next fsync to wait on (ext4).
-    """
-    folder = path.parent
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o755)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    """:func:`.notebook_files.write_for_notebook`, refused to the user as a spawn error."""
     try:
-        where = os.open(folder, flags)
-    except OSError as e:
-        raise SpawnRefused(
-            f"{folder} is not a folder (it may be a link): remove it and start again.",
-            reason="home",
-            status_code=409,
-        ) from e
-    try:
-        found = os.fstat(where)
-        if owner is not None and (found.st_uid, found.st_gid) != (owner.pw_uid, owner.pw_gid):
-            os.fchown(where, owner.pw_uid, owner.pw_gid)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.name, dir_fd=where)  # the last start's, or a link planted there
-        created = os.open(
-            path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444, dir_fd=where
-        )
-        with os.fdopen(created, "wb") as file:
-            file.write(data)
-    finally:
-        os.close(where)
+        notebook_files.write_for_notebook(path, data, owner)
+    except NotAFolder as e:
+        raise SpawnRefused(str(e), reason="home", status_code=409) from e
