@@ -116,6 +116,7 @@ def host_sshd(root: Path, address: str, port: int, log: Path) -> Iterator[None]:
             30,
             "the host's sshd to listen",
         )
+        assert listens_on(sshd.pid) == {(address, port)}, "sshd listens elsewhere too"
         yield
     finally:
         sshd.terminate()
@@ -190,3 +191,23 @@ def as_account(root: Path, name: str, script: str) -> subprocess.CompletedProces
         timeout=30,
         check=False,
     )
+
+
+def listens_on(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses ``pid`` listens on (IPv4 ones by address, IPv6 ones as "v6")."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    found = set()
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            where, port = fields[1].split(":")
+            host = "v6" if v6 else socket.inet_ntoa(bytes.fromhex(where)[::-1])
+            found.add((host, int(port, 16)))
+    return found

@@ -99,6 +99,8 @@ class Deployment:
     host_port: int
     site_key: Path  # a site admin's key for root, there before the converge
     cgroup_parent: str  # where the agent makes its notebooks' cgroups
+    inventory: Path
+    variables: Path
 
 
 def test_the_playbook_passes_ansible_lint_with_the_production_profile() -> None:
@@ -126,18 +128,28 @@ def catalog_without_stacks(path: Path) -> Path:
     return path
 
 
-def converge(tools: Path, inventory: Path, variables: Path, log: Path) -> Converge:
+def playbook(inventory: Path, variables: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """site.yml run on ``inventory`` with ``variables`` (and ``options``)."""
+    tools = ansible_tools()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}  # this machine's
     env.update(PATH=f"{tools}{os.pathsep}{env['PATH']}", ANSIBLE_NOCOLOR="1")
-    started = time.monotonic()
-    run = subprocess.run(
-        [str(tools / "ansible-playbook"), "-i", str(inventory), "-e", f"@{variables}", "site.yml"],
+    return subprocess.run(
+        [
+            *(str(tools / "ansible-playbook"), "-i", str(inventory), "-e", f"@{variables}"),
+            *options,
+            "site.yml",
+        ],
         cwd=ROOT / "ansible",
         env=env,
         capture_output=True,
         text=True,
         timeout=1200,
     )
+
+
+def converge(inventory: Path, variables: Path, log: Path) -> Converge:
+    started = time.monotonic()
+    run = playbook(inventory, variables)
     seconds = time.monotonic() - started
     log.write_text(run.stdout + run.stderr)
     recaps = RECAP.findall(run.stdout)  # one per host: the hub, the compute host
@@ -150,7 +162,6 @@ def converge(tools: Path, inventory: Path, variables: Path, log: Path) -> Conver
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("deploy")
-    tools = ansible_tools()
     tls = make_tls_files(tmp)
     public_url = f"https://127.0.0.1:{free_port()}"
     wheel_dir = tmp / "dist"
@@ -218,9 +229,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                     }
                 )
             )
-            converges = [
-                converge(tools, inventory, variables, tmp / f"converge{n}.log") for n in (1, 2)
-            ]
+            converges = [converge(inventory, variables, tmp / f"converge{n}.log") for n in (1, 2)]
             record_figures(converges)
             yield Deployment(
                 root,
@@ -234,6 +243,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 port,
                 site_key,
                 cgroup_parent,
+                inventory,
+                variables,
             )
     finally:
         with admin.connect() as connection:
@@ -476,3 +487,26 @@ def test_two_users_notebooks_run_as_their_own_accounts_and_cannot_touch_each_oth
         for name in pids:
             hub.stop(name)
             hub.wait_gone(name)
+
+
+def test_a_site_that_forbids_root_login_is_not_loosened(deployment: Deployment) -> None:
+    """Run last: it changes the root's sshd config, and puts it back."""
+    root = deployment.root
+    dropin = root / "etc/ssh/sshd_config.d/composespawner.conf"
+    main = root / "etc/ssh/sshd_config"
+    kept = dropin.read_text(), main.read_text()
+    dropin.unlink()
+    main.write_text(kept[1] + "PermitRootLogin no\n")
+    keys = [(root / SSH_DIR / "id_ed25519.pub").read_text().strip()]
+    try:
+        run = playbook(
+            deployment.inventory,
+            deployment.variables,
+            *("--limit", HOST_ID, "-e", json.dumps({"composespawner_host_hub_public_keys": keys})),
+        )
+        assert run.returncode != 0, run.stdout[-3000:]
+        assert "forbids root login (PermitRootLogin no)" in run.stdout, run.stdout[-3000:]
+        assert not dropin.exists()
+    finally:
+        dropin.write_text(kept[0])
+        main.write_text(kept[1])
