@@ -49,6 +49,7 @@ KEYS = frozenset(
         "gpu_list_command",
         "build_account",
         "refused_groups",
+        "keep_logs_days",
     }
 )
 
@@ -73,6 +74,7 @@ class AgentConfig:
     gpu_list_command: tuple[str, ...]  # () : GPU presence is not checked
     build_account: str  # the system account stack environments are built as
     refused_groups: tuple[str, ...]  # an account in one of these runs no notebook
+    keep_logs_days: int = 14  # an ended notebook's log in state_dir is kept this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,7 @@ def parse_config(
         gpu_list_command=_command(table, "gpu_list_command", gpu_default, empty_ok=True),
         build_account=_account_name(table, "build_account", BUILD_ACCOUNT),
         refused_groups=_names(table, "refused_groups", REFUSED_GROUPS),
+        keep_logs_days=_number(table, "keep_logs_days", 14, least=0),
     )
 
 

@@ -53,6 +53,7 @@ from composespawner.launchers.processes import process_started
 STOP_GRACE = 8.0  # seconds between SIGTERM and what is left being killed
 WATCH_EVERY = 0.5  # seconds between a watch's looks at the notebooks
 log = logging.getLogger("composespawner.hostagent")
+DAY = 86_400.0  # seconds
 
 __all__ = ["Notebooks", "StartFailed"]
 
@@ -243,9 +244,11 @@ class Notebooks:
         self._remove_cgroups(tuple(Path(c) for c in record.cgroups))
         if locked:
             self.state.remove(record)
-            return
-        with self.state.locked():
-            self.state.remove(record)
+        else:
+            with self.state.locked():
+                self.state.remove(record)
+        # Its log stays for a while (why did it exit?); older ones go, or they pile up.
+        self.state.prune_logs(older_than=time.time() - self.config.keep_logs_days * DAY)
 
     def _remove_cgroups(self, cgroups: tuple[Path, ...]) -> None:
         try:

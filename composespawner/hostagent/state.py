@@ -76,6 +76,14 @@ class StateDir:
             with contextlib.suppress(FileNotFoundError):
                 self.record_path(record.machine).unlink()
 
+    def prune_logs(self, older_than: float) -> None:
+        """Remove the logs of ended notebooks last written before ``older_than`` (epoch s)."""
+        running = {record.machine for record in self.records()}
+        for path in self.path.glob("*.log"):
+            with contextlib.suppress(OSError):  # another agent's prune got there first
+                if path.stem not in running and path.stat().st_mtime < older_than:
+                    path.unlink()
+
     def _load(self, path: Path) -> Record | None:
         try:
             return Record.from_json(json.loads(path.read_text()))

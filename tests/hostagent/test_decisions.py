@@ -4,6 +4,7 @@ what the notebook is given. No process, no account, no cgroup."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from composespawner.hostagent.decisions import (
     start_refusal,
 )
 from composespawner.hostagent.stacks import source_key, stack_of
+from composespawner.hostagent.state import StateDir
 from composespawner.launchers.agent_protocol import StackSource, StartNotebook
 
 pytestmark = pytest.mark.timeout(10)
@@ -86,6 +88,7 @@ def test_every_key_is_taken() -> None:
             "gpu_list_command": ["/bin/cat", "/srv/gpus"],
             "build_account": "stack-builder",
             "refused_groups": ["sudo"],
+            "keep_logs_days": 3,
         },
         SSH,
         FACTS,
@@ -98,6 +101,7 @@ def test_every_key_is_taken() -> None:
     assert config.gpu_list_command == ("/bin/cat", "/srv/gpus")
     assert config.build_account == "stack-builder"
     assert config.refused_groups == ("sudo",)
+    assert config.keep_logs_days == 3
 
 
 @pytest.mark.parametrize(
@@ -286,3 +290,15 @@ def test_the_log_names_the_request_never_its_env() -> None:
     assert "s3cret" not in who(data)
     request = StartNotebook("ada", "", "m1", (), None, None, env=(("T", "s3cret"),))
     assert describe(request) == "op=start user=ada machine=m1"
+
+
+def test_old_logs_of_ended_notebooks_go_and_the_rest_stay(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    state.write(record("running"))
+    for machine in ("running", "ended-old", "ended-new"):
+        state.log_path(machine).write_text("output\n")
+    for machine in ("running", "ended-old"):
+        os.utime(state.log_path(machine), (1_000_000, 1_000_000))
+    state.prune_logs(older_than=2_000_000)
+    assert sorted(p.stem for p in state.path.glob("*.log")) == ["ended-new", "running"]
