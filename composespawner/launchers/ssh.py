@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import asyncssh
 from jupyterhub.spawner import Spawner
-from traitlets import Dict, Float, Unicode
+from traitlets import Dict, Float, Integer, Unicode
 
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
@@ -119,6 +119,13 @@ class SSHLauncher(Launcher, Spawner):
         help="""Seconds between keepalives on each host's connection; three missed
         ones close it (and it is made again on the next request). 0 sends none.""",
     )
+    max_sessions = Integer(
+        10,
+        config=True,
+        help="""The hosts' sshd MaxSessions: how many channels of the hub's connection to a
+        host may be open at once (each start, stop and poll is one, and the exit watch).
+        Requests beyond it wait their turn. Raise it with MaxSessions on the hosts.""",
+    )
     stack_build_timeout = Float(
         BUILD_TIMEOUT,
         config=True,
@@ -200,6 +207,7 @@ class SSHLauncher(Launcher, Spawner):
             known_hosts=self.known_hosts,
             connect_timeout=self.connect_timeout,
             keepalive_interval=self.keepalive_interval,
+            max_sessions=self.max_sessions,
         )
 
     def _link(self, where: str) -> HostLink:
@@ -222,7 +230,7 @@ class SSHLauncher(Launcher, Spawner):
         assert machine is not None, "the mixin composes the machine before start"
         where = self.hosts.get(machine.host)
         if not where or not self.known_hosts:
-            raise self._unconfigured(machine.host)
+            raise _unconfigured(self, machine.host)
         try:
             request = start_request(
                 user=self.user.name,
@@ -254,7 +262,7 @@ class SSHLauncher(Launcher, Spawner):
             raise
         except (AgentRefused, AgentFailed) as e:
             self._where = self._machine_id = ""  # nothing runs there: no stop to send
-            raise self._host_answered(machine.host, e) from e
+            raise _host_answered(self, machine.host, e) from e
         except UNREACHABLE as e:
             if isinstance(e, NEVER_SENT):
                 self._where = self._machine_id = ""
@@ -277,22 +285,6 @@ class SSHLauncher(Launcher, Spawner):
 
     def _progress_line(self, progress: Progress) -> None:
         self.launch_progress(progress.message, progress.percent)
-
-    def _unconfigured(self, host_id: str) -> SpawnRefused:
-        self.log.error(
-            "%s: cannot reach compute host %s: %s",
-            log_name(self),
-            host_id,
-            "c.SSHLauncher.known_hosts is not set (required: no trust on first use)"
-            if not self.known_hosts
-            else f"it is not in c.SSHLauncher.hosts (the hub's host table: {sorted(self.hosts)})",
-        )
-        return host_refusal(host_id, "unknown")
-
-    def _host_answered(self, host_id: str, error: AgentRefused | AgentFailed) -> SpawnRefused:
-        what = "refused the start" if isinstance(error, AgentRefused) else "failed the start"
-        self.log.error("%s: the agent on %s %s: %s", log_name(self), host_id, what, error)
-        return host_refusal(host_id, "refused" if isinstance(error, AgentRefused) else "failed")
 
     # -- stop and poll -------------------------------------------------------------------
 
@@ -368,6 +360,28 @@ class SSHLauncher(Launcher, Spawner):
             _not_running(self._where, self._machine_id)
         self._where = self._host_id = self._machine_id = ""
         self._manifest = self._run_manifest = None
+
+
+def _unconfigured(launcher: SSHLauncher, host_id: str) -> SpawnRefused:
+    """A host the hub cannot reach by its config: the log says what to set."""
+    launcher.log.error(
+        "%s: cannot reach compute host %s: %s",
+        log_name(launcher),
+        host_id,
+        "c.SSHLauncher.known_hosts is not set (required: no trust on first use)"
+        if not launcher.known_hosts
+        else f"it is not in c.SSHLauncher.hosts (the hub's host table: {sorted(launcher.hosts)})",
+    )
+    return host_refusal(host_id, "unknown")
+
+
+def _host_answered(
+    launcher: SSHLauncher, host_id: str, error: AgentRefused | AgentFailed
+) -> SpawnRefused:
+    """The agent refused or failed the start: its reason to the log, the user a way on."""
+    what = "refused the start" if isinstance(error, AgentRefused) else "failed the start"
+    launcher.log.error("%s: the agent on %s %s: %s", log_name(launcher), host_id, what, error)
+    return host_refusal(host_id, "refused" if isinstance(error, AgentRefused) else "failed")
 
 
 def _late_start(launcher: SSHLauncher, where: str, machine_id: str) -> Any:

@@ -69,6 +69,7 @@ class LinkSettings:
     known_hosts: str
     connect_timeout: float
     keepalive_interval: float
+    max_sessions: int = 10  # the hosts' sshd MaxSessions (OpenSSH's default)
 
     @property
     def where(self) -> str:
@@ -93,18 +94,33 @@ class HostLink:
         self._on_exit = on_exit
         self.log: logging.Logger | logging.LoggerAdapter[Any] = log
         self._connection: asyncssh.SSHClientConnection | None = None
-        self._connecting = asyncio.Lock()
+        self._connecting: asyncio.Future[asyncssh.SSHClientConnection] | None = None
+        # sshd runs at most MaxSessions channels of a connection at once and refuses
+        # the next; the watch holds one for good.
+        self._channels = asyncio.Semaphore(max(1, settings.max_sessions - 1))
         self._watch: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
 
     # -- the connection ----------------------------------------------------------
 
     async def connection(self) -> asyncssh.SSHClientConnection:
-        """The open connection, made now if there is none (one at a time)."""
-        async with self._connecting:
-            if self._connection is None or self._connection.is_closed():
-                self._connection = await self._connect()
-        return self._connection
+        """The open connection, made now if there is none.
+
+        Every request that needs it meanwhile waits for the same attempt, and
+        fails with it: a host that does not answer costs one connect_timeout,
+        not one per request in line.
+        """
+        if self._connection is not None and not self._connection.is_closed():
+            return self._connection
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(self._connected)
+        return await asyncio.shield(self._connecting)
+
+    def _connected(self, attempt: asyncio.Future[asyncssh.SSHClientConnection]) -> None:
+        self._connecting = None
+        if not attempt.cancelled() and attempt.exception() is None:
+            self._connection = attempt.result()
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         s = self.settings
@@ -123,7 +139,7 @@ class HostLink:
                 kbdint_auth=False,
                 preferred_auth="publickey",
                 connect_timeout=s.connect_timeout,
-                keepalive_interval=s.keepalive_interval or None,
+                keepalive_interval=s.keepalive_interval,
                 keepalive_count_max=3,
             ),
             # connect_timeout covers the handshake; this bounds the whole of it too.
@@ -193,7 +209,14 @@ class HostLink:
         return connection
 
     @asynccontextmanager
-    async def _channel(self, connection: asyncssh.SSHClientConnection) -> AsyncIterator[Channel]:
+    async def _channel(
+        self, connection: asyncssh.SSHClientConnection, watch: bool = False
+    ) -> AsyncIterator[Channel]:
+        async with self._channels if not watch else _no_wait(), self._opened(connection) as channel:
+            yield channel
+
+    @asynccontextmanager
+    async def _opened(self, connection: asyncssh.SSHClientConnection) -> AsyncIterator[Channel]:
         try:
             process = await connection.create_process(AGENT_COMMAND, encoding=None)
         except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError):
@@ -231,7 +254,7 @@ class HostLink:
         while True:
             try:
                 connection = await self.connection()
-                async with self._channel(connection) as channel:
+                async with self._channel(connection, watch=True) as channel:
                     # Ended by EOF as every request; the agent then watches until the
                     # channel closes (its stdout's reader gone).
                     channel.stdin.write(encode_request(WatchExits()))
@@ -283,6 +306,11 @@ class Channel:
         self._stderr.cancel()
         with suppress(Exception):
             self._process.close()
+
+
+@asynccontextmanager
+async def _no_wait() -> AsyncIterator[None]:
+    yield
 
 
 def describe(error: BaseException) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -188,3 +190,30 @@ async def test_a_restarted_hub_finds_the_notebook_by_its_state_and_watches_it(
     await asyncio.wait_for(again.exited.wait(), 5)
     again.clear_state()
     assert "ssh_machine" not in again.get_state()
+
+
+async def test_requests_beyond_the_hosts_max_sessions_wait_their_turn(
+    users: list[User], agent: FakeAgent
+) -> None:
+    agent.hold = asyncio.Event()
+    spawners = [launcher(user, agent, max_sessions=3) for user in users]
+    starts = [asyncio.ensure_future(s.start()) for s in spawners]
+    await agent.until(lambda: agent.open_now == 2)  # the watch holds the third
+    agent.hold.set()
+    await asyncio.gather(*starts)
+    assert agent.most_open == 2
+
+
+async def test_a_host_that_does_not_answer_costs_one_connect_timeout(
+    users: list[User], agent: FakeAgent
+) -> None:
+    with socket.socket() as silent:  # accepts, then says nothing: no SSH banner
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        where = f"127.0.0.1:{silent.getsockname()[1]}"
+        spawners = [launcher(user, agent, connect_timeout=1) for user in users]
+        for spawner in spawners:
+            spawner.load_state({"ssh_host": where, "ssh_machine": f"m-{spawner.user.name}"})
+        began = time.monotonic()
+        assert await asyncio.gather(*(s.poll() for s in spawners)) == [None, None, None]
+        assert time.monotonic() - began < 2.5  # one attempt shared, not three in line

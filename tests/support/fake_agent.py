@@ -46,6 +46,8 @@ class FakeAgent:
     fail_next: str | None = None
     hold: asyncio.Event | None = None  # starts wait for it when set
     commands: list[str] = field(default_factory=list)
+    open_now: int = 0  # request channels open at once (a watch not counted)
+    most_open: int = 0
     _watches: list[asyncssh.SSHServerProcess[bytes]] = field(default_factory=list)
     _server: asyncssh.SSHAcceptor | None = None
     _conns: list[asyncssh.SSHServerConnection] = field(default_factory=list)
@@ -143,7 +145,12 @@ class FakeAgent:
             await process.channel.wait_closed()
             return
         await self._note()
-        process.stdout.write(await self._answer(request, process))
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            process.stdout.write(await self._answer(request, process))
+        finally:
+            self.open_now -= 1
         process.exit(0)
         await self._note()
 
