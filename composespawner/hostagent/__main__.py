@@ -39,21 +39,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: list[str], say: Callable[[bytes], None], stdout_fd: int) -> int:
-    refusal = command_refusal(os.environ)
-    if refusal:
-        refuse(f"command={os.environ.get('SSH_ORIGINAL_COMMAND', '')!r}", refusal, say)
-        return 1
+    # The config first, so that even a refused command reaches log_file.
     try:
         config = load_config(_config_path(args), os.environ)
     except ConfigError as e:
-        log.error("cannot start: %s", e)
-        say(reply(ok=False, error=f"the host agent is misconfigured: {e}"))
-        return 2
-    if config.log_file is not None:
+        config, broken = None, e
+    if config is not None and config.log_file is not None:
         try:
             _log_to(logging.FileHandler(config.log_file))
         except OSError as e:
             log.error("cannot log to %s: %s", config.log_file, e.strerror)
+    refusal = command_refusal(os.environ)
+    if refusal:
+        refuse(f"command={os.environ.get('SSH_ORIGINAL_COMMAND', '')!r}", refusal, say)
+        return 1
+    if config is None:
+        log.error("cannot start: %s", broken)
+        say(reply(ok=False, error=f"the host agent is misconfigured: {broken}"))
+        return 2
     data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
     return 0 if handle(data, config, say, stdout_fd) else 1
 

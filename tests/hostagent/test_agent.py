@@ -189,6 +189,14 @@ def test_another_command_through_the_hubs_key_is_refused(host: Host) -> None:
     assert (status, lines) == (0, [{"ok": True, "running": False, "status": None}])
 
 
+def test_a_refused_command_reaches_the_hosts_log_file(host: Host) -> None:
+    log_file = host.root / "agent.log"
+    host.reconfigure(log_file=str(log_file))
+    poll = {"v": 1, "op": "poll", "machine": "m1"}
+    assert "composespawner-host only" in refused(host, poll, SSH_ORIGINAL_COMMAND="cat /etc/shadow")
+    assert "cat /etc/shadow" in log_file.read_text()
+
+
 def test_gpus_the_host_lacks_and_accounts_it_may_not_make_are_refused(host: Host) -> None:
     listed = host.root / "gpus.txt"
     listed.write_text("GPU-aaaa0000-0000-0000-0000-000000000001\n")
