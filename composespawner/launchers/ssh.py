@@ -48,6 +48,7 @@ from composespawner.launchers.ssh_links import (
     HostLink,
     HostLinks,
     LinkSettings,
+    Trips,
     describe,
 )
 from composespawner.launchers.ssh_requests import (
@@ -251,9 +252,9 @@ class SSHLauncher(Launcher, Spawner):
             ) from e
         self._where, self._host_id, self._machine_id = where, machine.host, machine.machine_id
         link = self._link(where)
-        began, channels = time.monotonic(), link.counters.channels
+        began, trips = time.monotonic(), Trips()
         answer = asyncio.ensure_future(
-            link.request(request, self.start_timeout, self._progress_line)
+            link.request(request, self.start_timeout, self._progress_line, trips)
         )
         try:
             done = await asyncio.shield(answer)
@@ -269,15 +270,17 @@ class SSHLauncher(Launcher, Spawner):
             raise self._refused(machine.host, where, e) from e
         _running_on(self, where)
         self.log.info(
-            "%s: notebook %s started on %s (%s) as pid %s in %.2f s; SSH: %d channels"
-            " this start, %d connections and %d channels opened by this hub",
+            "%s: notebook %s started on %s (%s) as pid %s in %.2f s; SSH: %d channel(s)"
+            " and %d new connection(s) this start, %d connections and %d channels opened"
+            " by this hub",
             log_name(self),
             machine.machine_id,
             machine.host,
             where,
             done.get("pid"),
             time.monotonic() - began,
-            link.counters.channels - channels,
+            trips.channels,
+            trips.connections,
             link.counters.connections,
             link.counters.channels,
         )

@@ -84,6 +84,14 @@ class Counters:
     channels: int = 0  # channels opened (requests and watches)
 
 
+@dataclass
+class Trips:
+    """What one request cost: channels it opened, connections made while it waited."""
+
+    channels: int = 0
+    connections: int = 0
+
+
 class HostLink:
     """The connection to one host's agent, made on first use and again after a loss."""
 
@@ -173,15 +181,30 @@ class HostLink:
         request: Request,
         within: float,
         progress: Callable[[Progress], None] | None = None,
+        trips: Trips | None = None,
     ) -> dict[str, Any]:
         """Send ``request``, follow its progress, and return what the agent answered.
 
         Raises :class:`AgentRefused`, :class:`AgentFailed`, :class:`AgentUnintelligible`,
         TimeoutError (``within`` seconds for the whole), or the connection's error
-        (OSError, asyncssh.Error).
+        (OSError, asyncssh.Error). ``trips`` counts what it took.
         """
         data = encode_request(request)
-        async with asyncio.timeout(within), self._channel(await self._reached()) as process:
+        trips = trips if trips is not None else Trips()
+        connections = self.counters.connections
+        try:
+            return await self._request(data, within, progress, trips)
+        finally:
+            trips.connections = self.counters.connections - connections
+
+    async def _request(
+        self,
+        data: bytes,
+        within: float,
+        progress: Callable[[Progress], None] | None,
+        trips: Trips,
+    ) -> dict[str, Any]:
+        async with asyncio.timeout(within), self._channel(await self._reached(), trips) as process:
             process.stdin.write(data)
             process.stdin.write_eof()
             async for line in process.stdout:
@@ -210,13 +233,19 @@ class HostLink:
 
     @asynccontextmanager
     async def _channel(
-        self, connection: asyncssh.SSHClientConnection, watch: bool = False
+        self, connection: asyncssh.SSHClientConnection, trips: Trips | None = None
     ) -> AsyncIterator[Channel]:
-        async with self._channels if not watch else _no_wait(), self._opened(connection) as channel:
+        """A request's channel (``trips`` given), when one of max_sessions is free; or
+        the watch's, which holds the one kept for it."""
+        seat = self._channels if trips is not None else _no_wait()
+        async with seat, self._opened(connection, trips or Trips()) as channel:
             yield channel
 
     @asynccontextmanager
-    async def _opened(self, connection: asyncssh.SSHClientConnection) -> AsyncIterator[Channel]:
+    async def _opened(
+        self, connection: asyncssh.SSHClientConnection, trips: Trips
+    ) -> AsyncIterator[Channel]:
+        trips.channels += 1
         try:
             process = await connection.create_process(AGENT_COMMAND, encoding=None)
         except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError):
@@ -225,6 +254,7 @@ class HostLink:
             if self._connection is connection:
                 self._connection = None
             connection = await self._reached()
+            trips.channels += 1
             process = await connection.create_process(AGENT_COMMAND, encoding=None)
         self.counters.channels += 1
         channel = Channel(process)
@@ -254,7 +284,7 @@ class HostLink:
         while True:
             try:
                 connection = await self.connection()
-                async with self._channel(connection, watch=True) as channel:
+                async with self._channel(connection) as channel:
                     # Ended by EOF as every request; the agent then watches until the
                     # channel closes (its stdout's reader gone).
                     channel.stdin.write(encode_request(WatchExits()))
