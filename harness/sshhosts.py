@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ class SSHHosts:
     known_hosts: Path
     home_root: Path
     cgroup_parent: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    notebook_command: tuple[str, ...] = ()
 
     def hub_config(self, connect_timeout: float = 5) -> str:
         """The lines that make ``running_hub``'s demo hub run notebooks on these hosts."""
@@ -132,6 +132,15 @@ c.SSHLauncher.connect_timeout = {connect_timeout!r}
         state = self.hosts[host_id].state_dir
         return sorted(state.glob("*.json")) if state.is_dir() else []
 
+    def all_records(self) -> list[dict[str, Any]]:
+        """Every host agent's records of the notebooks it runs."""
+        found = []
+        for host_id in self.hosts:
+            for path in self.records(host_id):
+                with suppress(OSError, ValueError):
+                    found.append(json.loads(path.read_text()))
+        return found
+
     def notebook(self, user: str, server: str = "") -> tuple[SSHHost, dict[str, Any]] | None:
         """The host and agent's record of ``user``'s notebook ``server``, if one runs."""
         for host in self.hosts.values():
@@ -155,9 +164,13 @@ def ssh_hosts(
     cores: int = 64,
     memory_gib: int = 512,
     users: Sequence[str] = DEMO_USERS,
+    notebook_command: Sequence[str] = (),
 ) -> Iterator[SSHHosts]:
     """Start an sshd per host in ``host_ids`` (capacity ``cores``/``memory_gib`` each,
-    the demo inventory's); remove at the end the accounts among ``users`` the agents made."""
+    the demo inventory's); remove at the end the accounts among ``users`` the agents made.
+
+    ``notebook_command``: what the agents run for a start without a stack (default:
+    this venv's jupyterhub-singleuser)."""
     assert os.geteuid() == 0, "the hosts' sshd and agents run as root, as on a real host"
     existed = {user for user in users if _account(user) is not None}
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -176,6 +189,7 @@ def ssh_hosts(
         known_hosts=folder / "known_hosts",
         home_root=home_root,
         cgroup_parent=f"composespawner-test/{token}",
+        notebook_command=tuple(notebook_command),
     )
     try:
         for host in hosts.values():
@@ -202,6 +216,8 @@ def _hosts(folder: Path, host_ids: Sequence[str]) -> dict[str, SSHHost]:
 def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None:
     _keygen(host.host_key, host.host_id)
     host.state_dir.mkdir(mode=0o700)
+    # A JSON list of strings is a TOML array of strings.
+    notebook = f"notebook_command = {json.dumps(hosts.notebook_command)}\n"
     host.agent_config.write_text(
         f'listen_address = "{host.address}"\n'
         f'state_dir = "{host.state_dir}"\n'
@@ -211,7 +227,7 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         f"memory_gib = {memory_gib}\n"
         f'log_file = "{host.agent_log}"\n'
         # The fabric's GPUs are simulated: no GPU of theirs is on this machine to find.
-        "gpu_list_command = []\n"
+        "gpu_list_command = []\n" + (notebook if hosts.notebook_command else "")
     )
     public = hosts.client_key.with_suffix(".pub").read_text().strip()
     command = f"{AGENT} --config {host.agent_config}"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import asyncssh
+from prometheus_client import Counter
 
 from composespawner.launchers.agent_protocol import (
     Done,
@@ -42,6 +43,15 @@ AGENT_COMMAND = "composespawner-host"
 STDERR_KEPT = 2000  # characters of the agent's stderr kept for the hub's log
 WATCH_RETRY_FIRST = 1.0  # seconds before the first try to watch a host again
 WATCH_RETRY_MOST = 30.0
+
+# On the hub's /hub/metrics: the goal is one connection per host, a channel per request.
+SSH_CONNECTIONS = Counter(
+    "composespawner_ssh_connections", "SSH connections the hub opened to compute hosts"
+)
+SSH_CHANNELS = Counter(
+    "composespawner_ssh_channels",
+    "SSH channels the hub opened to compute hosts' agents (one per request, one per watch)",
+)
 
 ExitCallback = Callable[["LinkSettings", str, int | None], Awaitable[None]]
 
@@ -78,7 +88,7 @@ class LinkSettings:
 
 @dataclass
 class Counters:
-    """SSH work done by this hub process, for its log and the benchmarks."""
+    """SSH work done by this hub process, for its log (and SSH_* for its metrics)."""
 
     connections: int = 0  # connections opened (a reconnect counts)
     channels: int = 0  # channels opened (requests and watches)
@@ -154,6 +164,7 @@ class HostLink:
             s.connect_timeout + 1,
         )
         self.counters.connections += 1
+        SSH_CONNECTIONS.inc()
         self.log.info(
             "SSH: connected to %s in %.2f s (%d connections opened by this hub)",
             s.where,
@@ -257,6 +268,7 @@ class HostLink:
             trips.channels += 1
             process = await connection.create_process(AGENT_COMMAND, encoding=None)
         self.counters.channels += 1
+        SSH_CHANNELS.inc()
         channel = Channel(process)
         try:
             yield channel

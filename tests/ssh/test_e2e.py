@@ -133,6 +133,9 @@ def test_a_notebook_runs_as_its_user_on_its_host_and_stop_gives_all_back(
     assert [channels for channels, _ in trips] == ["1", "1"], trips
     # A connection made by each host's first start, reused by the next.
     assert sum(int(made) for _, made in trips) == len({host.host_id, other_host.host_id})
+    metrics = hub.api.get(f"{hub.url}/hub/metrics", timeout=30).text
+    assert re.search(r"^composespawner_ssh_connections_total [1-9]", metrics, re.MULTILINE)
+    assert re.search(r"^composespawner_ssh_channels_total [1-9]", metrics, re.MULTILINE)
     print(f"student1's start took {took:.2f} s; other host {other_host.host_id}")
 
 
