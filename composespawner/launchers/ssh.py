@@ -212,7 +212,7 @@ class SSHLauncher(Launcher, Spawner):
         )
 
     def _link(self, where: str) -> HostLink:
-        return self.links.link(self._settings(where), _exit_seen, self.log)
+        return self.links.link(self._settings(where), _exit_seen, self.log, _runs_there)
 
     def _refused(self, host_id: str, where: str, error: BaseException) -> SpawnRefused:
         """The refusal of a start that could not reach the host; the log says why."""
@@ -408,6 +408,12 @@ def _running_on(launcher: SSHLauncher, where: str) -> None:
 
 def _not_running(where: str, machine_id: str) -> None:
     SSHLauncher._running.pop((where, machine_id), None)
+
+
+def _runs_there(settings: LinkSettings) -> bool:
+    """Whether a notebook of this hub runs at the host ``settings`` reach."""
+    at = (settings.address, settings.port)
+    return any(parse_address(where) == at for where, _ in SSHLauncher._running)
 
 
 async def _exit_seen(settings: LinkSettings, machine_id: str, status: int | None) -> None:

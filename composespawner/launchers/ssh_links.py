@@ -107,9 +107,16 @@ class HostLink:
 
     counters: ClassVar[Counters] = Counters()
 
-    def __init__(self, settings: LinkSettings, on_exit: ExitCallback, log: Any) -> None:
+    def __init__(
+        self,
+        settings: LinkSettings,
+        on_exit: ExitCallback,
+        log: Any,
+        watched: Callable[[LinkSettings], bool] = lambda settings: True,
+    ) -> None:
         self.settings = settings
         self._on_exit = on_exit
+        self._watched = watched  # whether a notebook of this hub runs there
         self.log: logging.Logger | logging.LoggerAdapter[Any] = log
         self._connection: asyncssh.SSHClientConnection | None = None
         self._connecting: asyncio.Future[asyncssh.SSHClientConnection] | None = None
@@ -292,7 +299,9 @@ class HostLink:
             self._watch = asyncio.ensure_future(self._watching())
 
     async def _watching(self) -> None:
-        delay = WATCH_RETRY_FIRST
+        """Until cancelled, or the host is away and runs none of this hub's notebooks (a
+        request starts it again)."""
+        s, delay = self.settings, WATCH_RETRY_FIRST
         while True:
             try:
                 connection = await self.connection()
@@ -306,14 +315,17 @@ class HostLink:
                         reply = self._parsed(line, channel) if line.strip() else None
                         if isinstance(reply, Exited):
                             await self._exited(reply)
-                self.log.warning("SSH: %s's exit watch ended; watching again", self.settings.where)
+                self.log.warning("SSH: %s's exit watch ended; watching again", s.where)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # anything: the watch must outlive it
+                if not self._watched(self.settings):
+                    self.log.info("SSH: %s runs no notebook of this hub; not watched", s.where)
+                    return
                 self.log.warning(
                     "SSH: cannot watch %s for notebook exits (%s); again in %.0f s"
                     " (meanwhile the hub's polls find them)",
-                    self.settings.where,
+                    s.where,
                     describe(e),
                     delay,
                 )
@@ -367,11 +379,17 @@ class HostLinks:
     def __init__(self) -> None:
         self._links: dict[LinkSettings, HostLink] = {}
 
-    def link(self, settings: LinkSettings, on_exit: ExitCallback, log: Any) -> HostLink:
+    def link(
+        self,
+        settings: LinkSettings,
+        on_exit: ExitCallback,
+        log: Any,
+        watched: Callable[[LinkSettings], bool] = lambda settings: True,
+    ) -> HostLink:
         link = self._links.get(settings)
         # A link belongs to the event loop it was made on (a test's loop ends with it).
         if link is None or link.loop is not asyncio.get_running_loop():
-            link = self._links[settings] = HostLink(settings, on_exit, log)
+            link = self._links[settings] = HostLink(settings, on_exit, log, watched)
         return link
 
     async def close(self) -> None:

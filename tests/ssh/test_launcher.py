@@ -217,3 +217,19 @@ async def test_a_host_that_does_not_answer_costs_one_connect_timeout(
         began = time.monotonic()
         assert await asyncio.gather(*(s.poll() for s in spawners)) == [None, None, None]
         assert time.monotonic() - began < 2.5  # one attempt shared, not three in line
+
+
+async def test_a_host_gone_away_with_none_of_the_hubs_notebooks_is_not_watched(
+    users: list[User], tmp_path: Path
+) -> None:
+    (tmp_path / "gone").mkdir()
+    async with FakeAgent(tmp_path / "gone") as gone:
+        spawner = launcher(users[0], gone)
+        await spawner.start()
+        await gone.until(lambda: gone.watching > 0)
+        await spawner.stop()
+        link = spawner._link(gone.where)
+    watch = link._watch
+    assert watch is not None
+    await asyncio.wait_for(watch, 5)  # ended, not retrying every 30 s for ever
+    await SSHLauncher.links.close()
