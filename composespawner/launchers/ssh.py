@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import asyncssh
 from jupyterhub.spawner import Spawner
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Dict, Float, Integer, TraitError, Unicode, validate
 
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
@@ -196,6 +196,21 @@ class SSHLauncher(Launcher, Spawner):
             env["NVIDIA_VISIBLE_DEVICES"] = nvidia_visible_devices(self.machine)
         return env
 
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()
+        env.update(self.launcher_env())  # what the agent sets itself is left out of the request
+        return env
+
+    @validate("hosts")
+    def _valid_hosts(self, proposal: dict[str, Any]) -> dict[str, str]:
+        hosts: dict[str, str] = proposal["value"]
+        try:
+            for where in hosts.values():
+                parse_address(where)
+        except ValueError as e:
+            raise TraitError(f"c.SSHLauncher.hosts: {e}") from e
+        return hosts
+
     # -- the host -----------------------------------------------------------------------
 
     def _settings(self, where: str) -> LinkSettings:
@@ -213,16 +228,6 @@ class SSHLauncher(Launcher, Spawner):
 
     def _link(self, where: str) -> HostLink:
         return self.links.link(self._settings(where), _exit_seen, self.log, _runs_there)
-
-    def _refused(self, host_id: str, where: str, error: BaseException) -> SpawnRefused:
-        """The refusal of a start that could not reach the host; the log says why."""
-        detail = describe(error)
-        if isinstance(error, asyncssh.HostKeyNotVerifiable):
-            settings = self._settings(where)
-            detail = host_key_problem(settings.known_hosts, settings.address, settings.port)
-        log_line, refusal = unreachable(error, host_id, where, detail, self.connect_timeout)
-        self.log.error("%s: %s", log_name(self), log_line)
-        return refusal
 
     # -- start ----------------------------------------------------------------------------
 
@@ -267,7 +272,7 @@ class SSHLauncher(Launcher, Spawner):
         except UNREACHABLE as e:
             if isinstance(e, NEVER_SENT):
                 self._where = self._machine_id = ""
-            raise self._refused(machine.host, where, e) from e
+            raise _unreachable(self, machine.host, where, e) from e
         _running_on(self, where)
         self.log.info(
             "%s: notebook %s started on %s (%s) as pid %s in %.2f s; SSH: %d channel(s)"
@@ -363,6 +368,19 @@ class SSHLauncher(Launcher, Spawner):
             _not_running(self._where, self._machine_id)
         self._where = self._host_id = self._machine_id = ""
         self._manifest = self._run_manifest = None
+
+
+def _unreachable(
+    launcher: SSHLauncher, host_id: str, where: str, error: BaseException
+) -> SpawnRefused:
+    """The refusal of a start that could not reach the host; the log says why."""
+    detail = describe(error)
+    if isinstance(error, asyncssh.HostKeyNotVerifiable):
+        settings = launcher._settings(where)
+        detail = host_key_problem(settings.known_hosts, settings.address, settings.port)
+    log_line, refusal = unreachable(error, host_id, where, detail, launcher.connect_timeout)
+    launcher.log.error("%s: %s", log_name(launcher), log_line)
+    return refusal
 
 
 def _unconfigured(launcher: SSHLauncher, host_id: str) -> SpawnRefused:

@@ -4,6 +4,7 @@ what it makes of the answers, one connection per host, and exits seen as they ha
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import socket
 import time
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 from jupyterhub.user import User
+from traitlets import TraitError
 
+from composespawner.domain.catalog import Kit, Stack, StackBuild
 from composespawner.launchers.agent_protocol import PollNotebook, StartNotebook, StopNotebook
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.ssh import SSHLauncher
@@ -233,3 +236,36 @@ async def test_a_host_gone_away_with_none_of_the_hubs_notebooks_is_not_watched(
     assert watch is not None
     await asyncio.wait_for(watch, 5)  # ended, not retrying every 30 s for ever
     await SSHLauncher.links.close()
+
+
+async def test_a_stack_goes_with_its_lock_and_a_kit_is_refused(
+    users: list[User], agent: FakeAgent, tmp_path: Path
+) -> None:
+    lock = tmp_path / "cpu.lock"
+    lock.write_text("jupyterlab==4.4.0\n")
+    sha = hashlib.sha256(lock.read_bytes()).hexdigest()
+    spawner = launcher(users[0], agent)
+    spawner.stack = Stack("lab", "Lab", cpu=StackBuild(lock, sha), env=(("SEED", "0"),))
+    spawner.check_stack(spawner.stack)
+    await spawner.prepare_launch()
+    await spawner.start()
+    start = next(r for r in agent.requests if isinstance(r, StartNotebook))
+    assert start.stack is not None
+    assert (start.stack.id, start.stack.lock_sha256) == ("lab", sha)
+    assert dict(start.env)["COMPOSE_STACK_LOCK_SHA256"] == sha
+    assert spawner.extra_start_time(spawner.stack) == spawner.stack_build_timeout
+
+    with pytest.raises(SpawnRefused, match="CPU lock") as refused:
+        spawner.check_stack(Stack("gpu-only", "GPU only", gpu=StackBuild(lock, sha)))
+    assert refused.value.status_code == 409
+    kit = Kit("mnist", "MNIST", "lab", tmp_path, "mnist.ipynb", "mnist")
+    with pytest.raises(SpawnRefused, match="starter kit cannot be delivered") as refused:
+        spawner.check_kit(kit)
+    assert refused.value.status_code == 409
+
+
+def test_a_host_table_with_a_bad_address_is_refused_at_configuration(
+    users: list[User], tmp_path: Path
+) -> None:
+    with pytest.raises(TraitError, match="'node7:ssh'"):
+        ssh_launcher(users[0], {"host-1": "node7:ssh"}, tmp_path / "k", tmp_path / "kh")
