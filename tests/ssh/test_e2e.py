@@ -73,13 +73,12 @@ def uid_of(pid: int) -> int:
     return int(re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
 
 
-def memory_limit(pid: int) -> int | None:
-    """The memory limit of the v1 memory cgroup ``pid`` is in (this machine's hierarchy)."""
+def cgroup_value(pid: int, controller: str, name: str) -> int | None:
+    """A setting of the v1 ``controller`` cgroup ``pid`` is in (this machine's hierarchy)."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            limit = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.limit_in_bytes")
-            return int(limit.read_text())
+        if controller in controllers.split(","):
+            return int(Path("/sys/fs/cgroup", controller, path.lstrip("/"), name).read_text())
     return None
 
 
@@ -104,7 +103,12 @@ def test_a_notebook_runs_as_its_user_on_its_host_and_stop_gives_all_back(
     assert env["COMPOSE_HOST"] == host.host_id == hub.server_host("student1")
     assert env["HOME"] == account.pw_dir
     assert not any(name.startswith("LD_") for name in env)
-    assert memory_limit(pid) == int(env["COMPOSE_MEMORY_GIB"]) * 2**30
+    assert (
+        cgroup_value(pid, "memory", "memory.limit_in_bytes")
+        == int(env["COMPOSE_MEMORY_GIB"]) * 2**30
+    )
+    quota = cgroup_value(pid, "cpu", "cpu.cfs_quota_us")
+    assert quota == int(env["COMPOSE_CORES"]) * cgroup_value(pid, "cpu", "cpu.cfs_period_us")
     assert record["memory_gib"] == int(env["COMPOSE_MEMORY_GIB"])
     # It listens on its host's address, where the hub's proxy reaches it.
     assert env["JUPYTERHUB_SERVICE_URL"].startswith(f"http://{host.address}:{record['port']}/")
