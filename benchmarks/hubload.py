@@ -39,7 +39,8 @@ from harness.hub import ADMIN_TOKEN, Hub
 RESULTS = Path(__file__).with_name("results")
 STANDIN = Path(__file__).with_name("standin_notebook.py")
 # -I: no user site, no PYTHON* variables: the stand-in starts in ~30 ms.
-STANDIN_ENV = {"COMPOSE_NOTEBOOK_CMD": f"{sys.executable} -I {STANDIN}"}
+STANDIN_COMMAND = (sys.executable, "-I", str(STANDIN))
+STANDIN_ENV = {"COMPOSE_NOTEBOOK_CMD": " ".join(STANDIN_COMMAND)}
 # Same swap as benchmarks/spawn_to_lab.py's BASELINE_CONFIG (not imported: that
 # module needs Playwright).
 STOCK_SPAWNER_CONFIG = """

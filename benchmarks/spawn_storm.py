@@ -45,25 +45,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from benchmarks.hubload import (
+    HOST_CORES,
+    HOST_MEMORY_GIB,
     RESULTS,
+    STANDIN_COMMAND,
     STOCK_SPAWNER_CONFIG,
     FabricSize,
-    HolderCheck,
     active_servers,
     api_session,
     check_holders,
@@ -75,12 +74,11 @@ from benchmarks.hubload import (
     keep_log,
     load_config,
     load_env,
-    percentile,
-    ratio,
     shared_fabric_for,
     wait_released,
     write_result,
 )
+from benchmarks.storm_report import Round, Side, UserRun, print_table, result
 from harness.hub import Hub, process_env, running_hub
 from harness.kube import (
     KubeApiServer,
@@ -89,79 +87,13 @@ from harness.kube import (
     kubespawner_config,
 )
 from harness.kubelet import running_nodes
+from harness.sshhosts import SSHHosts, ssh_hosts
 
 USERS = 200
 KUBERNETES_USERS = 100
 ROUNDS = 5  # single rounds swung ±25% here (stock alone 16-23 s); 3 were not enough
-OPTIONS: dict[str, Any] = {"gpu_model": "t4", "gpu_count": 1, "network": "shared", "scratch_gb": 0}
 POLL_EVERY = 0.2
 STORM_DEADLINE = 600.0  # seconds for all spawns, and again for all stops
-
-
-@dataclass
-class UserRun:
-    user: str
-    options: dict[str, Any] = field(default_factory=lambda: dict(OPTIONS))  # user_options
-    posted: float = 0.0  # perf_counter of the first POST
-    answered: float | None = None  # when the POST was accepted (201/202)
-    ready: float | None = None  # the listing that first showed it ready
-    stop_sent: float | None = None
-    gone: float | None = None
-    throttled: int = 0  # 429 answers
-    error: str | None = None
-
-    @property
-    def ready_s(self) -> float | None:
-        return None if self.ready is None else self.ready - self.posted
-
-
-@dataclass
-class Side:
-    spawner: str
-    runs: list[UserRun]
-    stop_all_s: float
-    hub_log: dict[str, int]
-    listings: list[float]  # seconds each admin listing took while waiting for the stops
-    peak: HolderCheck | None = None
-    after: HolderCheck | None = None
-    stop_errors: list[str] = field(default_factory=list)
-
-    @property
-    def ready_times(self) -> list[float]:
-        return sorted(r.ready_s for r in self.runs if r.ready_s is not None)
-
-    @property
-    def failures(self) -> int:
-        return sum(r.error is not None for r in self.runs)
-
-    @property
-    def http_429(self) -> int:
-        return sum(r.throttled for r in self.runs)
-
-    def summary(self) -> dict[str, Any]:
-        times = self.ready_times
-        stops = [r.gone - r.stop_sent for r in self.runs if r.gone and r.stop_sent]
-        reasons = Counter((r.error or "")[:160] for r in self.runs if r.error)
-        return {
-            "ready": len(times),
-            "failures": self.failures,
-            "http_429": self.http_429,
-            "p50_s": percentile(times, 50),
-            "p95_s": percentile(times, 95),
-            "max_s": max(times, default=float("nan")),
-            "stop_p50_s": percentile(stops, 50),
-            "stop_p95_s": percentile(stops, 95),
-            "stop_all_s": self.stop_all_s,
-            "failure_reasons": dict(reasons.most_common(5)),
-            "stop_errors": self.stop_errors[:5],
-            "hub_log": self.hub_log,
-            "stop_listing_p50_ms": 1000 * percentile(self.listings, 50),
-            "stop_listing_p95_ms": 1000 * percentile(self.listings, 95),
-            "stop_listings": len(self.listings),
-        }
-
-
-# -- one storm ----------------------------------------------------------------------
 
 
 def run_side(
@@ -174,16 +106,33 @@ def run_side(
     cluster: KubeApiServer | None = None,
     options: Callable[[int], dict[str, Any]] | None = None,
     name_as: str = "spawn_storm",
+    ssh: bool = False,
 ) -> Side:
-    """One storm on a fresh hub; with ``cluster``, notebooks are pods on it. ``options``:
-    user number → what that user asks for (default: one T4)."""
-    with tempfile.TemporaryDirectory() as tmp_name:
+    """One storm on a fresh hub; with ``cluster``, notebooks are pods on it; with ``ssh``,
+    processes on the simulated hosts, each a real sshd with the host agent (compose-ssh).
+    ``options``: user number → what that user asks for (default: one T4)."""
+    names = [f"storm{i:04d}" for i in range(users)]
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as hosts_up:
         tmp = Path(tmp_name)
         inventory = tmp / "bench_inventory.toml"
         inventory.write_text(inventory_toml(size))
         config = load_config(spawn_limit=spawn_limit, page_limit=users)
         env = load_env(inventory)
-        if cluster is not None:
+        hosts = None
+        if ssh:
+            hosts = hosts_up.enter_context(
+                ssh_hosts(
+                    tmp,
+                    host_ids(size),
+                    cores=HOST_CORES,
+                    memory_gib=HOST_MEMORY_GIB,
+                    users=names,
+                    notebook_command=STANDIN_COMMAND,
+                )
+            )
+            config += hosts.hub_config()
+            name = "ComposeSSHSpawner"
+        elif cluster is not None:
             config += kubespawner_config(
                 "kubespawner.KubeSpawner" if stock else "compose-kubernetes",
                 catalog_with_pushed_images(tmp),
@@ -197,7 +146,6 @@ def run_side(
             running_hub(tmp, config, **env) as hub,
             api_session(users + 1) as session,
         ):
-            names = [f"storm{i:04d}" for i in range(users)]
             create_users(hub, names)
             runs = [
                 UserRun(name, options(i)) if options else UserRun(name)
@@ -206,8 +154,14 @@ def run_side(
             start_all(hub, session, runs)
             peak = None
             if not stock:
-                told = pod_devices(cluster) if cluster else server_devices(hub, session, users)
+                if hosts is not None:
+                    told = agent_devices(hosts)
+                elif cluster is not None:
+                    told = pod_devices(cluster)
+                else:
+                    told = server_devices(hub, session, users)
                 peak = check_holders(hub, told)
+            traffic = ssh_traffic(hub) if hosts is not None else {}
             stop_all_s, stop_errors, listings = stop_all(hub, session, runs)
             if not stock:
                 wait_released(hub)
@@ -216,7 +170,22 @@ def run_side(
         if cluster is not None:
             wait_no_pods(cluster)
         keep_log(hub, logs, f"{name_as}-{name}.log")
-    return Side(name, runs, stop_all_s, log, listings, peak, after, stop_errors)
+    return Side(name, runs, stop_all_s, log, listings, peak, after, stop_errors, traffic)
+
+
+def ssh_traffic(hub: Hub) -> dict[str, float]:
+    """The SSH connections and channels the hub has opened so far (its /hub/metrics)."""
+    metrics = hub.api.get(f"{hub.url}/hub/metrics", timeout=30)
+    metrics.raise_for_status()
+    totals = {"ssh_connections": 0.0, "ssh_channels": 0.0}
+    for line in metrics.text.splitlines():
+        for figure, metric in (
+            ("ssh_connections", "composespawner_ssh_connections_total"),
+            ("ssh_channels", "composespawner_ssh_channels_total"),
+        ):
+            if line.startswith(metric):
+                totals[figure] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 def start_all(hub: Hub, session: requests.Session, runs: list[UserRun]) -> None:
@@ -312,6 +281,19 @@ def server_devices(hub: Hub, session: requests.Session, users: int) -> dict[str,
     return told
 
 
+def agent_devices(hosts: SSHHosts) -> dict[str, list[str]]:
+    """user → the devices their notebook on a compute host was told it has, by its agent's
+    record of the process (the hosts are on this machine)."""
+    told = {}
+    for record in hosts.all_records():
+        try:
+            env = process_env(int(record["pid"]))
+        except FileNotFoundError:
+            continue
+        told[str(record["user"])] = [d for d in env.get("COMPOSE_DEVICE_IDS", "").split(",") if d]
+    return told
+
+
 def pod_devices(cluster: KubeApiServer) -> dict[str, list[str]]:
     """user → the devices their pod was told it has (COMPOSE_DEVICE_IDS in its spec)."""
     pods = cluster.request("GET", "/api/v1/namespaces/default/pods", timeout=60)
@@ -373,89 +355,6 @@ def delete_server(
 
 
 # -- the report ----------------------------------------------------------------------
-
-
-def result(users: int, spawn_limit: int, size: FabricSize, rounds: list[Round]) -> dict[str, Any]:
-    """Ratios are medians over rounds; failures, 429s, double holders and leaks are totals."""
-    per_round = [round_.summary() for round_ in rounds]
-    middle = sorted(per_round, key=lambda r: r["p95_ratio"])[len(per_round) // 2]
-    return {
-        "users": users,
-        "spawn_limit": spawn_limit,
-        "rounds": len(rounds),
-        "fabric": {"zones": size.zones, "hosts": size.hosts, "gpus": size.gpus},
-        "p50_ratio": statistics.median(r["p50_ratio"] for r in per_round),
-        "p95_ratio": statistics.median(r["p95_ratio"] for r in per_round),
-        "failures": sum(r["failures"] for r in per_round),
-        "http_429": sum(r["http_429"] for r in per_round),
-        "double_holders": sum(r["double_holders"] for r in per_round),
-        "leaked_devices": sum(r["leaked_devices"] for r in per_round),
-        "stock_failures": sum(r["stock_failures"] for r in per_round),
-        "stock_http_429": sum(r["stock_http_429"] for r in per_round),
-        "peak_live_machines": min(r["peak_live_machines"] for r in per_round),
-        "peak_hosts_composed": max(r["peak_hosts_composed"] for r in per_round),
-        "hosts_over_capacity": sum(r["hosts_over_capacity"] for r in per_round),
-        "compose": middle["compose"],
-        "stock": middle["stock"],
-        "per_round": per_round,
-    }
-
-
-@dataclass
-class Round:
-    """One storm on each side, run back to back."""
-
-    ours: Side
-    stock: Side
-
-    def summary(self) -> dict[str, Any]:
-        mine, theirs = self.ours.summary(), self.stock.summary()
-        peak = self.ours.peak or HolderCheck()
-        after = self.ours.after or HolderCheck()
-        leaked = set(after.ledger_held) | set(after.fabric_attached)
-        doubled = set(peak.double_holders) | set(after.double_holders)
-        return {
-            "p50_ratio": ratio(mine["p50_s"], theirs["p50_s"]),
-            "p95_ratio": ratio(mine["p95_s"], theirs["p95_s"]),
-            "failures": self.ours.failures,
-            "http_429": self.ours.http_429,
-            "double_holders": len(doubled),
-            "leaked_devices": len(leaked),
-            "stock_failures": self.stock.failures,
-            "stock_http_429": self.stock.http_429,
-            "peak_live_machines": peak.live_machines,
-            "peak_hosts_composed": len(peak.tagged_hosts),
-            "hosts_over_capacity": len(set(peak.over_capacity) | set(after.over_capacity)),
-            "leaked_hosts": after.tagged_hosts,
-            "leaked_device_ids": sorted(leaked)[:20],
-            "double_holder_ids": sorted(doubled)[:20],
-            "compose": mine,
-            "stock": theirs,
-        }
-
-
-def print_table(r: dict[str, Any]) -> None:
-    print(
-        f"spawn storm: {r['users']} users at once, concurrent_spawn_limit {r['spawn_limit']},"
-        f" {r['rounds']} rounds (sides alternate which goes first)"
-    )
-    print(f"{'':28}{'ready':>7}{'fail':>6}{'429':>6}{'p50 s':>8}{'p95 s':>8}{'stop all s':>12}")
-    for n, one in enumerate(r["per_round"], 1):
-        for label, side in (
-            (f"{n}: composespawner", one["compose"]),
-            (f"{n}: stock", one["stock"]),
-        ):
-            print(
-                f"{label:28}{side['ready']:>7}{side['failures']:>6}{side['http_429']:>6}"
-                f"{side['p50_s']:>8.2f}{side['p95_s']:>8.2f}{side['stop_all_s']:>12.1f}"
-            )
-        print(f"{f'{n}: ratio':28}{'':19}{one['p50_ratio']:>8.2f}{one['p95_ratio']:>8.2f}")
-    print(f"{'median ratio':28}{'':19}{r['p50_ratio']:>8.2f}{r['p95_ratio']:>8.2f}")
-    print(
-        f"failures {r['failures']}, 429s {r['http_429']}, double holders {r['double_holders']},"
-        f" leaked devices {r['leaked_devices']}, hosts over capacity {r['hosts_over_capacity']},"
-        f" peak hosts composed {r['peak_hosts_composed']} of {r['fabric']['hosts']}"
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

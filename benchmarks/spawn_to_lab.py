@@ -4,7 +4,10 @@ Both run in one go on the demo config: the same hub, proxy and JupyterLab (the
 default stack's environment, which ``make stacks`` builds); the baseline swaps
 in JupyterHub's SimpleLocalProcessSpawner (no form, no fabric, no stack).
 For composespawner the compose step (ledger 'requested' to 'composed') is
-reported too. Writes benchmarks/results/spawn_to_lab.json.
+reported too. A third hub runs the same with ``compose-ssh``: the notebook starts on
+its composed host (a real sshd on a loopback address of its own, the host agent as
+the hub key's forced command) as the user's own account. Writes
+benchmarks/results/spawn_to_lab.json.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from composespawner.launchers.environments import StackEnvironments, default_roo
 from composespawner.ledger import Ledger
 from harness.browser import CHROMIUM, FLAGS, log_in
 from harness.hub import HUB_CONFIG, Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.sshhosts import SSHHosts, ssh_hosts
 
 RUNS = 15
 RESULTS = Path(__file__).with_name("results")
@@ -69,9 +73,15 @@ def submit_and_wait(page: Page, hub: Hub, with_form: bool) -> float:
     return time.perf_counter() - started
 
 
-def steps(hub: Hub) -> tuple[float, float]:
+def steps(hub: Hub, hosts: SSHHosts | None) -> tuple[float, float]:
     """Seconds of the compose step (requested → composed) and the launch (launching → running)."""
-    machine_id = process_env(notebook_pid(hub, "student1"))["COMPOSE_MACHINE_ID"]
+    if hosts is None:
+        pid = notebook_pid(hub, "student1")
+    else:  # on a compute host (this machine): its agent knows the process
+        found = hosts.notebook("student1")
+        assert found is not None, "no notebook of student1's on any host"
+        pid = int(found[1]["pid"])
+    machine_id = process_env(pid)["COMPOSE_MACHINE_ID"]
     ledger = Ledger(hub.ledger_url())
     try:
         events = {e.to_state: e.at for e in ledger.events(machine_id)}
@@ -89,6 +99,7 @@ class Side:
     hub: Hub
     page: Page
     with_form: bool
+    hosts: SSHHosts | None = None  # compose-ssh's compute hosts
     first_s: float = 0.0
     totals: list[float] = field(default_factory=list)
     composes: list[float] = field(default_factory=list)
@@ -97,7 +108,7 @@ class Side:
     def spawn_and_stop(self) -> float:
         total = submit_and_wait(self.page, self.hub, self.with_form)
         if self.with_form:
-            compose, launch = steps(self.hub)
+            compose, launch = steps(self.hub, self.hosts)
             self.composes.append(compose)
             self.launches.append(launch)
         # Leave JupyterLab first, as a user closes the tab: a lab page left open
@@ -108,40 +119,46 @@ class Side:
         return total
 
 
-def measure() -> tuple[Side, Side]:
-    """Both hubs up at once; spawns alternate between them so drift hits both alike.
+def measure() -> tuple[Side, Side, Side]:
+    """The three hubs up at once; spawns go round them so drift hits each alike.
 
     Each browser context's first load fetches JupyterLab's assets into an empty
     cache (1-3 s either way); that run is kept apart as ``first_s``, not timed.
     """
     stock_config = BASELINE_CONFIG.format(server=default_stack_server())
     with ExitStack() as stack:
-        ours_hub = stack.enter_context(
-            running_hub(Path(stack.enter_context(tempfile.TemporaryDirectory())))
-        )
-        stock_hub = stack.enter_context(
-            running_hub(Path(stack.enter_context(tempfile.TemporaryDirectory())), stock_config)
-        )
+
+        def folder() -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory()))
+
+        ours_hub = stack.enter_context(running_hub(folder()))
+        hosts = stack.enter_context(ssh_hosts(folder(), users=("student1",)))
+        ssh_hub = stack.enter_context(running_hub(folder(), hosts.hub_config()))
+        stock_hub = stack.enter_context(running_hub(folder(), stock_config))
         playwright = stack.enter_context(sync_playwright())
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         stack.callback(browser.close)
         sides = []
-        for hub, with_form in ((ours_hub, True), (stock_hub, False)):
+        for hub, with_form, on in (
+            (ours_hub, True, None),
+            (ssh_hub, True, hosts),
+            (stock_hub, False, None),
+        ):
             page = browser.new_context().new_page()
             log_in(page, hub, "student1")
-            sides.append(Side(hub, page, with_form))
-        ours, stock = sides
+            sides.append(Side(hub, page, with_form, on))
         for side in sides:
             side.first_s = side.spawn_and_stop()
         for run in range(RUNS):
-            # Who goes first alternates too: a spawn right after a stop may pay for it.
-            for side in sides if run % 2 == 0 else sides[::-1]:
+            # Who goes first goes round too: a spawn right after a stop may pay for it.
+            for side in sides[run % 3 :] + sides[: run % 3]:
                 side.totals.append(side.spawn_and_stop())
-        return ours, stock
+        ours, ssh, stock = sides
+        return ours, ssh, stock
 
 
 def main() -> None:
-    ours, stock = measure()
+    ours, ssh, stock = measure()
     result = {
         "runs": RUNS,
         "compose_median_s": statistics.median(ours.totals),
@@ -158,6 +175,13 @@ def main() -> None:
         "baseline_runs_s": stock.totals,
         "compose_first_load_s": ours.first_s,
         "baseline_first_load_s": stock.first_s,
+        # compose-ssh: the notebook started on its compute host by the host agent
+        "ssh_median_s": statistics.median(ssh.totals),
+        "ssh_compose_step_median_s": statistics.median(ssh.composes),
+        "ssh_launch_step_median_s": statistics.median(ssh.launches),
+        "ssh_median_ratio": statistics.median(ssh.totals) / statistics.median(stock.totals),
+        "ssh_vs_local_median_ratio": statistics.median(ssh.totals) / statistics.median(ours.totals),
+        "ssh_runs_s": ssh.totals,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "spawn_to_lab.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -165,9 +189,14 @@ def main() -> None:
     print(f"{'composespawner (submit→lab)':28}{result['compose_median_s']:>10.2f}")
     print(f"{'  of which compose step':28}{result['compose_step_median_s']:>10.3f}")
     print(f"{'  of which notebook launch':28}{result['launch_step_median_s']:>10.2f}")
+    print(f"{'compose-ssh (submit→lab)':28}{result['ssh_median_s']:>10.2f}")
+    print(f"{'  of which compose step':28}{result['ssh_compose_step_median_s']:>10.3f}")
+    print(f"{'  of which notebook launch':28}{result['ssh_launch_step_median_s']:>10.2f}")
     print(f"{'stock spawner (start→lab)':28}{result['baseline_median_s']:>10.2f}")
     print(f"{'ratio':28}{result['median_ratio']:>10.2f}")
     print(f"{'ratio, run by run (median)':28}{result['paired_median_ratio']:>10.2f}")
+    print(f"{'compose-ssh ratio':28}{result['ssh_median_ratio']:>10.2f}")
+    print(f"{'compose-ssh / local':28}{result['ssh_vs_local_median_ratio']:>10.2f}")
 
 
 if __name__ == "__main__":

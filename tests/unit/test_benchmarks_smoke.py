@@ -179,7 +179,8 @@ def test_spawn_storm_on_three_users(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
-    """One round of 5 students, 2 with a T4 (~15 s): all on shared hosts, none over capacity."""
+    """One round of 5 students, 2 with a T4 (~25 s), locally and through compose-ssh: all on
+    shared hosts, none over capacity."""
     out = tmp_path / "course.json"
     course_storm.main(["--students", "5", "--with-gpu", "2", "--rounds", "1", "--out", str(out)])
     course = json.loads(out.read_text())
@@ -190,6 +191,13 @@ def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
     # Packed: the CPU-only servers join a host the GPU servers' rack composed.
     assert course["peak_hosts_composed"] <= 2
     assert course["class"] == {"students": 5, "one_t4": 2}
+    # compose-ssh, beside them: every notebook started on its host by the agent, nothing
+    # left, and the hub's SSH traffic counted (one connection per host, reused).
+    assert course["per_round"][0]["ssh"]["ready"] == 5
+    assert course["ssh_failures"] == course["ssh_leaked_devices"] == 0
+    assert course["ssh_hosts_over_capacity"] == course["ssh_double_holders"] == 0
+    assert 0 < course["ssh_connections_per_start"] <= 1
+    assert course["ssh_channels_per_start"] >= 1
 
 
 @pytest.mark.e2e
