@@ -44,6 +44,7 @@ DEMO_USERS = ("student1", "student2", "researcher1", "teacher1", "admin")
 USERS_GROUP = "composespawner-users"  # the group the agent puts accounts it creates in
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 STOP_TIMEOUT = 10.0
+MAX_SESSIONS = 64  # the hosts' sshd MaxSessions and the hub's, as the Ansible roles set them
 
 
 @dataclass
@@ -105,6 +106,7 @@ c.SSHLauncher.hosts = {hosts!r}
 c.SSHLauncher.ssh_key = {str(self.client_key)!r}
 c.SSHLauncher.known_hosts = {str(self.known_hosts)!r}
 c.SSHLauncher.connect_timeout = {connect_timeout!r}
+c.SSHLauncher.max_sessions = {MAX_SESSIONS}
 """
 
     def stop(self, host_id: str) -> None:
@@ -249,8 +251,8 @@ UsePAM no
 # keys from there. Production keeps root's authorized_keys where StrictModes holds.
 StrictModes no
 # Every start, stop and poll is a channel of the hub's one connection per host; a
-# class starting at once opens many together (OpenSSH's default is 10).
-MaxSessions 200
+# class starting at once opens many together (OpenSSH's default is 10): as deployed.
+MaxSessions {MAX_SESSIONS}
 MaxStartups 100:30:200
 X11Forwarding no
 PrintMotd no

@@ -41,12 +41,15 @@
 #                               keep the hosts' network private)
 #   COMPOSE_HUB_CONNECT_URL     the hub's API as notebooks reach it, where that is not
 #                               http://COMPOSE_HUB_API_IP:PORT (a name, a NAT)
-# With COMPOSE_SPAWNER=compose-ssh (the Ansible role writes all three)
+# With COMPOSE_SPAWNER=compose-ssh (the Ansible role writes these)
 #   COMPOSE_SSH_HOSTS           each compute host's fabric id = its sshd's address[:port]:
 #                               host-1=10.0.0.11,host-2=10.0.0.12:2222
 #   COMPOSE_SSH_KEY             the hub's private key; root's authorized_keys on each host
 #                               bind it to the agent (composespawner-host) as a forced command
 #   COMPOSE_SSH_KNOWN_HOSTS     every host's key (no host outside it is ever connected to)
+#   COMPOSE_SSH_MAX_SESSIONS    channels open at once on the hub's connection to a host: the
+#                               hosts' sshd MaxSessions (10, OpenSSH's default; the role's 64)
+# Optional, whatever the spawner
 #   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
 #   COMPOSE_MAX_GPUS_PER_USER   (4)
 #   COMPOSE_ENFORCE_SHARES      required (a share no cgroup can hold refuses the start)
@@ -176,6 +179,7 @@ if c.JupyterHub.spawner_class == "compose-ssh":
     c.SSHLauncher.hosts = ssh_hosts(setting("COMPOSE_SSH_HOSTS"))
     c.SSHLauncher.ssh_key = setting("COMPOSE_SSH_KEY")
     c.SSHLauncher.known_hosts = setting("COMPOSE_SSH_KNOWN_HOSTS")
+    c.SSHLauncher.max_sessions = int(setting("COMPOSE_SSH_MAX_SESSIONS", "10"))
     if not setting("COMPOSE_HUB_CONNECT_URL", "") and loopback(c.JupyterHub.hub_ip):
         remote = sorted(i for i, a in c.SSHLauncher.hosts.items() if not loopback(host_of(a)))
         if remote:

@@ -36,6 +36,7 @@ from composespawner.launchers.accounts import (
     AccountError,
     closed_dirs,
     ensure_account,
+    let_enter,
     make_home,
     user_account_command,
 )
@@ -127,16 +128,7 @@ def folders_to_open(programs: Iterable[Path]) -> list[Path]:
 def let_group_in(folders: Iterable[Path], group: str = USERS_GROUP) -> None:
     """Let ``group`` enter ``folders`` (ACL ``x``, not read); AccountError if it cannot."""
     for folder in folders:
-        command = ["setfacl", "-m", f"g:{group}:x", str(folder)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            done = subprocess.CompletedProcess(command, 1, "", str(e))
-        if done.returncode != 0:
-            raise AccountError(
-                f"cannot let {group} enter {folder} ({done.stderr.strip()}): install the"
-                " notebook's Python where every account can enter"
-            )
+        let_enter(f"g:{group}", folder)
 
 
 def _groupadd() -> str:

@@ -165,18 +165,23 @@ def let_in(account: pwd.struct_passwd, paths: Iterable[Path]) -> list[Path]:
     closed = dict.fromkeys(d for path in paths for d in closed_dirs(path.resolve()))
     opened = [d for d in closed if not _runs_as(account, ["test", "-x", str(d)])]
     for folder in opened:
-        command = ["setfacl", "-m", f"u:{account.pw_name}:x", str(folder)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            done = subprocess.CompletedProcess(command, 1, "", str(e))
-        if done.returncode != 0:
-            raise AccountError(
-                f"Could not let {account.pw_name!r} enter {folder} ({done.stderr.strip()}):"
-                f" run `{' '.join(command)}` (Debian package acl), or move the checkout"
-                " where every account can enter."
-            )
+        let_enter(f"u:{account.pw_name}", folder)
     return opened
+
+
+def let_enter(who: str, folder: Path) -> None:
+    """An ACL entry that lets ``who`` (``u:NAME`` or ``g:NAME``) enter ``folder``, not list it."""
+    command = ["setfacl", "-m", f"{who}:x", str(folder)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        done = subprocess.CompletedProcess(command, 1, "", str(e))
+    if done.returncode != 0:
+        raise AccountError(
+            f"Could not let {who.partition(':')[2]!r} enter {folder} ({done.stderr.strip()}):"
+            f" run `{' '.join(command)}` (Debian package acl), or move what is there"
+            " where every account can enter."
+        )
 
 
 def reach_problem(account: pwd.struct_passwd, programs: Iterable[Path]) -> str | None:

@@ -310,6 +310,7 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
     assert "\nPermitRootLogin forced-commands-only\n" in dropin
     settings = in_root(root, "/usr/sbin/sshd", "-T")
     assert "permitrootlogin forced-commands-only" in settings.stdout.splitlines(), settings
+    assert "maxsessions 64" in settings.stdout.splitlines(), settings
 
     environment = hub_environment(root)
     assert environment["COMPOSE_SPAWNER"] == "compose-ssh"  # the group lists a host
@@ -317,6 +318,7 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
         f"{HOST_ID}={deployment.host_address}:{deployment.host_port}"
     )
     assert environment["COMPOSE_SSH_KNOWN_HOSTS"] == f"/{SSH_DIR}/known_hosts"
+    assert environment["COMPOSE_SSH_MAX_SESSIONS"] == "64"  # the host's sshd MaxSessions
     agent = (root / "etc/composespawner/host.toml").read_text()
     assert f'listen_address = "{deployment.host_address}"' in agent
     assert (root / "etc/composespawner/host.toml").stat().st_mode & 0o777 == 0o600

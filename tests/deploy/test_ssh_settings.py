@@ -26,8 +26,10 @@ def test_the_hosts_table_keys_and_the_hub_api_on_the_hosts_network(
         **SSH,
         COMPOSE_SSH_HOSTS="host-1=10.0.0.11:22, host-2=10.0.0.12:2222,host-3=[fd00::3]:22",
         COMPOSE_HUB_API_IP="10.0.0.2",
+        COMPOSE_SSH_MAX_SESSIONS="64",
     )
     assert config.JupyterHub.spawner_class == "compose-ssh"
+    assert config.SSHLauncher.max_sessions == 64
     assert config.SSHLauncher.hosts == {
         "host-1": "10.0.0.11:22",
         "host-2": "10.0.0.12:2222",

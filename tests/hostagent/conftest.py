@@ -11,14 +11,6 @@ import pytest
 from tests.hostagent.hosts import Host, clean, make_host
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "host_processes: starts notebooks as accounts through the host agent"
-        " (root; run under flock /tmp/heavy.lock)",
-    )
-
-
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[Host]:
     if os.geteuid() != 0:

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from composespawner.launchers.cgroups import CgroupError, find_hierarchies, remove_cgroups
+from harness.paths import ROOT
 
 AGENT = Path(sys.executable).with_name("composespawner-host")
-STANDIN = Path(__file__).with_name("standin_notebook.py")
+# The benchmarks' notebook stand-in: it answers HTTP where JUPYTERHUB_SERVICE_URL says.
+STANDIN = ROOT / "benchmarks" / "standin_notebook.py"
 USERS_GROUP = "composespawner-users"
 AGENT_TIMEOUT = 60.0  # seconds for one request (a start makes an account: a useradd)
 
