@@ -66,6 +66,7 @@ from urllib.parse import urlsplit
 
 from composespawner.commands.embedded import hub_templates_dir
 from composespawner.commands.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
+from composespawner.launchers.ssh_requests import parse_address
 
 
 def ssh_hosts(text: str) -> dict[str, str]:
@@ -73,17 +74,14 @@ def ssh_hosts(text: str) -> dict[str, str]:
     table = {}
     for entry in (item.strip() for item in text.split(",")):
         host_id, _, address = entry.partition("=")
-        if not (host_id.strip() and address.strip()):
+        try:
+            parse_address(address)
+        except ValueError as e:
+            raise SystemExit(f"composespawner: COMPOSE_SSH_HOSTS: {entry!r}: {e}") from None
+        if not host_id.strip():
             raise SystemExit(f"composespawner: COMPOSE_SSH_HOSTS: {entry!r} is not id=address")
         table[host_id.strip()] = address.strip()
     return table
-
-
-def host_of(address: str) -> str:
-    """The host part of ``address``, ``address:port`` or ``[v6-address]:port``."""
-    if address.startswith("["):
-        return address[1:].partition("]")[0]
-    return address.rpartition(":")[0] if address.count(":") == 1 else address
 
 
 def loopback(host: str) -> bool:
@@ -181,7 +179,8 @@ if c.JupyterHub.spawner_class == "compose-ssh":
     c.SSHLauncher.known_hosts = setting("COMPOSE_SSH_KNOWN_HOSTS")
     c.SSHLauncher.max_sessions = int(setting("COMPOSE_SSH_MAX_SESSIONS", "10"))
     if not setting("COMPOSE_HUB_CONNECT_URL", "") and loopback(c.JupyterHub.hub_ip):
-        remote = sorted(i for i, a in c.SSHLauncher.hosts.items() if not loopback(host_of(a)))
+        hosts = c.SSHLauncher.hosts.items()
+        remote = sorted(i for i, a in hosts if not loopback(parse_address(a)[0]))
         if remote:
             raise SystemExit(
                 f"composespawner: notebooks on {', '.join(remote)} cannot reach the hub's API"

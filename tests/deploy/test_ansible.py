@@ -310,7 +310,7 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
     assert "\nPermitRootLogin forced-commands-only\n" in dropin
     settings = in_root(root, "/usr/sbin/sshd", "-T")
     assert "permitrootlogin forced-commands-only" in settings.stdout.splitlines(), settings
-    assert "maxsessions 64" in settings.stdout.splitlines(), settings
+    assert {"maxsessions 64", "clientaliveinterval 60"} <= set(settings.stdout.splitlines())
 
     environment = hub_environment(root)
     assert environment["COMPOSE_SPAWNER"] == "compose-ssh"  # the group lists a host
