@@ -10,6 +10,12 @@ where the hub's proxy routes. The host's agent also reports each notebook's
 exit as it happens, over a channel the hub keeps open per host: the machine is
 released then, not at the next poll.
 
+A notebook whose stop could not reach its host (or whose start the hub gave up
+on) is not left there: each time a host's watch is made, the hub lists what its
+agent runs and stops every notebook whose machine the ledger has as ended
+(stopping, released or failed). One the ledger does not know (another hub's)
+is left alone: unknown is not dead.
+
 Which address a host has comes from ``hosts``, the hub's host table, keyed by
 the fabric's ``ComputerSystem`` Id: the address and the key pinned for it in
 ``known_hosts`` come from the same trusted source (the deployment's inventory),
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, ClassVar
 
 import asyncssh
@@ -42,11 +49,13 @@ from composespawner.launchers.base import Launcher, SpawnRefused
 from composespawner.launchers.environments import BUILD_TIMEOUT
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.ssh_links import (
+    LIST_TIMEOUT,
     AgentFailed,
     AgentRefused,
     AgentUnintelligible,
     HostLink,
     HostLinks,
+    LinkHooks,
     LinkSettings,
     Trips,
     describe,
@@ -54,6 +63,7 @@ from composespawner.launchers.ssh_links import (
 from composespawner.launchers.ssh_requests import (
     host_key_problem,
     host_refusal,
+    orphans,
     parse_address,
     stack_refusal,
     start_request,
@@ -62,11 +72,20 @@ from composespawner.launchers.ssh_requests import (
 from composespawner.launchers.ssh_requests import (
     stack_source as read_stack_source,
 )
+from composespawner.ledger import LedgerRunner
 
 # What reaching a host can raise (the agent's own answers aside).
 UNREACHABLE = (OSError, TimeoutError, asyncssh.Error, AgentUnintelligible)
 # Of those, the ones raised before a request could reach the agent: nothing started.
-NEVER_SENT = (ConnectionRefusedError, asyncssh.HostKeyNotVerifiable, asyncssh.PermissionDenied)
+NEVER_SENT = (
+    ConnectionRefusedError,
+    asyncssh.HostKeyNotVerifiable,
+    asyncssh.PermissionDenied,
+    asyncssh.ChannelOpenError,  # the host's sshd refused the channel
+)
+
+# The ledger's state of each of the machines asked about that it knows.
+MachineStates = Callable[[Collection[str]], Awaitable[Mapping[str, str]]]
 
 
 class SSHLauncher(Launcher, Spawner):
@@ -141,6 +160,11 @@ class SSHLauncher(Launcher, Spawner):
     # which host: the host's exit watch tells the right one.
     links: ClassVar[HostLinks] = HostLinks()
     _running: ClassVar[dict[tuple[str, str], weakref.ref[SSHLauncher]]] = {}
+    # Notebooks whose stop could not reach their host, by ((address, port), machine): the
+    # host is watched until it is reached again, and they are stopped then.
+    _owed: ClassVar[set[tuple[tuple[str, int], str]]] = set()
+    # How the hosts' orphans are told from the notebooks this hub runs (the ledger's states).
+    _ledger_states: ClassVar[MachineStates | None] = None
 
     _where = ""  # the host's address:port the notebook runs at
     _host_id = ""
@@ -226,12 +250,20 @@ class SSHLauncher(Launcher, Spawner):
             max_sessions=self.max_sessions,
         )
 
+    def machine_states(self) -> MachineStates | None:
+        """How to ask the ledger what became of machines; the composing spawner says
+        (None: no ledger, and no notebook on a host is ever taken for an orphan)."""
+        return None
+
     def _link(self, where: str) -> HostLink:
-        return self.links.link(self._settings(where), _exit_seen, self.log, _runs_there)
+        states = self.machine_states()
+        if states is not None:
+            SSHLauncher._ledger_states = states
+        return self.links.link(self._settings(where), HOOKS, self.log)
 
     # -- start ----------------------------------------------------------------------------
 
-    async def start(self) -> Any:
+    async def start(self) -> tuple[str, int]:
         machine = self.machine
         assert machine is not None, "the mixin composes the machine before start"
         where = self.hosts.get(machine.host)
@@ -272,6 +304,8 @@ class SSHLauncher(Launcher, Spawner):
         except UNREACHABLE as e:
             if isinstance(e, NEVER_SENT):
                 self._where = self._machine_id = ""
+            else:  # it may have started there: stopped once the host is reached
+                _owe(link, machine.machine_id)
             raise _unreachable(self, machine.host, where, e) from e
         _running_on(self, where)
         self.log.info(
@@ -304,21 +338,7 @@ class SSHLauncher(Launcher, Spawner):
         if not where or not machine_id:
             return
         _not_running(where, machine_id)
-        await self._stop_on(where, machine_id)
-
-    async def _stop_on(self, where: str, machine_id: str) -> None:
-        try:
-            await self._link(where).request(StopNotebook(machine_id), self.request_timeout)
-        except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
-            self.log.warning(
-                "%s: could not stop notebook %s on %s (%s): %s; its machine is released"
-                " anyway, and the host loses its devices",
-                log_name(self),
-                machine_id,
-                self._host_id or where,
-                where,
-                describe(e),
-            )
+        await _stop_on(self, where, machine_id)
 
     async def poll(self) -> int | None:
         """None while the notebook runs, or while its host cannot say (unknown is not dead)."""
@@ -405,14 +425,43 @@ def _host_answered(
     return host_refusal(host_id, "refused" if isinstance(error, AgentRefused) else "failed")
 
 
-def _late_start(launcher: SSHLauncher, where: str, machine_id: str) -> Any:
+async def _stop_on(launcher: SSHLauncher, where: str, machine_id: str) -> None:
+    """Stop the notebook; a host that cannot be reached has it stopped once it is again."""
+    link = launcher._link(where)
+    try:
+        await link.request(StopNotebook(machine_id), launcher.request_timeout)
+        SSHLauncher._owed.discard((_at(link.settings), machine_id))
+    except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
+        answered = isinstance(e, AgentRefused | AgentFailed)
+        if not answered:
+            _owe(link, machine_id)
+        launcher.log.warning(
+            "%s: could not stop notebook %s on %s (%s): %s; its machine is released"
+            " anyway, and the host loses its devices%s",
+            log_name(launcher),
+            machine_id,
+            launcher._host_id or where,
+            where,
+            describe(e),
+            "" if answered else " (the notebook is stopped when the host is reached again)",
+        )
+
+
+def _late_start(
+    launcher: SSHLauncher, where: str, machine_id: str
+) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
     """A start the hub gave up on (its timeout) may still end on the host: stop it then."""
 
     def ended(answer: asyncio.Future[dict[str, Any]]) -> None:
-        if not answer.cancelled() and answer.exception() is None:
+        if answer.cancelled():
+            return
+        error = answer.exception()
+        if error is None:
             whose = log_name(launcher)
             launcher.log.warning("%s: %s started after the hub gave up", whose, machine_id)
-            launcher._late_stop = asyncio.ensure_future(launcher._stop_on(where, machine_id))
+            launcher._late_stop = asyncio.ensure_future(_stop_on(launcher, where, machine_id))
+        elif isinstance(error, UNREACHABLE) and not isinstance(error, NEVER_SENT):
+            _owe(launcher._link(where), machine_id)  # it may have started there
 
     return ended
 
@@ -428,10 +477,65 @@ def _not_running(where: str, machine_id: str) -> None:
     SSHLauncher._running.pop((where, machine_id), None)
 
 
-def _runs_there(settings: LinkSettings) -> bool:
-    """Whether a notebook of this hub runs at the host ``settings`` reach."""
-    at = (settings.address, settings.port)
-    return any(parse_address(where) == at for where, _ in SSHLauncher._running)
+def _watch_wanted(settings: LinkSettings) -> bool:
+    """Whether a notebook of this hub runs at the host ``settings`` reach, or one is to be
+    stopped there."""
+    at = _at(settings)
+    return any(parse_address(where) == at for where, _ in SSHLauncher._running) or any(
+        owed_at == at for owed_at, _ in SSHLauncher._owed
+    )
+
+
+def _at(settings: LinkSettings) -> tuple[str, int]:
+    return settings.address, settings.port
+
+
+def _owe(link: HostLink, machine_id: str) -> None:
+    """The notebook of ``machine_id`` may run on ``link``'s host, which cannot be reached:
+    the host is watched until it can, and its orphans are stopped then."""
+    SSHLauncher._owed.add((_at(link.settings), machine_id))
+    link.ensure_watch()
+
+
+async def _listed(link: HostLink, machines: list[str]) -> None:
+    """The host's watch was made: stop the notebooks there whose machines have ended."""
+    at = _at(link.settings)
+    held = {m for (where, m) in SSHLauncher._running if parse_address(where) == at}
+    states = SSHLauncher._ledger_states
+    known = await states(machines) if states is not None and machines else {}
+    unsettled = set()
+    for machine_id in orphans(machines, known, held):
+        try:
+            await link.request(StopNotebook(machine_id), LIST_TIMEOUT)
+        except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
+            unsettled.add(machine_id)
+            link.log.warning(
+                "SSH: could not stop orphaned notebook %s on %s (%s)",
+                machine_id,
+                link.settings.where,
+                describe(e),
+            )
+            continue
+        link.log.warning(
+            "SSH: stopped notebook %s on %s: the ledger has its machine %s (a stop or start"
+            " that could not reach the host left it running)",
+            machine_id,
+            link.settings.where,
+            known[machine_id],
+        )
+    # What was owed there is settled: stopped, gone, or not this hub's to stop.
+    SSHLauncher._owed -= {(at, m) for owed_at, m in SSHLauncher._owed if owed_at == at}
+    SSHLauncher._owed |= {(at, m) for m in unsettled}
+
+
+async def ledger_states(runner: LedgerRunner, machine_ids: Collection[str]) -> dict[str, str]:
+    """The ledger's state of each of ``machine_ids`` it knows (those it does not, left out)."""
+    found = {}
+    for machine_id in machine_ids:
+        machine = await runner.run(runner.ledger.machine, machine_id)
+        if machine is not None:
+            found[machine_id] = machine.state
+    return found
 
 
 async def _exit_seen(settings: LinkSettings, machine_id: str, status: int | None) -> None:
@@ -446,3 +550,6 @@ async def _exit_seen(settings: LinkSettings, machine_id: str, status: int | None
         if launcher is not None and launcher._machine_id == machine_id:
             launcher.log.info("%s: notebook %s exited on its host", log_name(launcher), machine_id)
             await launcher.notebook_exited(status)
+
+
+HOOKS = LinkHooks(exited=_exit_seen, listed=_listed, watched=_watch_wanted)

@@ -4,10 +4,14 @@ Every request is a channel of that connection running the agent's forced
 command (:mod:`.agent_protocol`): a JSON request written and ended with EOF,
 JSON lines read back. One more channel per host stays open for the agent's
 ``watch``: the exits of that host's notebooks, as they happen, each handed to
-the callback the link was made with.
+the hub (:class:`LinkHooks`). Each time the watch is made, the host's agent is
+also asked which notebooks it runs (``list``), and the hub stops those it holds
+as ended: a stop or a start that could not reach the host leaves none behind.
 
 A connection that is lost is made again on the next request; the watch is
 made again with it, retrying with backoff while the host does not answer.
+A channel the host's sshd refuses (its MaxSessions reached) fails that request
+only: the connection, and the other requests and the watch on it, live on.
 Host keys are checked against the configured ``known_hosts`` only: a host
 that is not listed, or shows another key, is never connected to.
 """
@@ -29,8 +33,10 @@ from composespawner.launchers.agent_protocol import (
     Done,
     Exited,
     Failed,
+    ListNotebooks,
     Progress,
     RefusedReply,
+    Reply,
     Request,
     WatchExits,
     encode_request,
@@ -43,6 +49,7 @@ AGENT_COMMAND = "composespawner-host"
 STDERR_KEPT = 2000  # characters of the agent's stderr kept for the hub's log
 WATCH_RETRY_FIRST = 1.0  # seconds before the first try to watch a host again
 WATCH_RETRY_MOST = 30.0
+LIST_TIMEOUT = 30.0  # seconds for the list of a host's notebooks, when its watch is made
 
 # On the hub's /hub/metrics: the goal is one connection per host, a channel per request.
 SSH_CONNECTIONS = Counter(
@@ -53,7 +60,9 @@ SSH_CHANNELS = Counter(
     "SSH channels the hub opened to compute hosts' agents (one per request, one per watch)",
 )
 
+Log = logging.Logger | logging.LoggerAdapter[Any]
 ExitCallback = Callable[["LinkSettings", str, int | None], Awaitable[None]]
+ListedCallback = Callable[["HostLink", list[str]], Awaitable[None]]
 
 
 class AgentRefused(Exception):
@@ -86,6 +95,17 @@ class LinkSettings:
         return f"{self.address}:{self.port}"
 
 
+@dataclass(frozen=True, slots=True)
+class LinkHooks:
+    """What a link tells the hub of its host, and asks it."""
+
+    exited: ExitCallback  # a notebook of the host exited (machine id, status)
+    # The machine ids of the notebooks the host's agent runs, each time the watch is made.
+    listed: ListedCallback
+    # Whether the host is still to be watched while it cannot be reached.
+    watched: Callable[[LinkSettings], bool] = lambda settings: True
+
+
 @dataclass
 class Counters:
     """SSH work done by this hub process, for its log (and SSH_* for its metrics)."""
@@ -107,23 +127,17 @@ class HostLink:
 
     counters: ClassVar[Counters] = Counters()
 
-    def __init__(
-        self,
-        settings: LinkSettings,
-        on_exit: ExitCallback,
-        log: Any,
-        watched: Callable[[LinkSettings], bool] = lambda settings: True,
-    ) -> None:
+    def __init__(self, settings: LinkSettings, hooks: LinkHooks, log: Log) -> None:
         self.settings = settings
-        self._on_exit = on_exit
-        self._watched = watched  # whether a notebook of this hub runs there
-        self.log: logging.Logger | logging.LoggerAdapter[Any] = log
+        self._hooks = hooks
+        self.log = log
         self._connection: asyncssh.SSHClientConnection | None = None
         self._connecting: asyncio.Future[asyncssh.SSHClientConnection] | None = None
         # sshd runs at most MaxSessions channels of a connection at once and refuses
         # the next; the watch holds one for good.
         self._channels = asyncio.Semaphore(max(1, settings.max_sessions - 1))
         self._watch: asyncio.Task[None] | None = None
+        self._listing: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
 
     # -- the connection ----------------------------------------------------------
@@ -182,11 +196,12 @@ class HostLink:
 
     async def close(self) -> None:
         """Stop watching and close the connection (the hub is shutting down, or a test)."""
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.cancel()
-            with suppress(asyncio.CancelledError):
-                await watch
+        for task in (self._watch, self._listing):
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._listing = None
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
@@ -266,7 +281,11 @@ class HostLink:
         trips.channels += 1
         try:
             process = await connection.create_process(AGENT_COMMAND, encoding=None)
-        except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError):
+        except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError) as e:
+            if isinstance(e, asyncssh.ChannelOpenError) and not connection.is_closed():
+                # The host's sshd refused this channel (MaxSessions reached): this
+                # request fails, nothing sent; the others on the connection go on.
+                raise
             # Lost before the loss was seen (nothing was sent): once more, on a new one.
             connection.close()
             if self._connection is connection:
@@ -282,7 +301,7 @@ class HostLink:
         finally:
             channel.close()
 
-    def _parsed(self, line: bytes, channel: Channel) -> Any:
+    def _parsed(self, line: bytes, channel: Channel) -> Reply:
         try:
             return parse_reply(line)
         except ValueError as e:
@@ -311,6 +330,7 @@ class HostLink:
                     channel.stdin.write(encode_request(WatchExits()))
                     channel.stdin.write_eof()
                     delay = WATCH_RETRY_FIRST
+                    self._list_soon()  # what ended while it was not watched
                     async for line in channel.stdout:
                         reply = self._parsed(line, channel) if line.strip() else None
                         if isinstance(reply, Exited):
@@ -319,7 +339,7 @@ class HostLink:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # anything: the watch must outlive it
-                if not self._watched(self.settings):
+                if not self._hooks.watched(self.settings):
                     self.log.info("SSH: %s runs no notebook of this hub; not watched", s.where)
                     return
                 self.log.warning(
@@ -335,9 +355,28 @@ class HostLink:
 
     async def _exited(self, exit: Exited) -> None:
         try:
-            await self._on_exit(self.settings, exit.machine, exit.status)
+            await self._hooks.exited(self.settings, exit.machine, exit.status)
         except Exception:
             self.log.exception("SSH: handling the exit of %s failed", exit.machine)
+
+    def _list_soon(self) -> None:
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.ensure_future(self._list())
+
+    async def _list(self) -> None:
+        """Hand the hub the notebooks the host runs (once its watch is made)."""
+        try:
+            answer = await self.request(ListNotebooks(), LIST_TIMEOUT)
+            await self._hooks.listed(self, listed_machines(answer))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the next watch lists again
+            self.log.warning(
+                "SSH: cannot list the notebooks %s runs (%s); listed again when its watch"
+                " is made again",
+                self.settings.where,
+                describe(e),
+            )
 
 
 class Channel:
@@ -367,6 +406,15 @@ async def _no_wait() -> AsyncIterator[None]:
     yield
 
 
+def listed_machines(answer: dict[str, Any]) -> list[str]:
+    """The machine ids in the agent's answer to ``list``."""
+    notebooks = answer.get("notebooks")
+    if not isinstance(notebooks, list):
+        raise AgentUnintelligible(f"the agent's list has no notebooks: {answer!r:.200}")
+    found = (n.get("machine") for n in notebooks if isinstance(n, dict))
+    return [machine for machine in found if isinstance(machine, str) and machine]
+
+
 def describe(error: BaseException) -> str:
     """An error as a log line names it (asyncssh's often have an empty str())."""
     text = str(error) or getattr(error, "reason", "")
@@ -379,17 +427,11 @@ class HostLinks:
     def __init__(self) -> None:
         self._links: dict[LinkSettings, HostLink] = {}
 
-    def link(
-        self,
-        settings: LinkSettings,
-        on_exit: ExitCallback,
-        log: Any,
-        watched: Callable[[LinkSettings], bool] = lambda settings: True,
-    ) -> HostLink:
+    def link(self, settings: LinkSettings, hooks: LinkHooks, log: Log) -> HostLink:
         link = self._links.get(settings)
         # A link belongs to the event loop it was made on (a test's loop ends with it).
         if link is None or link.loop is not asyncio.get_running_loop():
-            link = self._links[settings] = HostLink(settings, on_exit, log, watched)
+            link = self._links[settings] = HostLink(settings, hooks, log)
         return link
 
     async def close(self) -> None:

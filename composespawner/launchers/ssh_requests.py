@@ -6,7 +6,7 @@ Pure, apart from reading a stack's files and the known_hosts file it names.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,11 @@ from composespawner.launchers.agent_protocol import (
     encode_request,
 )
 from composespawner.launchers.base import SpawnRefused
+from composespawner.ledger.lifecycle import STOPPING, TERMINAL
 
 SSH_PORT = 22
+# A machine in these states is over: its notebook, if one runs, is to be stopped.
+ENDED = TERMINAL | {STOPPING}
 # Paths of the hub's machine (its Python, its environments): nothing on a host.
 HUB_ONLY_ENV = frozenset(
     {
@@ -62,7 +65,7 @@ def parse_address(where: str) -> tuple[str, int]:
     return address, int(port)
 
 
-def notebook_env(env: Mapping[str, str]) -> dict[str, str]:
+def request_env(env: Mapping[str, str]) -> dict[str, str]:
     """The spawner's environment as the host's agent takes it: without what the agent
     sets itself (PATH, HOME, the GPUs), what it refuses (LD_*), and the hub's paths."""
     return {
@@ -94,13 +97,23 @@ def start_request(
         gpus=tuple(selection.split(",")) if selection else (),
         cores=share.cores if share is not None else None,
         memory_gib=share.memory_gib if share is not None else None,
-        env=tuple(sorted(notebook_env(env).items())),
+        env=tuple(sorted(request_env(env).items())),
         args=tuple(args),
         stack=stack,
         manifest=manifest,
     )
     encode_request(request)
     return request
+
+
+def orphans(listed: Iterable[str], states: Mapping[str, str], held: Collection[str]) -> list[str]:
+    """Which of the notebooks a host's agent ``listed`` to stop: those whose machine the
+    ledger has (``states``) as ended and no launcher of this hub runs (``held``).
+
+    A machine the ledger does not know is left alone (another hub's, on a shared host),
+    and so is one it has as live: a start under way is ``launching``.
+    """
+    return [m for m in listed if states.get(m) in ENDED and m not in held]
 
 
 def stack_source(stack: Stack) -> StackSource:
@@ -224,6 +237,11 @@ def _diagnosis(error: BaseException, connect_timeout: float) -> tuple[str, str]:
         return "host-down", (
             f"No answer within the time allowed (connect_timeout {connect_timeout:g} s):"
             " check that the host is up and that the hub may reach its SSH port."
+        )
+    if isinstance(error, asyncssh.ChannelOpenError):
+        return "host-down", (
+            "The host's sshd refused the request's channel: check that"
+            " c.SSHLauncher.max_sessions is not above the hosts' sshd MaxSessions."
         )
     if isinstance(error, asyncssh.Error | OSError):
         return "host-down", (

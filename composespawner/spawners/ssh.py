@@ -5,7 +5,11 @@ Its own module, so that a hub running notebooks otherwise never imports asyncssh
 
 from __future__ import annotations
 
-from composespawner.launchers.ssh import SSHLauncher
+from functools import partial
+
+from jupyterhub.spawner import SpawnException
+
+from composespawner.launchers.ssh import MachineStates, SSHLauncher, ledger_states
 from composespawner.spawners.spawner import ComposeMixin
 
 
@@ -18,3 +22,11 @@ class ComposeSSHSpawner(ComposeMixin, SSHLauncher):
     share and shown only its GPUs. Configure composing as ``c.ComposeMixin`` and the
     hosts as ``c.SSHLauncher`` (``hosts``, ``ssh_key``, ``known_hosts``).
     """
+
+    def machine_states(self) -> MachineStates | None:
+        """The composer's ledger tells a host's orphaned notebooks from its live ones."""
+        try:
+            runner = self.composer.runner
+        except SpawnException:  # the ledger cannot be used now (logged): none are orphans
+            return None
+        return partial(ledger_states, runner)

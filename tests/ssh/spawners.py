@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from jupyterhub.user import User
 
 from composespawner.domain.hardware import Device, Share
 from composespawner.domain.machine import ComposedMachine
-from composespawner.launchers.ssh import SSHLauncher
+from composespawner.launchers.ssh import MachineStates, SSHLauncher
 
 GPU = Device(
     block_id="r1-t4-1",
@@ -29,13 +30,25 @@ def machine(machine_id: str = "m-1", host: str = "host-1") -> ComposedMachine:
 
 
 class RecordingLauncher(SSHLauncher):
-    """Records what the launcher tells the composing side."""
+    """Records what the launcher tells the composing side; ``ledger`` stands in for the
+    composer's ledger: each machine's state (None: no ledger)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.exits: list[int | None] = []
         self.progress_seen: list[str] = []
         self.exited = asyncio.Event()
+        self.ledger: dict[str, str] | None = None
+
+    def machine_states(self) -> MachineStates | None:
+        ledger = self.ledger
+        if ledger is None:
+            return None
+
+        async def states(machine_ids: Collection[str]) -> dict[str, str]:
+            return {m: ledger[m] for m in machine_ids if m in ledger}
+
+        return states
 
     async def notebook_exited(self, status: int | None) -> None:
         self.exits.append(status)

@@ -17,7 +17,12 @@ from jupyterhub.user import User
 from traitlets import TraitError
 
 from composespawner.domain.catalog import Kit, Stack, StackBuild
-from composespawner.launchers.agent_protocol import PollNotebook, StartNotebook, StopNotebook
+from composespawner.launchers.agent_protocol import (
+    ListNotebooks,
+    PollNotebook,
+    StartNotebook,
+    StopNotebook,
+)
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.ssh import SSHLauncher
 from composespawner.launchers.ssh_links import HostLink
@@ -74,10 +79,11 @@ async def test_one_connection_per_host_for_every_start_poll_and_stop(
     for spawner in spawners:
         await spawner.stop()
     assert agent.running == {}
+    await agent.until(lambda: any(isinstance(r, ListNotebooks) for r in agent.requests))
     assert agent.connections == 1
     assert counters.connections - connections == 1
-    # A channel per start, poll and stop, and the host's one watch.
-    assert counters.channels - channels == 3 * 3 + 1
+    # A channel per start, poll and stop, and the host's one watch and its list.
+    assert counters.channels - channels == 3 * 3 + 2
     assert agent.watching == 1
 
 

@@ -15,8 +15,8 @@ from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.agent_protocol import Refused, encode_request
 from composespawner.launchers.ssh_requests import (
     host_key_problem,
-    notebook_env,
     parse_address,
+    request_env,
     stack_source,
     start_request,
     unreachable,
@@ -64,7 +64,7 @@ def test_the_env_leaves_out_what_the_agent_sets_refuses_or_only_the_hub_has() ->
         "VIRTUAL_ENV": "/hub/venv",
         "COMPOSE_RUN_MANIFEST": "/hub/home/x.json",
     }
-    assert notebook_env(env) == {"JUPYTERHUB_API_TOKEN": "t", "COMPOSE_GPUS": "[]"}
+    assert request_env(env) == {"JUPYTERHUB_API_TOKEN": "t", "COMPOSE_GPUS": "[]"}
 
 
 def test_a_start_names_the_machines_gpus_by_uuid_and_its_share() -> None:

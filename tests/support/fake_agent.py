@@ -8,7 +8,8 @@ start of a running machine is refused. A watch stays open until the hub closes
 its channel and says each exit :meth:`FakeAgent.exit` is told of.
 
 It can hold starts until released (a slow build), refuse or fail the next start,
-and drop every connection (the host went away).
+refuse the next channels as sshd does at MaxSessions, drop every connection
+(its sshd restarted), and stop listening until told to again (the host went away).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 
@@ -45,13 +45,16 @@ class FakeAgent:
     refuse_next: str | None = None
     fail_next: str | None = None
     hold: asyncio.Event | None = None  # starts wait for it when set
+    prohibit: int = 0  # the next channels refused ("administratively prohibited")
     commands: list[str] = field(default_factory=list)
     open_now: int = 0  # request channels open at once (a watch not counted)
     most_open: int = 0
     _watches: list[asyncssh.SSHServerProcess[bytes]] = field(default_factory=list)
     _server: asyncssh.SSHAcceptor | None = None
     _conns: list[asyncssh.SSHServerConnection] = field(default_factory=list)
-    port: int = 0
+    port: int = 0  # 0 until it first listens; the same port after
+    _host_key: asyncssh.SSHKey = field(default_factory=lambda: _new_key())
+    _client_key: asyncssh.SSHKey = field(default_factory=lambda: _new_key())
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     @property
@@ -67,9 +70,14 @@ class FakeAgent:
         return self.folder / "known_hosts"
 
     async def __aenter__(self) -> FakeAgent:
-        host_key = asyncssh.generate_private_key("ssh-ed25519")
-        client_key = asyncssh.generate_private_key("ssh-ed25519")
-        client_key.write_private_key(str(self.key))
+        self._client_key.write_private_key(str(self.key))
+        await self.come_back()
+        line = self._host_key.export_public_key().decode().strip()
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {line}\n")
+        return self
+
+    async def come_back(self) -> None:
+        """Listen (again, on the same port): the host is up."""
         agent = self
 
         class Server(asyncssh.SSHServer):
@@ -77,27 +85,36 @@ class FakeAgent:
                 agent.connections += 1
                 agent._conns.append(conn)
 
+            def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
+                if agent.prohibit > 0:
+                    agent.prohibit -= 1
+                    raise asyncssh.ChannelOpenError(
+                        asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "open failed"
+                    )
+                return asyncssh.SSHServerProcess(agent._serve, None, 0, False)
+
         self._server = await asyncssh.listen(
             "127.0.0.1",
-            0,
-            server_host_keys=[host_key],
+            self.port,
+            server_host_keys=[self._host_key],
             authorized_client_keys=asyncssh.import_authorized_keys(
-                client_key.export_public_key().decode()
+                self._client_key.export_public_key().decode()
             ),
-            server_factory=Server,
-            process_factory=self._serve,
+            server_factory=Server,  # its session_requested runs _serve
             encoding=None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        line = host_key.export_public_key().decode().strip()
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {line}\n")
-        return self
+
+    async def go_away(self) -> None:
+        """Drop every connection and stop listening: the host cannot be reached."""
+        self.drop()
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
 
     async def __aexit__(self, *exc: object) -> None:
-        self.drop()
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
+        await self.go_away()
 
     def drop(self) -> None:
         """Close every connection, as a host that went away (its sshd restarted)."""
@@ -143,6 +160,9 @@ class FakeAgent:
             self._watches.append(process)
             await self._note()
             await process.channel.wait_closed()
+            if process in self._watches:
+                self._watches.remove(process)
+            await self._note()
             return
         await self._note()
         self.open_now += 1
@@ -154,7 +174,7 @@ class FakeAgent:
         process.exit(0)
         await self._note()
 
-    async def _answer(self, request: Request, process: Any) -> bytes:
+    async def _answer(self, request: Request, process: asyncssh.SSHServerProcess[bytes]) -> bytes:
         if isinstance(request, StartNotebook):
             return await self._start(request, process)
         if isinstance(request, StopNotebook):
@@ -165,7 +185,9 @@ class FakeAgent:
         assert isinstance(request, ListNotebooks)
         return reply(ok=True, notebooks=[{"machine": m} for m in self.running])
 
-    async def _start(self, request: StartNotebook, process: Any) -> bytes:
+    async def _start(
+        self, request: StartNotebook, process: asyncssh.SSHServerProcess[bytes]
+    ) -> bytes:
         if request.machine in self.running:
             return reply(ok=False, refused=f"machine {request.machine} is already running")
         refused, self.refuse_next = self.refuse_next, None
@@ -179,3 +201,7 @@ class FakeAgent:
             await self.hold.wait()
         self.running[request.machine] = request
         return reply(ok=True, ip=NOTEBOOK_IP, port=40000 + len(self.running), pid=4242)
+
+
+def _new_key() -> asyncssh.SSHKey:
+    return asyncssh.generate_private_key("ssh-ed25519")
