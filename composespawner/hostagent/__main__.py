@@ -19,9 +19,13 @@ from composespawner.launchers.agent_protocol import MAX_REQUEST_BYTES, reply
 
 log = logging.getLogger("composespawner.hostagent")
 LOG_FORMAT = "%(asctime)s composespawner-host[%(process)d] %(levelname)s %(message)s"
+# sshd runs the forced command with root's PATH, /usr/local first: the programs the agent
+# runs as root (useradd, setfacl, nvidia-smi) are looked up where only packages install.
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ["PATH"] = SYSTEM_PATH  # before anything looks a program up
     args = sys.argv[1:] if argv is None else argv
     _log_to(logging.StreamHandler(sys.stderr))
     out = sys.stdout.buffer

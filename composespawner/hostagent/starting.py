@@ -15,18 +15,25 @@ import logging
 import os
 import pwd
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from composespawner.hostagent import logsink
 from composespawner.hostagent.accounts import becoming
 from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
 from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
+from composespawner.launchers import notebook_files
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
 from composespawner.launchers.cgroups import join_then
-from composespawner.launchers.notebook_files import write_for_notebook
 
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
+MANIFEST_TIMEOUT = 30.0  # seconds to write the run manifest: a home on NFS may be slow
+LOG_CAP = 64 << 20  # bytes of a notebook's output kept in state_dir (the most recent)
+# The log sinks this agent started: not waited for (they end with their notebooks, after
+# this agent has exited), but held, so none is collected as a process still running.
+SINKS: list[subprocess.Popen[bytes]] = []
 log = logging.getLogger("composespawner.hostagent")
 Say = Callable[[bytes], None]
 
@@ -96,9 +103,37 @@ def deliver(request: StartNotebook, account: pwd.struct_passwd, environment: Any
         name = f"{request.server or 'default'}.run.json"
         path = Path(account.pw_dir) / ".composespawner" / name
         data = (json.dumps(request.manifest, indent=2) + "\n").encode()
-        write_for_notebook(path, data, account)
+        write_as(account, path, data)
         extra["COMPOSE_RUN_MANIFEST"] = str(path)
     return extra
+
+
+def write_as(account: pwd.struct_passwd, path: Path, data: bytes) -> None:
+    """Write ``path`` in the home as the account itself, as the local launcher writes it
+    (:func:`~composespawner.launchers.notebook_files.write_for_notebook`: a 0444 file
+    made exclusively, no link followed), by a child switched to the account.
+
+    Not as root: on a root-squashed NFS home root is nobody, and may not write there.
+    Not in ``state_dir`` instead: that is root's alone, and the manifest stays where
+    the local launcher puts it. As the account, no link it planted can take a write
+    anywhere it could not write itself. The child runs the agent's Python, which the
+    notebook runs too (its way is open to the account).
+    """
+    script = notebook_files.__file__
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", script, str(path)],
+            input=data,
+            capture_output=True,
+            env={},
+            timeout=MANIFEST_TIMEOUT,
+            preexec_fn=becoming(account, account.pw_dir),
+        )
+    except (OSError, subprocess.SubprocessError) as e:  # the home cannot be entered, too slow
+        raise StartFailed(f"cannot write the run manifest {path} as {account.pw_name}: {e}") from e
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()[-300:]
+        raise StartFailed(f"cannot write the run manifest {path} as {account.pw_name}: {said}")
 
 
 def popen_as(
@@ -107,20 +142,35 @@ def popen_as(
     env: dict[str, str],
     procs: tuple[Path, ...],
     log_path: Path,
+    cap: int = LOG_CAP,
 ) -> subprocess.Popen[bytes]:
     """The notebook's process as ``account`` in the cgroups of ``procs``, its output in
-    ``log_path`` (root's: not in the home, where the user could swap it for a link)."""
-    output = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    ``log_path`` (root's: not in the home, where the user could swap it for a link),
+    through :mod:`.logsink`, which keeps the log under ``cap`` bytes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
+    log_fd = os.open(log_path, flags, 0o600)
+    reader, writer = os.pipe()
     try:
+        sink = subprocess.Popen(
+            [sys.executable, "-I", "-S", logsink.__file__, str(cap)],
+            stdin=reader,
+            stdout=log_fd,
+            stderr=subprocess.DEVNULL,
+            env={},
+            start_new_session=True,
+            preexec_fn=join_then(procs, None),  # it ends with the notebook's cgroups
+        )
+        SINKS.append(sink)
         return subprocess.Popen(
             command,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=output,
+            stdout=writer,
+            stderr=writer,
             start_new_session=True,
             # Entering the cgroups goes first: it needs root, which the rest gives up.
             preexec_fn=join_then(procs, becoming(account, account.pw_dir)),
         )
-    finally:
-        os.close(output)
+    finally:  # the sink sees EOF once the notebook (and what it started) is gone
+        for fd in (log_fd, reader, writer):
+            os.close(fd)

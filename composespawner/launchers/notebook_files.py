@@ -1,7 +1,8 @@
 """Files the hub (or a host's agent) hands a notebook: written as root into its folders.
 
-Standard library only: the host agent (:mod:`composespawner.hostagent`), a fresh
-process on every SSH channel, writes the run manifest with it too.
+Standard library only: the host agent (:mod:`composespawner.hostagent`) writes the
+run manifest with it too, run as a script (``python -I -S``) by a child switched to
+the notebook's account (:func:`main`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import sys
 from pathlib import Path
 
 
@@ -49,3 +51,18 @@ def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None)
             file.write(data)
     finally:
         os.close(where)
+
+
+def main(argv: list[str]) -> int:
+    """``python -I -S notebook_files.py PATH``: stdin written to ``PATH`` as above, by
+    this process's own account (the host agent's child, switched to the notebook's)."""
+    try:
+        write_for_notebook(Path(argv[1]), sys.stdin.buffer.read(), None)
+    except (NotAFolder, OSError) as e:
+        print(f"{e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
