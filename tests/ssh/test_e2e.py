@@ -204,3 +204,23 @@ def test_hosts_that_cannot_be_reached_fail_the_start_clearly_and_hold_nothing(
     wait_for(lambda: ledger.live_machines("student2") == [], 30, "student2's machine released")
     wait_for(lambda: hub.composed_hosts() == {}, 30, "every device to be detached")
     assert "Nothing accepts SSH there" in hub.log_path.read_text()
+
+
+def test_a_notebook_the_hub_could_not_stop_is_stopped_once_its_host_answers(
+    hub: Hub, hosts: SSHHosts
+) -> None:
+    host, record, _ = started(hub, hosts, "student2")
+    machine = process_env(record["pid"])["COMPOSE_MACHINE_ID"]
+    hosts.stop(host.host_id)  # its sshd: the notebook lives on, out of the hub's reach
+    try:
+        hub.stop("student2")  # the stop cannot reach it; the machine is released anyway
+        hub.wait_released(machine)
+        assert alive(record["pid"])
+    finally:
+        hosts.start(host.host_id)
+    back = time.monotonic()
+    # The host's watch, retrying, is made again, and the hub stops what it no longer runs.
+    wait_for(lambda: hosts.notebook("student2") is None, 40, "the orphan stopped")
+    print(f"the orphan was stopped {time.monotonic() - back:.2f} s after its host's sshd")
+    assert not alive(record["pid"])
+    assert f"stopped notebook {machine} on" in hub.log_path.read_text()
