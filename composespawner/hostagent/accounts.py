@@ -1,8 +1,11 @@
 """The account a notebook runs as on this host: the user's own, never a system one.
 
 An existing account (a campus one through NSS/SSSD, or one made here before) is
-used as it is, when its uid is a person's (``min_uid`` or more). Otherwise the
-agent creates it as the local launcher creates a person's account
+used as it is, when its uid is a person's (``min_uid`` to ``max_uid``). Otherwise the
+agent creates it, unless ``create_accounts`` says not to: by default none is made
+where NSS looks accounts up in a directory (SSSD, LDAP: the name may be a campus
+person's whose directory is unreachable just now, and a local account would
+shadow theirs). It creates it as the local launcher creates a person's account
 (:func:`~composespawner.launchers.accounts.user_account_command`), with a home
 only it may enter under ``home_root``, in the group ``composespawner-users``.
 
@@ -30,7 +33,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from composespawner.hostagent.config import USERS_GROUP, AgentConfig
-from composespawner.hostagent.decisions import account_refusal, interpreter_of
+from composespawner.hostagent.decisions import (
+    account_refusal,
+    creation_refusal,
+    directory_sources,
+    interpreter_of,
+    passwd_sources,
+)
 from composespawner.launchers.accounts import (
     USERADD_TIMEOUT,
     AccountError,
@@ -43,18 +52,21 @@ from composespawner.launchers.accounts import (
 from composespawner.launchers.agent_protocol import Refused
 
 PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
+NSSWITCH = Path("/etc/nsswitch.conf")  # where NSS's sources are (read at each lookup: tests set it)
 log = logging.getLogger("composespawner.hostagent")
 
 
 def existing_account(name: str, config: AgentConfig) -> pwd.struct_passwd | None:
-    """``name``'s account if it exists and may run notebooks; Refused if it may not."""
+    """``name``'s account if it exists and may run notebooks; None if the agent may
+    create it; Refused if it may not run one, or may not be created."""
     try:
         account = pwd.getpwnam(name)
     except KeyError:
-        if not config.create_accounts:
-            raise Refused(
-                f"no account {name!r} on this host, and this agent creates none"
-            ) from None
+        asks_nss = config.create_accounts == "when-no-directory"
+        directories = directory_sources(passwd_sources(_nsswitch(name))) if asks_nss else []
+        refusal = creation_refusal(name, config.create_accounts, directories)
+        if refusal:
+            raise Refused(refusal) from None
         return None
     refusal = account_refusal(
         name,
@@ -63,6 +75,7 @@ def existing_account(name: str, config: AgentConfig) -> pwd.struct_passwd | None
         config.min_uid,
         group_names(name, account.pw_gid),
         config.refused_groups,
+        config.max_uid,
     )
     if refusal:
         raise Refused(refusal)
@@ -75,12 +88,28 @@ def create_account(name: str, config: AgentConfig) -> pwd.struct_passwd:
     config.home_root.mkdir(mode=0o755, parents=True, exist_ok=True)
     command = user_account_command(name, config.home_root)
     account = ensure_account(name, [*command[:-1], "--groups", group, command[-1]])
-    refusal = account_refusal(name, account.pw_uid, account.pw_gid, config.min_uid)
-    if refusal:  # useradd's UID_MIN (login.defs) below the agent's min_uid
-        raise AccountError(f"useradd made {refusal}; raise UID_MIN in /etc/login.defs")
+    refusal = account_refusal(
+        name, account.pw_uid, account.pw_gid, config.min_uid, max_uid=config.max_uid
+    )
+    if refusal:  # useradd's UID_MIN/UID_MAX (login.defs) outside the agent's min/max_uid
+        raise AccountError(f"useradd made {refusal}; set UID_MIN/UID_MAX in /etc/login.defs")
     make_home(Path(account.pw_dir), account)
     log.info("created the account %s (uid %d, home %s)", name, account.pw_uid, account.pw_dir)
     return account
+
+
+def _nsswitch(name: str) -> str:
+    """``/etc/nsswitch.conf``'s text; "" where there is none (glibc then reads files).
+    Refused if it cannot be read: whether a directory is behind NSS is then unknown."""
+    try:
+        return NSSWITCH.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        raise Refused(
+            f"no account {name!r} on this host, and {NSSWITCH} cannot be read ({e.strerror}):"
+            " whether accounts come from a directory is unknown, so none is created"
+        ) from None
 
 
 def group_names(name: str, gid: int) -> list[str]:

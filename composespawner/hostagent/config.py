@@ -26,12 +26,21 @@ NVIDIA_SMI_QUERY = ("--query-gpu=uuid", "--format=csv,noheader")
 USERS_GROUP = "composespawner-users"  # the accounts the agent creates
 BUILD_ACCOUNT = "composespawner-build"  # builds stack environments: never root
 # Groups that make an account more than a person's: root in all but name (docker, lxd,
-# libvirt, disk), a way to become root (sudo, wheel, admin), or its secrets (shadow, adm).
+# libvirt, disk, kvm's raw devices), a way to become root (sudo, wheel, admin; Debian's
+# staff writes /usr/local, first on root's PATH), or secrets (shadow, adm, the journal).
 REFUSED_GROUPS = (
-    *("root", "sudo", "wheel", "admin"),
-    *("docker", "lxd", "libvirt", "disk"),
-    *("shadow", "adm"),
+    *("root", "sudo", "wheel", "admin", "staff"),
+    *("docker", "lxd", "libvirt", "disk", "kvm"),
+    *("shadow", "adm", "systemd-journal"),
 )
+# Above 60000 are ids no person should run as: systemd's homed (60001-60513) and
+# DynamicUser (61184-65519) ranges, nobody, then containers' mapped ids. A directory that
+# maps ids higher (SSSD's AD id mapping starts at 200000) raises max_uid.
+DEFAULT_MAX_UID = 60_000
+# create_accounts: whether the agent makes an account for a name the host does not know.
+# "when-no-directory": only where NSS has no directory for passwd (see decisions.py).
+CREATE_MODES = ("when-no-directory", "always", "never")
+
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 KEYS = frozenset(
     {
@@ -41,6 +50,7 @@ KEYS = frozenset(
         "home_root",
         "create_accounts",
         "min_uid",
+        "max_uid",
         "stacks_dir",
         "notebook_command",
         "cores",
@@ -64,7 +74,7 @@ class AgentConfig:
     state_dir: Path
     cgroup_parent: tuple[str, ...]
     home_root: Path
-    create_accounts: bool
+    create_accounts: str  # one of CREATE_MODES
     min_uid: int
     stacks_dir: Path
     notebook_command: tuple[str, ...]
@@ -75,6 +85,7 @@ class AgentConfig:
     build_account: str  # the system account stack environments are built as
     refused_groups: tuple[str, ...]  # an account in one of these runs no notebook
     keep_logs_days: int = 14  # an ended notebook's log in state_dir is kept this long
+    max_uid: int = DEFAULT_MAX_UID  # the highest uid a notebook runs as
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +112,15 @@ def parse_config(
         raise ConfigError(f"cgroup_parent: {e}") from None
     gpu_default = (facts.nvidia_smi, *NVIDIA_SMI_QUERY) if facts.nvidia_smi else ()
     log_file = _text(table, "log_file", "")
+    min_uid = _number(table, "min_uid", 1000, least=1)
     return AgentConfig(
         listen_address=listen,
         state_dir=_absolute(table, "state_dir", DEFAULT_STATE_DIR),
         cgroup_parent=parent,
         home_root=_absolute(table, "home_root", "/home"),
-        create_accounts=_flag(table, "create_accounts", True),
-        min_uid=_number(table, "min_uid", 1000, least=1),
+        create_accounts=_create_mode(table, "create_accounts"),
+        min_uid=min_uid,
+        max_uid=_number(table, "max_uid", max(DEFAULT_MAX_UID, min_uid), least=min_uid),
         stacks_dir=_absolute(table, "stacks_dir", DEFAULT_STACKS_DIR),
         notebook_command=_command(
             table, "notebook_command", (str(Path(facts.python).parent / NOTEBOOK_SERVER),)
@@ -164,11 +177,15 @@ def _names(table: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tupl
     return tuple(value)
 
 
-def _flag(table: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = table.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key} is true or false")
-    return value
+def _create_mode(table: Mapping[str, Any], key: str) -> str:
+    """One of CREATE_MODES; the older true/false read as "when-no-directory"/"never"
+    (true never meant "over a campus directory's head")."""
+    value = table.get(key, CREATE_MODES[0])
+    if isinstance(value, bool):
+        return CREATE_MODES[0] if value else "never"
+    if value not in CREATE_MODES:
+        raise ConfigError(f"{key} is one of {', '.join(map(repr, CREATE_MODES))}")
+    return str(value)
 
 
 def _number(table: Mapping[str, Any], key: str, default: int, least: int) -> int:

@@ -3,6 +3,7 @@ the notebook is given. The reads and writes are in :mod:`.notebooks`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -12,6 +13,10 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Accounts no notebook runs as whatever their uid: the kernel's overflow id (nobody)
 # and the "no id" of chown(2).
 UNUSABLE_UIDS = frozenset({65534, 4294967295})
+# NSS's passwd sources that look nowhere but this host: files, systemd's userdb (its
+# own and homed's accounts), Ubuntu's extrausers, altfiles, machined's containers.
+# Any other (sss, ldap, winbind, nis, compat's +NIS lines, a vendor's) is a directory.
+LOCAL_PASSWD_SOURCES = frozenset({"files", "systemd", "db", "extrausers", "altfiles", "mymachines"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,7 @@ def account_refusal(
     min_uid: int,
     groups: Iterable[str] = (),
     refused: Iterable[str] = (),
+    max_uid: int = 60_000,
 ) -> str | None:
     """Why an existing account ``name`` may not run a notebook, or None if it may.
 
@@ -88,6 +94,12 @@ def account_refusal(
             f"the account {name!r} is a system account (uid {uid}): notebooks run only as"
             f" people's accounts (uid {min_uid} or more)"
         )
+    if uid > max_uid:
+        return (
+            f"the account {name!r} has uid {uid}, above this host's max_uid {max_uid}:"
+            " ids there are services' (systemd's dynamic users) and containers', not"
+            " people's. A directory whose people have such ids raises max_uid"
+        )
     if gid == 0:
         return f"the account {name!r} has the root group as its own: no notebook runs in it"
     privileged = sorted(set(groups) & set(refused))
@@ -95,6 +107,42 @@ def account_refusal(
         return (
             f"the account {name!r} is in the groups {', '.join(privileged)}, which give more"
             " than a person's account: the hub's notebooks do not run as it"
+        )
+    return None
+
+
+def passwd_sources(nsswitch: str) -> tuple[str, ...]:
+    """The sources of ``/etc/nsswitch.conf``'s ``passwd:`` lines, actions left out;
+    glibc's default (files) where no line says."""
+    sources: list[str] = []
+    for line in nsswitch.splitlines():
+        database, colon, rest = line.partition("#")[0].partition(":")
+        if colon and database.strip() == "passwd":
+            sources += re.sub(r"\[[^\]]*\]", " ", rest).split()  # [NOTFOUND=return]: an action
+    return tuple(sources) or ("files",)
+
+
+def directory_sources(sources: Iterable[str]) -> list[str]:
+    """Of NSS's passwd ``sources``, those that look accounts up off this host."""
+    return [s for s in sources if s not in LOCAL_PASSWD_SOURCES]
+
+
+def creation_refusal(name: str, mode: str, directories: Sequence[str]) -> str | None:
+    """Why no account ``name`` is made here (``create_accounts`` is ``mode``; NSS's
+    passwd has ``directories``), or None if one may be.
+
+    A name the host does not know may be a campus person's whose directory is
+    unreachable just now (SSSD offline, nothing cached): an account made here
+    under that name, with an id of its own, would shadow theirs for good.
+    """
+    if mode == "never":
+        return f"no account {name!r} on this host, and this agent creates none"
+    if mode == "when-no-directory" and directories:
+        return (
+            f"no account {name!r} on this host, and this agent creates none while accounts"
+            f" come from a directory (nsswitch.conf's passwd: {' '.join(directories)}): it"
+            " may be unreachable just now, and a local account would shadow the campus one."
+            ' Where this host should make accounts anyway, set create_accounts = "always"'
         )
     return None
 

@@ -21,10 +21,13 @@ from composespawner.hostagent.config import (
 from composespawner.hostagent.decisions import (
     Record,
     account_refusal,
+    creation_refusal,
+    directory_sources,
     interpreter_of,
     missing_gpus,
     notebook_env,
     parse_gpu_list,
+    passwd_sources,
     service_url,
     start_refusal,
 )
@@ -51,8 +54,8 @@ def test_an_empty_config_takes_the_machine_and_the_connection() -> None:
     assert config.state_dir == Path("/var/lib/composespawner-host")
     assert config.cgroup_parent == ("composespawner",)
     assert config.home_root == Path("/home")
-    assert config.create_accounts is True
-    assert config.min_uid == 1000
+    assert config.create_accounts == "when-no-directory"
+    assert (config.min_uid, config.max_uid) == (1000, 60000)
     assert config.stacks_dir == Path("/var/cache/composespawner/stacks")
     assert config.notebook_command == ("/opt/cs/venv/bin/jupyterhub-singleuser",)
     assert (config.cores, config.memory_gib) == (64, 512)
@@ -60,6 +63,7 @@ def test_an_empty_config_takes_the_machine_and_the_connection() -> None:
     assert config.gpu_list_command == ()  # no nvidia-smi: GPU presence is not checked
     assert config.build_account == "composespawner-build"
     assert {"sudo", "wheel", "docker", "shadow"} <= set(config.refused_groups)
+    assert {"staff", "kvm", "systemd-journal"} <= set(config.refused_groups)
 
 
 def test_nvidia_smi_lists_the_gpus_where_it_exists() -> None:
@@ -80,6 +84,7 @@ def test_every_key_is_taken() -> None:
             "home_root": "/srv/homes",
             "create_accounts": False,
             "min_uid": 2000,
+            "max_uid": 2_000_200_000,
             "stacks_dir": "/srv/stacks",
             "notebook_command": "/srv/venv/bin/python -I /srv/nb.py",
             "cores": 8,
@@ -102,6 +107,19 @@ def test_every_key_is_taken() -> None:
     assert config.build_account == "stack-builder"
     assert config.refused_groups == ("sudo",)
     assert config.keep_logs_days == 3
+    assert (config.create_accounts, config.max_uid) == ("never", 2_000_200_000)
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [(True, "when-no-directory"), (False, "never"), ("always", "always"), ("never", "never")],
+)
+def test_create_accounts_says_when(value: object, mode: str) -> None:
+    assert parse_config({"create_accounts": value}, {}, FACTS).create_accounts == mode
+
+
+def test_a_min_uid_past_the_default_max_moves_the_max() -> None:
+    assert parse_config({"min_uid": 70000}, {}, FACTS).max_uid == 70000
 
 
 @pytest.mark.parametrize(
@@ -113,7 +131,8 @@ def test_every_key_is_taken() -> None:
         ({"cgroup_parent": "../up"}, "cgroup_parent"),
         ({"min_uid": 0}, "min_uid"),
         ({"cores": True}, "cores"),
-        ({"create_accounts": "yes"}, "create_accounts"),
+        ({"create_accounts": "yes"}, "create_accounts is one of"),
+        ({"max_uid": 999}, "max_uid is a whole number, at least 1000"),
         ({"notebook_command": "jupyterhub-singleuser"}, "not an absolute path"),
         ({"notebook_command": []}, "notebook_command is empty"),
         ({"build_account": "root"}, "build_account"),
@@ -143,7 +162,9 @@ def test_the_connected_address_and_the_memory() -> None:
         (999, 999, True),
         (65534, 65534, True),
         (1000, 1000, False),
-        (1500000, 1500000, False),
+        (60000, 60000, False),
+        (61184, 61184, True),  # systemd's DynamicUser range
+        (1500000, 1500000, True),  # a container's mapped ids
         (1001, 0, True),
     ],
 )
@@ -151,11 +172,56 @@ def test_only_peoples_accounts_run_notebooks(uid: int, gid: int, refused: bool) 
     assert (account_refusal("x", uid, gid, 1000) is not None) is refused
 
 
+def test_a_directory_with_high_ids_raises_max_uid() -> None:
+    refusal = account_refusal("x", 1500000, 1500000, 1000)
+    assert refusal is not None
+    assert "above this host's max_uid 60000" in refusal
+    assert account_refusal("x", 1500000, 1500000, 1000, max_uid=2_000_200_000) is None
+
+
 def test_an_account_in_a_group_worth_root_is_refused() -> None:
     refusal = account_refusal("x", 1001, 1001, 1000, ["x", "docker", "sudo"], REFUSED_GROUPS)
     assert refusal is not None
     assert "docker, sudo" in refusal
     assert account_refusal("x", 1001, 1001, 1000, ["x", "video"], REFUSED_GROUPS) is None
+    for group in ("staff", "kvm", "systemd-journal"):
+        assert account_refusal("x", 1001, 1001, 1000, ["x", group], REFUSED_GROUPS) is not None
+
+
+NSSWITCH_SSSD = """\
+# /etc/nsswitch.conf
+passwd:         files sss [NOTFOUND=return] # campus accounts
+group:          files sss
+hosts:          files dns
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "sources", "directories"),
+    [
+        (NSSWITCH_SSSD, ("files", "sss"), ["sss"]),
+        ("passwd: files systemd\ngroup: files ldap\n", ("files", "systemd"), []),
+        ("passwd: compat\n", ("compat",), ["compat"]),  # compat's + lines are NIS
+        ("passwd: files [ !UNAVAIL=return ] winbind\n", ("files", "winbind"), ["winbind"]),
+        ("passwd:ldap\n", ("ldap",), ["ldap"]),
+        ("#passwd: files nis\nhosts: files\n", ("files",), []),  # no line: glibc's files
+        ("", ("files",), []),
+    ],
+)
+def test_nss_sources_of_passwd(text: str, sources: tuple[str, ...], directories: list[str]) -> None:
+    assert passwd_sources(text) == sources
+    assert directory_sources(sources) == directories
+
+
+def test_no_account_is_made_over_a_directorys_head_unless_said() -> None:
+    refusal = creation_refusal("ada", "when-no-directory", ["sss"])
+    assert refusal is not None
+    assert "passwd: sss" in refusal
+    assert "shadow the campus one" in refusal
+    assert 'create_accounts = "always"' in refusal
+    assert creation_refusal("ada", "when-no-directory", []) is None
+    assert creation_refusal("ada", "always", ["sss"]) is None
+    assert "creates none" in (creation_refusal("ada", "never", []) or "")
 
 
 def test_a_start_fits_beside_the_running_ones() -> None:
