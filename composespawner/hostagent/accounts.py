@@ -29,6 +29,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -135,7 +136,10 @@ def ensure_group(name: str) -> str:
 
 
 def programs_of(command: Sequence[str]) -> list[Path]:
-    """The program ``command`` runs and, for a script, the interpreter its ``#!`` names."""
+    """The program ``command`` runs and, for a script, the interpreter its ``#!`` names
+    (none for no command)."""
+    if not command:
+        return []
     program = Path(command[0])
     programs = [program]
     try:
@@ -166,10 +170,30 @@ def _groupadd() -> str:
     )
 
 
-def open_the_way(command: Sequence[str]) -> None:
-    """Let :data:`USERS_GROUP` enter the closed folders on the way to ``command``'s
-    program and interpreter (see above); AccountError if it cannot."""
-    let_group_in(folders_to_open(programs_of(command)))
+def open_the_way(configured: Sequence[str] = ()) -> None:
+    """Let :data:`USERS_GROUP` enter the closed folders on the way to the configured
+    notebook command's program and interpreter, and to the agent's own Python (a stack's
+    environment runs on it); AccountError if it cannot.
+
+    Never on the way to a path read from a stack's environment (its notebook server's
+    ``#!`` line, a link in its ``bin``): the build wrote those, running the request's
+    code, and could name any closed folder (``/root/.ssh``) to have it opened.
+    """
+    let_group_in(folders_to_open([*programs_of(configured), Path(sys.executable)]))
+
+
+def stack_program_refusal(program: str, environment: Path, configured: str) -> str | None:
+    """Why a stack's notebook program may not run: it leads (through links the build may
+    have planted) out of the stack's environment, to neither the configured program nor
+    the agent's own Python; None if it may."""
+    real = Path(os.path.realpath(program))
+    allowed = {Path(os.path.realpath(p)) for p in (configured, sys.executable)}
+    if real in allowed or real.is_relative_to(os.path.realpath(environment)):
+        return None
+    return (
+        f"the stack's notebook program {program} leads to {real}, outside its environment"
+        f" {environment}; an administrator removes that environment to have it built again"
+    )
 
 
 def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:

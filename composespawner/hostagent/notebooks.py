@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from composespawner.domain.hardware import Share
-from composespawner.hostagent.accounts import create_account, existing_account, open_the_way
+from composespawner.hostagent.accounts import (
+    create_account,
+    existing_account,
+    open_the_way,
+    stack_program_refusal,
+)
 from composespawner.hostagent.config import AgentConfig
 from composespawner.hostagent.decisions import Record, notebook_env, start_refusal
 from composespawner.hostagent.starting import (
@@ -81,10 +86,15 @@ class Notebooks:
                     raise StartFailed(str(e)) from e
         environment = stack_environment(request, self.config, say)
         command = notebook_command(self.config, environment)
-        try:
-            open_the_way(command)
+        try:  # the configured command's way, never one a stack's files name (see open_the_way)
+            open_the_way(self.config.notebook_command)
         except AccountError as e:
             raise StartFailed(str(e)) from e
+        if environment is not None:
+            configured = self.config.notebook_command[0]
+            refusal = stack_program_refusal(command[0], environment.path, configured)
+            if refusal:
+                raise StartFailed(refusal)
         with self.state.locked():
             self._check_fits(request)  # again: another start may have come meanwhile
             return self._launch(request, account, command, environment)

@@ -11,10 +11,16 @@ file a wheel put in). As root that would give the hub's key the host. So the
 build runs in a child (``python -m composespawner.hostagent.stacks``) as the
 system account ``build_account``, without new privileges; ``stacks_dir`` is
 root's with the sticky bit and writable by that account's group (it makes new
-environments there, and cannot rename or remove root's). Once built, the
-environment is made root's (``chown -R``, never through a link), so no later
-build can change what notebooks run. Root itself only reads the environment
-(is it there, and root's?) and writes the notebook side's files into it.
+environments there, and cannot rename or remove root's). The child adds the
+notebook side (repro.py, the client) too, as the agent's version has it.
+
+Once built, every process of the build account is ended, and only then is the
+environment made root's and written by root alone (:func:`_make_roots`): walked
+by folder descriptor, never through a link, so that no later build can change
+what notebooks run. Root never writes into the environment, nor through
+anything in it: the build may have planted links anywhere (to
+``/root/.ssh/authorized_keys``, or a folder in the middle of site-packages).
+So an environment keeps the notebook side it was built with.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import json
 import logging
 import os
 import pwd
+import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -48,6 +56,11 @@ from composespawner.launchers.environments import (
 LOCK_FILE = "requirements.lock"
 BUILD_LOCK = ".build.lock"  # in the state folder: one build at a time
 SOURCES = ".sources"  # the builder's copies of the stacks' files, in stacks_dir
+SOURCES_LOCK = ".sources.lock"  # in the state folder: materialised sources, and their pruning
+KEEP_SOURCES = 14 * 86_400.0  # seconds a stack's materialised files stay unused
+END_TIMEOUT = 15.0  # seconds for the build account's processes to be gone once killed
+LINE_LIMIT = 1 << 20  # bytes: a builder's line longer than this is not one of ours
+POLL_EVERY = 0.5  # seconds between looks at whether the builder has ended
 log = logging.getLogger("composespawner.hostagent")
 Progress = Callable[[str, int], None]
 
@@ -82,7 +95,8 @@ def source_body(source: StackSource) -> dict[str, object]:
 
 
 def materialise(source: StackSource, sources: Path) -> Path:
-    """Write the stack's lock and common files under ``sources`` (kept: found next time)."""
+    """Write the stack's lock and common files under ``sources`` (kept: found next time;
+    touched, so that :func:`prune_sources` sees it in use)."""
     folder = sources / source_key(source)
     (folder / "common").mkdir(mode=0o755, parents=True, exist_ok=True)
     files = [(folder / LOCK_FILE, source.lock)]
@@ -94,7 +108,24 @@ def materialise(source: StackSource, sources: Path) -> Path:
         partial = path.with_name(f".{path.name}.partial")
         partial.write_bytes(data)
         os.replace(partial, path)
+    os.utime(folder)
     return folder
+
+
+def stale_sources(found: dict[str, float], older_than: float, in_use: str) -> list[str]:
+    """Which materialised stacks (name: last used, epoch s) to remove: unused since
+    ``older_than``, and not the one in use now."""
+    return sorted(name for name, used in found.items() if used < older_than and name != in_use)
+
+
+def prune_sources(sources: Path, older_than: float, in_use: Path) -> None:
+    """Remove the stacks' files under ``sources`` unused since ``older_than`` (epoch s)."""
+    found = {}
+    for folder in sources.iterdir():
+        with contextlib.suppress(OSError):
+            found[folder.name] = folder.lstat().st_mtime
+    for name in stale_sources(found, older_than, in_use.name):
+        shutil.rmtree(sources / name, ignore_errors=True)
 
 
 # -- root's side ------------------------------------------------------------------
@@ -104,33 +135,60 @@ def environment_for(
     source: StackSource, config: AgentConfig, progress: Progress
 ) -> StackEnvironment:
     """The stack's environment, built first (as the build account) if need be."""
-    stack = stack_of(source, materialise(source, config.state_dir / "stacks"))
-    assert stack.common is not None
-    builder = StackEnvironments(config.stacks_dir, stack.common)
-    environment = builder.environment(stack)  # the lock checked against its hash
-    if not _settled(environment):
-        account = _build_account(config)
-        # One build at a time on this host: what a build left running is ended after it,
-        # before its environment becomes root's (it must not change another's meanwhile).
-        with StateDir(config.state_dir).locked(BUILD_LOCK):
+    state = StateDir(config.state_dir)
+    sources = config.state_dir / "stacks"
+    # Under a lock: another agent's prune must not remove the files this one reads.
+    with state.locked(SOURCES_LOCK):
+        folder = materialise(source, sources)
+        stack = stack_of(source, folder)
+        assert stack.common is not None
+        environment = StackEnvironments(config.stacks_dir, stack.common).environment(stack)
+        prune_sources(sources, time.time() - KEEP_SOURCES, folder)
+    if _settled(environment):
+        return environment
+    account = _build_account(config)
+    # One build at a time on this host: what a build left running is ended after it,
+    # before its environment becomes root's (it must not change another's meanwhile).
+    with state.locked(BUILD_LOCK):
+        if not _settled(environment):  # another agent may have built it meanwhile
             try:
-                _build_as(account, source, config.stacks_dir, progress)
+                if not _roots(environment.path):  # else a _make_roots cut short: again
+                    _build_as(account, source, config.stacks_dir, progress)
             finally:
-                _end_processes_of(account.pw_uid)
-            _make_roots(environment.path)
-        if not _settled(environment):
-            raise StackBuildError(f"the build left no environment at {environment.path}")
-    # Ready: this only brings the notebook side (repro.py, the client) up to date.
-    return asyncio.run(builder.ensure(stack, progress))
+                _end_processes_of(account.pw_uid)  # none may run while it becomes root's
+            _make_roots(environment.path, account.pw_uid)
+            if not _settled(environment) and _roots(environment.path):
+                # Root's yet unfinished (no manifest): gone, so the next start builds it
+                # anew. rmtree follows no link, and no one else writes in it now.
+                shutil.rmtree(environment.path, ignore_errors=True)
+    if not _settled(environment):
+        raise StackBuildError(f"the build left no environment at {environment.path}")
+    return environment
 
 
 def _settled(environment: StackEnvironment) -> bool:
-    """Built, and root's (not a link, nor the build account's to change)."""
+    """Built, and root's to the end: :func:`_make_roots` opens the folder to all last."""
     try:
         found = environment.path.lstat()
-    except FileNotFoundError:
+        manifest = environment.manifest.lstat()
+    except OSError:
         return False
-    return stat.S_ISDIR(found.st_mode) and found.st_uid == 0 and environment.manifest.is_file()
+    return (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == 0
+        and stat.S_IMODE(found.st_mode) == 0o755
+        and stat.S_ISREG(manifest.st_mode)
+        and manifest.st_uid == 0
+    )
+
+
+def _roots(path: Path) -> bool:
+    """A folder root's: the build is done, its making root's begun."""
+    try:
+        found = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == 0
 
 
 def _build_account(config: AgentConfig) -> pwd.struct_passwd:
@@ -146,9 +204,9 @@ def _build_account(config: AgentConfig) -> pwd.struct_passwd:
         account = ensure_account(
             config.build_account, [*command[:-1], "--groups", group, command[-1]]
         )
+        open_the_way()  # the agent's own Python, which the build runs
     except AccountError as e:
         raise StackBuildError(str(e)) from e
-    open_the_way([sys.executable])
     stacks = config.stacks_dir
     stacks.mkdir(mode=0o755, parents=True, exist_ok=True)
     found = stacks.lstat()
@@ -178,56 +236,144 @@ def _build_as(
     try:
         child.stdin.write(json.dumps(source_body(source)).encode())
         child.stdin.close()
-        last = _relay(child.stdout, progress, deadline)
+        last = relay(child.stdout.fileno(), progress, deadline, lambda: child.poll() is not None)
         child.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as e:
+        raise StackBuildError(f"building took longer than {BUILD_TIMEOUT:.0f} s") from e
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+        child.stdout.close()
     if child.returncode != 0 or last.get("ok") is not True:
         raise StackBuildError(str(last.get("error") or f"the build exited with {child.returncode}"))
 
 
-def _relay(lines: object, progress: Progress, deadline: float) -> dict[str, object]:
-    """Pass the builder's progress on (re-made: its words are not passed raw); its last line."""
+def relay(
+    fd: int, progress: Progress, deadline: float, finished: Callable[[], bool] = lambda: False
+) -> dict[str, object]:
+    """Pass the builder's progress on (re-made: its words are not passed raw) until it
+    closes ``fd`` or is ``finished`` (a process it left may hold ``fd`` open); its last
+    line. Read with a timeout: a builder that says nothing (or never ends its line) is
+    given up on at ``deadline`` (monotonic) all the same."""
     last: dict[str, object] = {}
-    for raw in lines:  # type: ignore[attr-defined]
-        if time.monotonic() > deadline:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    pending = b""
+    after = 0  # bytes read once the builder had ended: what it left may write on and on
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise StackBuildError(f"building took longer than {BUILD_TIMEOUT:.0f} s")
-        try:
-            body = json.loads(raw)
-        except ValueError:
+        done = finished()  # before the read: what it wrote before it ended is read still
+        if not poller.poll(0 if done else max(1, int(min(left, POLL_EVERY) * 1000))):
+            if done:
+                break
             continue
-        if not isinstance(body, dict):
-            continue
-        if "progress" in body:
-            percent = body.get("percent")
-            progress(str(body["progress"])[:200], percent if isinstance(percent, int) else 0)
-        else:
-            last = body
+        chunk = os.read(fd, 65536)
+        after += len(chunk) if done else 0
+        if not chunk or after > LINE_LIMIT:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        if len(pending) > LINE_LIMIT:
+            pending = b""
+        for line in lines:
+            last = _take(line, progress, last)
+    return _take(pending, progress, last)
+
+
+def _take(raw: bytes, progress: Progress, last: dict[str, object]) -> dict[str, object]:
+    """One line of the builder's: progress passed on, or its last word (returned)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return last
+    if not isinstance(body, dict):
+        return last
+    if "progress" not in body:
+        return body
+    percent = body.get("percent")
+    progress(str(body["progress"])[:200], percent if isinstance(percent, int) else 0)
     return last
 
 
-def _end_processes_of(uid: int) -> None:
-    """SIGKILL every process of the build account (none should outlive a build)."""
+def _processes_of(uid: int) -> list[int]:
+    """The processes running as ``uid`` (by any of its ids), zombies left out: they run
+    nothing, and go once their parent (or init) reaps them."""
+    pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            uids = next(line for line in status.read_text().splitlines() if line.startswith("Uid:"))
-        except (OSError, StopIteration):
+            lines = status.read_text().splitlines()
+        except OSError:  # gone meanwhile
             continue
-        if str(uid) in uids.split()[1:]:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(status.parent.name), signal.SIGKILL)
+        fields = {key: value for key, _, value in (line.partition(":") for line in lines)}
+        if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+            continue
+        if str(uid) in fields.get("Uid", "").split():
+            pids.append(int(status.parent.name))
+    return pids
 
 
-def _make_roots(path: Path) -> None:
-    """Everything in the environment root's: links themselves, never what they name."""
-    if path.is_symlink() or not path.is_dir():
+def _end_processes_of(uid: int, timeout: float = END_TIMEOUT) -> None:
+    """SIGKILL every process of the build account (none should outlive a build), until
+    /proc shows none: one may have forked between a look and the kill, and a killed one
+    may finish the call it was in (a write into the environment) before it goes."""
+    deadline = time.monotonic() + timeout
+    while left := _processes_of(uid):
+        if time.monotonic() > deadline:
+            raise StackBuildError(
+                f"the build account's processes {left[:10]} did not end in {timeout:.0f} s"
+            )
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)  # /proc is looked at again: killed processes take a moment to go
+
+
+def _make_roots(path: Path, builder: int) -> None:
+    """Everything in the environment root's, and written by root alone (group's and
+    others' write, set-id and sticky bits cleared): walked by folder descriptor, each
+    entry as it is (a link itself, never what it names, nor a folder swapped for a link).
+
+    Run once none of the build account's processes is left. The environment is root's
+    alone (0700) while this runs, so that no one enters it meanwhile; it is opened to
+    all (0755) last, which is what :func:`_settled` looks for (a walk cut short is done
+    again). An entry of neither root's nor the build account's came from outside (a hard
+    link, or another account writing into a folder the build left open): removed.
+    """
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # absent, or a link: not settled, and the start fails saying so
         return
-    for folder, folders, files in os.walk(path):
-        os.lchown(folder, 0, 0)
-        for name in (*folders, *files):
-            os.lchown(os.path.join(folder, name), 0, 0)
+    try:
+        os.fchown(top, 0, 0)
+        os.fchmod(top, 0o700)
+        for _, folders, files, fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            if not os.path.samestat(os.fstat(fd), os.fstat(top)):
+                os.fchown(fd, 0, 0)  # the folder first: then no one else changes its entries
+                os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & 0o755)
+            for name in (*folders, *files):
+                _make_root(name, fd, builder)
+        os.fchmod(top, 0o755)
+    finally:
+        os.close(top)
+
+
+def _make_root(name: str, folder: int, builder: int) -> None:
+    """One entry of a folder already root's alone (see :func:`_make_roots`)."""
+    # O_PATH: the entry itself, opened without following a link, and without opening
+    # a FIFO or device; its mode is changed through /proc on exactly what was opened.
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=folder)
+    try:
+        found = os.fstat(fd)
+        if found.st_uid not in (0, builder) and not stat.S_ISDIR(found.st_mode):
+            os.unlink(name, dir_fd=folder)
+            return
+        os.chown(name, 0, 0, dir_fd=folder, follow_symlinks=False)
+        if not stat.S_ISLNK(found.st_mode):  # a link's own mode means nothing
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(found.st_mode) & 0o755)
+    finally:
+        os.close(fd)
 
 
 # -- the builder's side (the build account) -----------------------------------------
@@ -246,7 +392,9 @@ def build_here(
         lock=str(body["lock"]),
         common=tuple(sorted((str(k), str(v)) for k, v in common.items())),
     )
-    stack = stack_of(source, materialise(source, stacks / SOURCES))
+    folder = materialise(source, stacks / SOURCES)
+    prune_sources(stacks / SOURCES, time.time() - KEEP_SOURCES, folder)  # one build at a time
+    stack = stack_of(source, folder)
     assert stack.common is not None
     builder = StackEnvironments(stacks, stack.common)
     asyncio.run(
