@@ -349,6 +349,7 @@ def _tear_down(hosts: SSHHosts, users: Sequence[str], existed: set[str]) -> None
     uids = {pwd.getpwnam(u).pw_uid for u in created}
     # A notebook works in its home; an account the agent made runs nothing else here.
     leftovers = sorted(set(_processes_of(uids)) | set(leftover_pids(hosts.home_root, group=-2)))
+    described = [_described(pid) for pid in leftovers]
     for pid in leftovers:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -357,7 +358,17 @@ def _tear_down(hosts: SSHHosts, users: Sequence[str], existed: set[str]) -> None
         subprocess.run(["userdel", "-r", user], capture_output=True, timeout=60, check=False)
     _remove_cgroups(hosts.cgroup_parent)
     shutil.rmtree(hosts.home_root, ignore_errors=True)
-    assert not leftovers, f"processes outlived the test's hosts: {leftovers}"
+    assert not leftovers, f"processes outlived the test's hosts: {described}"
+
+
+def _described(pid: int) -> str:
+    """``pid (uid N): command line``, for a report of what was left running."""
+    try:
+        uid = Path(f"/proc/{pid}").stat().st_uid
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} (uid {uid}): {command.strip()[:120]}"
 
 
 def _account(name: str) -> pwd.struct_passwd | None:

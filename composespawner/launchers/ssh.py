@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import asyncssh
 from jupyterhub.spawner import Spawner
 from traitlets import Dict, Float, Integer, TraitError, Unicode, validate
+from traitlets.config import LoggingConfigurable
 
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
@@ -88,8 +89,8 @@ NEVER_SENT = (
 MachineStates = Callable[[Collection[str]], Awaitable[Mapping[str, str]]]
 
 
-class SSHLauncher(Launcher, Spawner):
-    """Start the notebook on the machine's host through that host's agent, over SSH."""
+class SSHSettings(LoggingConfigurable):
+    """The SSH launcher's knobs (``c.SSHLauncher.*``): the hosts, the keys, the limits."""
 
     hosts = Dict(
         key_trait=Unicode(),
@@ -139,6 +140,14 @@ class SSHLauncher(Launcher, Spawner):
         help="""Seconds between keepalives on each host's connection; three missed
         ones close it (and it is made again on the next request). 0 sends none.""",
     )
+    poll_host_every = Float(
+        300,
+        config=True,
+        help="""Seconds between the hub's polls that ask a notebook's host itself. In
+        between, a notebook whose host's exit watch is open (the agent reports every exit
+        on it at once) is running without a channel of its own: a hub polling a class's
+        servers every poll_interval would otherwise start an agent per server each time.""",
+    )
     max_sessions = Integer(
         10,
         config=True,
@@ -156,6 +165,20 @@ class SSHLauncher(Launcher, Spawner):
     stack_variant = "cpu"
     machine: ComposedMachine | None = None  # the mixin's; set before start
 
+    @validate("hosts")
+    def _valid_hosts(self, proposal: dict[str, Any]) -> dict[str, str]:
+        hosts: dict[str, str] = proposal["value"]
+        try:
+            for where in hosts.values():
+                parse_address(where)
+        except ValueError as e:
+            raise TraitError(f"c.SSHLauncher.hosts: {e}") from e
+        return hosts
+
+
+class SSHLauncher(SSHSettings, Launcher, Spawner):
+    """Start the notebook on the machine's host through that host's agent, over SSH."""
+
     # Every host's link of this hub process, and which launcher runs which machine on
     # which host: the host's exit watch tells the right one.
     links: ClassVar[HostLinks] = HostLinks()
@@ -169,6 +192,8 @@ class SSHLauncher(Launcher, Spawner):
     _where = ""  # the host's address:port the notebook runs at
     _host_id = ""
     _machine_id = ""
+    _exit_status: int | None = None  # the status its host's watch saw it exit with
+    _asked_at = 0.0  # when its host last said it runs (monotonic)
     _manifest: dict[str, Any] | None = None
     _run_manifest: str | None = None
     _stack_source: StackSource | None = None
@@ -224,16 +249,6 @@ class SSHLauncher(Launcher, Spawner):
         env: dict[str, str] = super().get_env()
         env.update(self.launcher_env())  # what the agent sets itself is left out of the request
         return env
-
-    @validate("hosts")
-    def _valid_hosts(self, proposal: dict[str, Any]) -> dict[str, str]:
-        hosts: dict[str, str] = proposal["value"]
-        try:
-            for where in hosts.values():
-                parse_address(where)
-        except ValueError as e:
-            raise TraitError(f"c.SSHLauncher.hosts: {e}") from e
-        return hosts
 
     # -- the host -----------------------------------------------------------------------
 
@@ -307,6 +322,7 @@ class SSHLauncher(Launcher, Spawner):
             else:  # it may have started there: stopped once the host is reached
                 _owe(link, machine.machine_id)
             raise _unreachable(self, machine.host, where, e) from e
+        self._asked_at, self._exit_status = time.monotonic(), None
         _running_on(self, where)
         self.log.info(
             "%s: notebook %s started on %s (%s) as pid %s in %.2f s; SSH: %d channel(s)"
@@ -345,8 +361,13 @@ class SSHLauncher(Launcher, Spawner):
         where, machine_id = self._where, self._machine_id
         if not where or not machine_id:
             return 0
+        if self._exit_status is not None:  # its host's watch saw it exit
+            return self._exit_status
+        link = self._link(where)
+        if link.watching and time.monotonic() - self._asked_at < self.poll_host_every:
+            return None  # the host's watch is open and has not seen it exit
         try:
-            answer = await self._link(where).request(PollNotebook(machine_id), self.request_timeout)
+            answer = await link.request(PollNotebook(machine_id), self.request_timeout)
         except (AgentRefused, AgentFailed, *UNREACHABLE) as e:
             self.log.warning(
                 "%s: cannot ask %s (%s) about notebook %s (%s); taken as running",
@@ -358,6 +379,7 @@ class SSHLauncher(Launcher, Spawner):
             )
             return None
         if answer.get("running"):
+            self._asked_at = time.monotonic()
             _running_on(self, where)  # after a hub restart: its exit is watched again
             return None
         _not_running(where, machine_id)
@@ -387,7 +409,7 @@ class SSHLauncher(Launcher, Spawner):
         if self._where and self._machine_id:
             _not_running(self._where, self._machine_id)
         self._where = self._host_id = self._machine_id = ""
-        self._manifest = self._run_manifest = None
+        self._manifest = self._run_manifest = self._exit_status = None
 
 
 def _unreachable(
@@ -549,6 +571,7 @@ async def _exit_seen(settings: LinkSettings, machine_id: str, status: int | None
         _not_running(where, machine_id)
         if launcher is not None and launcher._machine_id == machine_id:
             launcher.log.info("%s: notebook %s exited on its host", log_name(launcher), machine_id)
+            launcher._exit_status = status if status is not None else 0  # for the hub's poll
             await launcher.notebook_exited(status)
 
 

@@ -50,6 +50,8 @@ STDERR_KEPT = 2000  # characters of the agent's stderr kept for the hub's log
 WATCH_RETRY_FIRST = 1.0  # seconds before the first try to watch a host again
 WATCH_RETRY_MOST = 30.0
 LIST_TIMEOUT = 30.0  # seconds for the list of a host's notebooks, when its watch is made
+CHANNEL_RETRY_FIRST = 0.05  # seconds before asking again for a channel sshd refused
+CHANNEL_RETRY_MOST = 1.0
 
 # On the hub's /hub/metrics: the goal is one connection per host, a channel per request.
 SSH_CONNECTIONS = Counter(
@@ -139,6 +141,9 @@ class HostLink:
         self._watch: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
+        # While true, the host's agent is watching its notebooks on an open channel and
+        # would have reported an exit: a poll needs no channel of its own.
+        self.watching = False
 
     # -- the connection ----------------------------------------------------------
 
@@ -280,12 +285,10 @@ class HostLink:
     ) -> AsyncIterator[Channel]:
         trips.channels += 1
         try:
-            process = await connection.create_process(AGENT_COMMAND, encoding=None)
+            process = await self._refused_channels_retried(connection)
         except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, OSError) as e:
             if isinstance(e, asyncssh.ChannelOpenError) and not connection.is_closed():
-                # The host's sshd refused this channel (MaxSessions reached): this
-                # request fails, nothing sent; the others on the connection go on.
-                raise
+                raise  # the others on the connection go on
             # Lost before the loss was seen (nothing was sent): once more, on a new one.
             connection.close()
             if self._connection is connection:
@@ -300,6 +303,34 @@ class HostLink:
             yield channel
         finally:
             channel.close()
+
+    async def _refused_channels_retried(
+        self, connection: asyncssh.SSHClientConnection
+    ) -> asyncssh.SSHClientProcess[bytes]:
+        """A channel of ``connection``; one sshd refused is asked for again, with a backoff.
+
+        sshd counts a channel against MaxSessions until its session has wound down on
+        the host, a moment after the hub saw it end: in a burst (a class stopping at
+        once) a channel within max_sessions can be refused ("open failed"). The
+        request's own deadline ends the retries.
+        """
+        delay = CHANNEL_RETRY_FIRST
+        while True:
+            try:
+                return await connection.create_process(AGENT_COMMAND, encoding=None)
+            except asyncssh.ChannelOpenError:
+                if connection.is_closed():
+                    raise
+                self.log.info(
+                    "SSH: %s refused a channel (sshd's MaxSessions, sessions still closing);"
+                    " asking again in %.2f s (keep c.SSHLauncher.max_sessions at or below the"
+                    " hosts' MaxSessions)",
+                    self.settings.where,
+                    delay,
+                )
+            # A backoff for the host's sessions to wind down, not a wait for a condition.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CHANNEL_RETRY_MOST)
 
     def _parsed(self, line: bytes, channel: Channel) -> Reply:
         try:
@@ -331,10 +362,14 @@ class HostLink:
                     channel.stdin.write_eof()
                     delay = WATCH_RETRY_FIRST
                     self._list_soon()  # what ended while it was not watched
-                    async for line in channel.stdout:
-                        reply = self._parsed(line, channel) if line.strip() else None
-                        if isinstance(reply, Exited):
-                            await self._exited(reply)
+                    self.watching = True
+                    try:
+                        async for line in channel.stdout:
+                            reply = self._parsed(line, channel) if line.strip() else None
+                            if isinstance(reply, Exited):
+                                await self._exited(reply)
+                    finally:
+                        self.watching = False
                 self.log.warning("SSH: %s's exit watch ended; watching again", s.where)
             except asyncio.CancelledError:
                 raise

@@ -75,15 +75,21 @@ async def test_one_connection_per_host_for_every_start_poll_and_stop(
     connections, channels = counters.connections, counters.channels
     spawners = [launcher(users[0], agent), launcher(users[1], agent), launcher(users[2], agent)]
     await asyncio.gather(*(s.start() for s in spawners))
+    await agent.until(lambda: agent.watching == 1)
+    # The host's watch is open and reports every exit: a poll needs no channel...
     assert [await s.poll() for s in spawners] == [None, None, None]
+    # ...until poll_host_every has passed since the host last said so: then it asks.
+    spawners[0].poll_host_every = 0
+    assert await spawners[0].poll() is None
     for spawner in spawners:
         await spawner.stop()
     assert agent.running == {}
     await agent.until(lambda: any(isinstance(r, ListNotebooks) for r in agent.requests))
     assert agent.connections == 1
     assert counters.connections - connections == 1
-    # A channel per start, poll and stop, and the host's one watch and its list.
-    assert counters.channels - channels == 3 * 3 + 2
+    # A channel per start and stop, the one poll that asked, the host's watch and its list.
+    assert counters.channels - channels == 3 * 2 + 1 + 2
+    assert sum(isinstance(r, PollNotebook) for r in agent.requests) == 1
     assert agent.watching == 1
 
 
@@ -112,6 +118,7 @@ async def test_a_lost_connection_is_made_again_with_its_watch(
     await agent.until(lambda: agent.watching > 0)
     agent.drop()
 
+    spawner.poll_host_every = 0  # this poll asks the host: over a connection made again
     assert await spawner.poll() is None
     assert agent.connections == 2
     await agent.until(lambda: agent.watching > 0)
