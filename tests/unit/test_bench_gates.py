@@ -14,6 +14,14 @@ STORM = {
     "leaked_devices": 0,
     "hosts_over_capacity": 0,
 }
+COURSE = {
+    **STORM,
+    "ssh_failures": 0,
+    "ssh_double_holders": 0,
+    "ssh_leaked_devices": 0,
+    "ssh_hosts_over_capacity": 0,
+    "ssh_connections_per_start": 0.05,
+}
 
 
 def test_a_storm_within_its_gates_meets_them() -> None:
@@ -47,6 +55,19 @@ def test_placement_is_gated_at_twenty_thousand_devices(tmp_path: Path) -> None:
     assert unmet("placement_speed", {"large_place_p99_us": 1200.0}) == [
         "placement_speed: large_place_p99_us is 1200.0, the gate is at most 1000"
     ]
-    assert unmet("course_storm", {**STORM, "hosts_over_capacity": 1}) == [
+    assert unmet("course_storm", {**COURSE, "hosts_over_capacity": 1}) == [
         "course_storm: hosts_over_capacity is 1, the gate is at most 0"
     ]
+
+
+def test_a_course_storm_holds_compose_ssh_to_its_gates_too() -> None:
+    assert unmet("course_storm", COURSE) == []
+    assert unmet("course_storm", {**COURSE, "ssh_leaked_devices": 2}) == [
+        "course_storm: ssh_leaked_devices is 2, the gate is at most 0"
+    ]
+    assert unmet("course_storm", {**COURSE, "ssh_connections_per_start": 1.5}) == [
+        "course_storm: ssh_connections_per_start is 1.5, the gate is at most 1"
+    ]
+    assert "course_storm: ssh_failures is missing, the gate is at most 0" in unmet(
+        "course_storm", STORM
+    )
