@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from jupyterhub import orm
 from jupyterhub.user import User
+
+from composespawner.launchers.ssh import SSHLauncher
+from tests.support.fake_agent import FakeAgent
 
 
 @pytest.fixture
@@ -17,3 +21,15 @@ def users() -> Iterator[list[User]]:
     db.commit()
     yield [User(u, {}) for u in db.query(orm.User).order_by(orm.User.name)]
     db.close()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[FakeAgent]:
+    """A strict in-process agent; the launchers' shared links and their class state
+    (running notebooks, stops owed, the ledger's states) are reset after it."""
+    async with FakeAgent(tmp_path) as agent:
+        yield agent
+        await SSHLauncher.links.close()
+        SSHLauncher._running.clear()
+        SSHLauncher._owed.clear()
+        SSHLauncher._ledger_states = None

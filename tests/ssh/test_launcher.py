@@ -8,7 +8,6 @@ import hashlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ from tests.ssh.spawners import GPU, RecordingLauncher, ssh_launcher
 from tests.support.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[FakeAgent]:
-    async with FakeAgent(tmp_path) as agent:
-        yield agent
-        await SSHLauncher.links.close()
-        SSHLauncher._running.clear()
 
 
 def launcher(user: User, agent: FakeAgent, name: str = "", **config: Any) -> RecordingLauncher:

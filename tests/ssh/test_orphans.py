@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,16 +19,6 @@ from tests.ssh.spawners import RecordingLauncher, ssh_launcher
 from tests.support.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[FakeAgent]:
-    async with FakeAgent(tmp_path) as agent:
-        yield agent
-        await SSHLauncher.links.close()
-        SSHLauncher._running.clear()
-        SSHLauncher._owed.clear()
-        SSHLauncher._ledger_states = None
 
 
 def launcher(user: User, agent: FakeAgent, **config: Any) -> RecordingLauncher:
