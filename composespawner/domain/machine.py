@@ -19,6 +19,8 @@ class ComposedMachine:
     nic: Device | None
     drives: tuple[Device, ...]
     share: Share | None = None  # its share of a shared host (None: the whole host)
+    # 1: its GPUs are its own; n > 1: it holds 1/n of its one GPU, time-sliced with others.
+    gpu_share: int = 1
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -29,6 +31,7 @@ class ComposedMachine:
             "nic": _device_state(self.nic) if self.nic else None,
             "drives": [_device_state(d) for d in self.drives],
             "share": [self.share.cores, self.share.memory_gib] if self.share else None,
+            "gpu_share": self.gpu_share,
         }
 
     @classmethod
@@ -41,6 +44,7 @@ class ComposedMachine:
             nic=_device_from_state(state["nic"]) if state.get("nic") else None,
             drives=tuple(_device_from_state(d) for d in state.get("drives", [])),
             share=Share(*state["share"]) if state.get("share") else None,
+            gpu_share=int(state.get("gpu_share", 1)),
         )
 
 
