@@ -23,6 +23,9 @@ class GpuModel:
     label: str
     fabric_models: frozenset[str]  # Processor.Model strings this choice accepts
     description: str = ""
+    # Share sizes it is offered in besides whole GPUs (4: a quarter of one GPU,
+    # time-sliced), ascending; () for a model the site keeps whole.
+    shares: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,9 @@ class Size:
 WHOLE_HOST = Size(id="whole", label="Whole host", whole_host=True)
 # The most devices one host takes where neither the fabric nor the catalog says.
 DEFAULT_MAX_DEVICES = 16
+# The share sizes a GPU model may be offered in: time-slicing past 16 holders
+# leaves each too little of the GPU to be worth a server.
+SHARE_SIZES = range(2, 17)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,15 +165,7 @@ class Catalog:
     def from_dict(cls, raw: dict[str, Any], relative_to: Path = Path()) -> Catalog:
         """``relative_to``: the folder stack locks are named relative to (the file's)."""
         catalog = cls(
-            gpu_models=tuple(
-                GpuModel(
-                    id=str(m["id"]),
-                    label=str(m["label"]),
-                    fabric_models=frozenset(str(f) for f in m["fabric_models"]),
-                    description=str(m.get("description", "")),
-                )
-                for m in raw["gpu_models"]
-            ),
+            gpu_models=tuple(_gpu_model(m) for m in raw["gpu_models"]),
             networks=tuple(
                 NetworkChoice(
                     id=str(n["id"]),
@@ -195,6 +193,30 @@ class Catalog:
         )
         _check(catalog)
         return catalog
+
+
+def _gpu_model(raw: dict[str, Any]) -> GpuModel:
+    model_id = str(raw["id"])
+    return GpuModel(
+        id=model_id,
+        label=str(raw["label"]),
+        fabric_models=frozenset(str(f) for f in raw["fabric_models"]),
+        description=str(raw.get("description", "")),
+        shares=_shares(model_id, raw.get("shares", [])),
+    )
+
+
+def _shares(model_id: str, raw: Any) -> tuple[int, ...]:
+    """A model's share sizes: whole numbers from 2 to 16, each once."""
+    sizes = raw if isinstance(raw, list) else [None]
+    if any(isinstance(n, bool) or not isinstance(n, int) or n not in SHARE_SIZES for n in sizes):
+        raise ValueError(
+            f"gpu model {model_id!r}: shares must list whole numbers from {SHARE_SIZES[0]}"
+            f" to {SHARE_SIZES[-1]} (4: a quarter of one GPU), such as [2, 4]; got {raw!r}"
+        )
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"gpu model {model_id!r}: shares lists a size twice: {raw!r}")
+    return tuple(sorted(sizes))
 
 
 def _stack(raw: dict[str, Any], catalog: dict[str, Any], relative_to: Path) -> Stack:

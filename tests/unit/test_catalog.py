@@ -105,3 +105,41 @@ def test_kits_are_named_relative_to_the_catalog_and_run_on_a_listed_stack(tmp_pa
     path.write_text(head + KIT % "pytorch")
     with pytest.raises(CatalogError, match=r"kit 'digits': no 'digits\.ipynb'"):
         Catalog.from_file(path)
+
+
+def test_the_demo_offers_the_t4_in_halves_and_quarters_and_keeps_the_rest_whole() -> None:
+    catalog = Catalog.from_file(HUB_CONFIG / "catalog.toml")
+    shares = {m.id: m.shares for m in catalog.gpu_models}
+    assert shares.pop("t4") == (2, 4)
+    assert set(shares.values()) == {()}
+
+
+SHARES = 'fabric_models = ["NVIDIA T4"]\nshares = %s'
+
+
+def test_share_sizes_are_read_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(BARE.replace('fabric_models = ["NVIDIA T4"]', SHARES % "[8, 2, 4]"))
+    (model,) = Catalog.from_file(path).gpu_models
+    assert model.shares == (2, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("shares", "words"),
+    [
+        ("[1, 4]", "gpu model 't4': shares must list whole numbers from 2 to 16"),
+        ("[4, 32]", "from 2 to 16"),
+        ("[0.25]", "from 2 to 16"),
+        ('["4"]', "from 2 to 16"),
+        ("[true]", "from 2 to 16"),
+        ("4", r"such as \[2, 4\]; got 4"),
+        ("[4, 2, 4]", "gpu model 't4': shares lists a size twice"),
+    ],
+)
+def test_bad_share_sizes_are_refused_naming_the_model(
+    tmp_path: Path, shares: str, words: str
+) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(BARE.replace('fabric_models = ["NVIDIA T4"]', SHARES % shares))
+    with pytest.raises(CatalogError, match=words):
+        Catalog.from_file(path)
