@@ -10,6 +10,7 @@
     client.manifest()         # what this server runs on: stack, lock hash, machine, settings
     client.runs()             # your latest runs' manifests, newest first
     client.launch_again(name="again")  # a new server as this one started (stack, GPUs)
+    client.limit_gpu_memory() # a GPU share: cap this kernel's PyTorch to the share's memory
 
 It calls the GPU portal with the token the notebook already has
 (``$JUPYTERHUB_API_TOKEN``) at the address the spawner gave it
@@ -27,6 +28,7 @@ Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shri
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 import sys
@@ -68,9 +70,19 @@ class Machine:
     since: str
     gpus: tuple[Gpu, ...]
     devices: tuple[dict[str, str], ...]
+    # 1: its GPUs are its own; n: it holds 1/n of its one GPU, time-sliced with others.
+    gpu_share: int = 1
+
+    @property
+    def gpu_memory_fraction(self) -> float | None:
+        """The part of its GPU's memory a share may fairly use (None: whole GPUs)."""
+        return 1 / self.gpu_share if self.gpu_share > 1 else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Machine:
+        share = data.get("gpu_share")
+        if not isinstance(share, int) or isinstance(share, bool) or share < 1:
+            share = _started_share()  # a portal that does not say: as this notebook started
         return cls(
             server=data["server"],
             machine=data["machine"],
@@ -80,6 +92,7 @@ class Machine:
             since=data["since"],
             gpus=tuple(Gpu(g["id"], g["model"]) for g in data["gpus"]),
             devices=tuple(data["devices"]),
+            gpu_share=share,
         )
 
 
@@ -184,6 +197,44 @@ def apply() -> Resized:
     resized = _changed(_call("GET", _gpus_path()))
     os.environ.update(resized.environment)
     return resized
+
+
+def limit_gpu_memory() -> float | None:
+    """Hold this process's PyTorch to its GPU share's memory; the fraction set, or None.
+
+    Advisory: time-slicing shares a GPU's compute, not its memory, so nothing but
+    this cap (and the holders' good manners) keeps one holder from filling the GPU
+    and the others' allocations from failing. Call it once, before allocating on
+    the GPU. None when the server holds whole GPUs, PyTorch is not installed, or it
+    sees no GPU. JAX and TensorFlow are asked through their environment already
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``, ``TF_FORCE_GPU_ALLOW_GROWTH``).
+    """
+    fraction = _memory_fraction()
+    if fraction is None:
+        return None
+    try:
+        torch: Any = importlib.import_module("torch")
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.set_per_process_memory_fraction(fraction)  # its one GPU: the current device
+    return fraction
+
+
+def _started_share() -> int:
+    """The share this notebook was started with (``COMPOSE_GPU_SHARE`` ``1/4``): 4; 1 else."""
+    _, slash, size = os.environ.get("COMPOSE_GPU_SHARE", "").partition("/")
+    return int(size) if slash and size.isdigit() and int(size) > 0 else 1
+
+
+def _memory_fraction() -> float | None:
+    """``COMPOSE_GPU_MEMORY_FRACTION`` where it is a fraction in (0, 1); None else."""
+    try:
+        fraction = float(os.environ.get("COMPOSE_GPU_MEMORY_FRACTION", ""))
+    except ValueError:
+        return None
+    return fraction if 0 < fraction < 1 else None
 
 
 def _changed(data: dict[str, Any]) -> Resized:

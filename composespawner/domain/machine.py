@@ -94,6 +94,29 @@ def machine_env(machine: ComposedMachine) -> dict[str, str]:
         "COMPOSE_SCRATCH_GB": str(sum(d.capacity_gb or 0 for d in machine.drives)),
         "COMPOSE_NIC": _nic(machine),
         **_share_env(machine),
+        **gpu_share_env(machine.gpu_share),
+    }
+
+
+def gpu_share_env(gpu_share: int) -> dict[str, str]:
+    """What a notebook holding 1/``gpu_share`` of its one GPU is told; nothing for whole GPUs.
+
+    Time-slicing shares the GPU's compute, not its memory: nothing stops one holder
+    from filling the GPU. ``COMPOSE_GPU_MEMORY_FRACTION`` says what is fair, and the
+    framework settings ask JAX (its preallocation capped to the fraction), TensorFlow
+    (grow on demand, not grab it all) and PyTorch (give freed memory back) to keep to
+    it; they are advisory, and a stack's own settings win (its env is applied after).
+    ``client.limit_gpu_memory()`` caps PyTorch itself.
+    """
+    if gpu_share <= 1:
+        return {}
+    fraction = f"{(10_000 // gpu_share) / 10_000:g}"  # rounded down: the holders' sum <= 1
+    return {
+        "COMPOSE_GPU_SHARE": f"1/{gpu_share}",
+        "COMPOSE_GPU_MEMORY_FRACTION": fraction,
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction,
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     }
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,79 @@ def test_outside_a_hub_notebook_the_client_says_so(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("COMPOSE_PORTAL_URL", raising=False)
     with pytest.raises(client.PortalError, match="not a notebook the GPU hub started"):
         client.machine()
+
+
+class FakeCuda:
+    """torch.cuda as limit_gpu_memory uses it: what it was asked to cap."""
+
+    def __init__(self, available: bool) -> None:
+        self.available = available
+        self.fractions: list[float] = []
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def set_per_process_memory_fraction(self, fraction: float) -> None:
+        self.fractions.append(fraction)
+
+
+def fake_torch(monkeypatch: pytest.MonkeyPatch, available: bool = True) -> FakeCuda:
+    cuda = FakeCuda(available)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    return cuda
+
+
+def test_a_share_holders_pytorch_is_capped_to_its_shares_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cuda = fake_torch(monkeypatch)
+    monkeypatch.setenv("COMPOSE_GPU_MEMORY_FRACTION", "0.25")
+    assert client.limit_gpu_memory() == 0.25
+    assert cuda.fractions == [0.25]
+
+
+@pytest.mark.parametrize("fraction", [None, "", "1", "0", "-0.5", "a quarter"])
+def test_whole_gpus_or_no_fraction_cap_nothing(
+    monkeypatch: pytest.MonkeyPatch, fraction: str | None
+) -> None:
+    cuda = fake_torch(monkeypatch)
+    if fraction is None:
+        monkeypatch.delenv("COMPOSE_GPU_MEMORY_FRACTION", raising=False)
+    else:
+        monkeypatch.setenv("COMPOSE_GPU_MEMORY_FRACTION", fraction)
+    assert client.limit_gpu_memory() is None
+    assert cuda.fractions == []
+
+
+def test_without_pytorch_or_a_gpu_nothing_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPOSE_GPU_MEMORY_FRACTION", "0.5")
+    cuda = fake_torch(monkeypatch, available=False)
+    assert client.limit_gpu_memory() is None
+    assert cuda.fractions == []
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert client.limit_gpu_memory() is None
+
+
+PORTAL_SERVER = {
+    "server": "",
+    "machine": "m1",
+    "state": "running",
+    "host": "host-01",
+    "zone": "rack-1",
+    "since": "2026-11-24T08:00:00+00:00",
+    "gpus": [{"id": "t4-1", "model": "NVIDIA T4"}],
+    "devices": [],
+}
+
+
+def test_the_machine_says_its_share_as_the_portal_or_else_its_start_told_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COMPOSE_GPU_SHARE", "1/4")
+    told = client.Machine.from_json({**PORTAL_SERVER, "gpu_share": 2})
+    assert (told.gpu_share, told.gpu_memory_fraction) == (2, 0.5)
+    started = client.Machine.from_json(PORTAL_SERVER)
+    assert (started.gpu_share, started.gpu_memory_fraction) == (4, 0.25)
+    monkeypatch.delenv("COMPOSE_GPU_SHARE")
+    whole = client.Machine.from_json({**PORTAL_SERVER, "gpu_share": True})
+    assert (whole.gpu_share, whole.gpu_memory_fraction) == (1, None)
