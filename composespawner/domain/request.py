@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from composespawner.domain.catalog import Catalog, Size
+from composespawner.domain.catalog import Catalog, GpuModel, Size
 from composespawner.domain.cohorts import SizeChoice, StackChoice
 
-FIELDS = ("gpu_model", "gpu_count", "size", "network", "scratch_gb", "stack", "kit")
+FIELDS = ("gpu_model", "gpu_count", "gpu_share", "size", "network", "scratch_gb", "stack", "kit")
 # Options people try for a size; the message points them at "size".
 _SIZE_WORDS = frozenset({"cores", "cpus", "cpu", "memory", "memory_gib", "mem", "ram"})
 # Every field at its longest takes a few hundred bytes. JupyterHub stores what
@@ -29,6 +29,17 @@ _FORM_NOISE = frozenset({"_xsrf"})
 # JupyterHub's own rule for new server names is a "safe slug"; we re-check
 # because the name is written into the fabric's composition tag.
 _SERVER_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$", re.IGNORECASE)
+# The form's count selector offers a share of one GPU as "1/4" beside the counts.
+_FORM_SHARE = re.compile(r"1/([0-9]{1,2})")
+_SHARE_LABELS = {2: "½", 3: "⅓", 4: "¼", 8: "⅛"}
+_SHARE_WORDS = {
+    2: ("half", "halves"),
+    3: ("third", "thirds"),
+    4: ("quarter", "quarters"),
+    8: ("eighth", "eighths"),
+}
+# Letters whose names start with a vowel sound: "an NVIDIA T4", "an H100", "a T4".
+_VOWEL_LETTERS = frozenset("AEFHILMNORSX")
 
 
 class RequestError(ValueError):
@@ -66,19 +77,33 @@ class MachineRequest:
     stack: str | None = None
     kit: str | None = None  # catalog Kit.id, on its stack
     size: str = "whole"  # catalog Size.id: the share of its host's cores and memory
+    gpu_share: int = 1  # n: 1/n of its one GPU, time-sliced with other holders; 1: whole GPUs
 
     def to_options(self) -> dict[str, Any]:
-        """JSON-able ``user_options``; parsing them back gives an equal request."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """JSON-able ``user_options``; parsing them back gives an equal request.
+
+        Whole GPUs leave ``gpu_share`` out, so options stored before shares stay equal.
+        """
+        options = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.gpu_share == 1:
+            del options["gpu_share"]
+        return options
+
+    @property
+    def gpus(self) -> float:
+        """The GPUs this request counts as against a quota: a quarter of one is 0.25."""
+        return self.gpu_count / self.gpu_share
 
     def describe(self, catalog: Catalog) -> str:
         size = catalog.size(self.size)
-        share = size.label if size else self.size
+        room = size.label if size else self.size
         if self.gpu_model is None:
-            return f"CPU only, {share}"
+            return f"CPU only, {room}"
         model = catalog.gpu_model(self.gpu_model)
         label = model.label if model else self.gpu_model
-        return f"{self.gpu_count} × {label}, {share}"
+        if self.gpu_share > 1:
+            return f"{share_phrase(self.gpu_share, label)}, {room}"
+        return f"{self.gpu_count} × {label}, {room}"
 
     def share_of(self, catalog: Catalog) -> Size:
         """The catalog size this request runs in (validated: it is listed)."""
@@ -114,7 +139,27 @@ def parse_form(
         if len(values) != 1:
             raise RequestError(f"Give exactly one value for '{_shown(key)}'.", key)
         fields[key] = values[0]
-    return parse_options(fields, catalog, visible_models)
+    return parse_options(_form_share(fields), catalog, visible_models)
+
+
+def _form_share(fields: dict[str, Any]) -> dict[str, Any]:
+    """A form's share as the API's integer ``gpu_share``: forms post strings, and the
+    count selector posts a share of one GPU as ``gpu_count=1/4``."""
+    chosen = _FORM_SHARE.fullmatch(str(fields.get("gpu_count", "")).strip())
+    if chosen:
+        if fields.get("gpu_share", chosen[1]) != chosen[1]:
+            raise RequestError(
+                f"You chose {chosen[0]} of a GPU and gpu_share '{_shown(fields['gpu_share'])}':"
+                " choose one share.",
+                "gpu_share",
+            )
+        fields = {**fields, "gpu_count": "1", "gpu_share": chosen[1]}
+    share = fields.get("gpu_share")
+    if share == "":
+        return {k: v for k, v in fields.items() if k != "gpu_share"}
+    if isinstance(share, str) and _integer(share) is not None:
+        return {**fields, "gpu_share": _integer(share)}
+    return fields
 
 
 def parse_options(
@@ -133,9 +178,11 @@ def parse_options(
         )
     kit = _kit(options.get("kit"), catalog)
     count = _gpu_count(options.get("gpu_count"), catalog)
+    model = _gpu_model(options.get("gpu_model"), count, catalog, visible_models)
     return MachineRequest(
-        gpu_model=_gpu_model(options.get("gpu_model"), count, catalog, visible_models),
+        gpu_model=model,
         gpu_count=count,
+        gpu_share=_gpu_share(options.get("gpu_share"), count, model, catalog, visible_models),
         size=_size(options.get("size"), count, catalog),
         network=_network(options.get("network", catalog.networks[0].id), catalog),
         scratch_gb=_scratch(options.get("scratch_gb", 0), catalog),
@@ -192,6 +239,91 @@ def _gpu_count(value: Any, catalog: Catalog) -> int:
             "gpu_count",
         )
     return count
+
+
+def _gpu_share(
+    value: Any, count: int, model_id: str | None, catalog: Catalog, visible: Collection[str]
+) -> int:
+    """The share size asked for (1: whole GPUs), of a model offered in that size."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(
+            "gpu_share is the number of shares one GPU is split into: send an integer such"
+            f" as 4 (a quarter of one GPU), or 1 for whole GPUs; not '{_shown(value)}'.",
+            "gpu_share",
+        )
+    if value == 1:
+        return 1
+    if value < 1:
+        raise RequestError(
+            f"gpu_share must be 1 (whole GPUs) or a share size such as 4 (a quarter of one"
+            f" GPU); got {value}.",
+            "gpu_share",
+        )
+    model = catalog.gpu_model(model_id) if model_id else None
+    if model is None or count != 1:
+        instead = "leave gpu_share out" if count == 0 else f"gpu_share 1 for {count} whole GPUs"
+        raise RequestError(
+            f"A share is of exactly one GPU: send gpu_count 1 with gpu_share {value}, or"
+            f" {instead}.",
+            "gpu_share",
+        )
+    if value not in model.shares:
+        raise RequestError(_share_not_offered(model, value, catalog, visible), "gpu_share")
+    return value
+
+
+def _share_not_offered(
+    model: GpuModel, size: int, catalog: Catalog, visible: Collection[str]
+) -> str:
+    if model.shares:
+        words = _listed([share_word(n, plural=True) for n in model.shares], "and")
+        return (
+            f"{model.label} is offered in {words} (gpu_share {_either(model.shares)}),"
+            f" not in {share_word(size, plural=True)}: ask for one of those, or gpu_share 1"
+            " for whole GPUs."
+        )
+    shared = [m for m in catalog.gpu_models if m.shares and m.id in visible]
+    elsewhere = "; ".join(f"{m.label} ({m.id}: gpu_share {_either(m.shares)})" for m in shared)
+    return f"{model.label} is offered only whole: ask for gpu_share 1" + (
+        f", or choose a model offered in shares: {elsewhere}." if shared else "."
+    )
+
+
+def _either(sizes: tuple[int, ...]) -> str:
+    return _listed([str(n) for n in sizes], "or")
+
+
+def _listed(items: list[str], conjunction: str) -> str:
+    """Items as a sentence lists them: "2, 4 or 8"."""
+    *rest, last = items
+    return f"{', '.join(rest)} {conjunction} {last}" if rest else last
+
+
+def share_label(size: int) -> str:
+    """A share of one GPU as a fraction: 4 is "¼"."""
+    return _SHARE_LABELS.get(size, f"1/{size}")
+
+
+def share_word(size: int, *, plural: bool = False) -> str:
+    """A share of one GPU as a word: 4 is "quarter" ("quarters")."""
+    words = _SHARE_WORDS.get(size, (f"1/{size}-share", f"1/{size}-shares"))
+    return words[plural]
+
+
+def share_phrase(size: int, label: str) -> str:
+    """What a share of one GPU of the model ``label`` is: "¼ of an NVIDIA T4"."""
+    return f"{share_label(size)} of {_article(label)} {label}"
+
+
+def _article(label: str) -> str:
+    word = label.split()[0] if label.split() else "?"
+    # Names in capitals or with digits ("NVIDIA", "H100", "RTX") are read letter by letter.
+    spelled = word[:2].isupper() or any(c.isdigit() for c in word)
+    if spelled:
+        return "an" if word[0].upper() in _VOWEL_LETTERS else "a"
+    return "an" if word[0].lower() in "aeiou" else "a"
 
 
 def _size(value: Any, gpu_count: int, catalog: Catalog) -> str:
