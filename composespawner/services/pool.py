@@ -65,6 +65,9 @@ class Offer:
     stacks: StackChoice = field(default_factory=StackChoice)  # what the user's cohorts give
     sizes: tuple[Size, ...] = ()  # the sizes the user may choose
     sizes_free: Mapping[str, int] = field(default_factory=dict)  # size id → how many fit now
+    # model id → share size → how many shares of that size a new server could get now
+    # (every size the form may offer listed, 0 when none), within the quota left
+    shares_free: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
     @property
     def gpu_limit(self) -> int | None:
