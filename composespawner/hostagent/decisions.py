@@ -34,6 +34,7 @@ class Record:
     cores: int
     memory_gib: int
     cgroups: tuple[str, ...]
+    gpu_share: int = 1  # n > 1: it holds its one GPU as a 1/n share (records before: 1)
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -56,6 +57,7 @@ class Record:
                 cores=int(body["cores"]),
                 memory_gib=int(body["memory_gib"]),
                 cgroups=tuple(str(c) for c in body["cgroups"]),
+                gpu_share=int(body.get("gpu_share", 1)),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a notebook record: {e}") from None
@@ -72,6 +74,7 @@ class Record:
             "gpus": list(self.gpus),
             "cores": self.cores,
             "memory_gib": self.memory_gib,
+            "gpu_share": self.gpu_share,
         }
 
 
@@ -153,14 +156,21 @@ def start_refusal(
     share: tuple[int, int],
     running: Iterable[Record],
     capacity: tuple[int, int],
+    gpu_share: int = 1,
 ) -> str | None:
-    """Why a start of ``machine`` with ``gpus`` and ``share`` (cores, GiB) cannot run
-    beside the ``running`` notebooks on a host of ``capacity``, or None if it can."""
+    """Why a start of ``machine`` with ``gpus`` (as 1/``gpu_share`` of its one GPU where
+    that is over 1) and ``share`` (cores, GiB) cannot run beside the ``running`` notebooks
+    on a host of ``capacity``, or None if it can."""
     records = list(running)
     if any(r.machine == machine for r in records):
         return f"machine {machine} already has a notebook running on this host"
-    held = {gpu: r.machine for r in records for gpu in r.gpus}
-    taken = [f"{gpu} (machine {held[gpu]})" for gpu in gpus if gpu in held]
+    holders: dict[str, list[Record]] = {}
+    for record in records:
+        for gpu in record.gpus:
+            holders.setdefault(gpu, []).append(record)
+    taken = [
+        f"{gpu} ({why})" for gpu in gpus if (why := gpu_taken(holders.get(gpu, []), gpu_share))
+    ]
     if taken:
         return f"GPUs held by another notebook on this host: {', '.join(taken)}"
     cores = sum(r.cores for r in records) + share[0]
@@ -171,6 +181,29 @@ def start_refusal(
             f" would hold {cores} of {capacity[0]} cores and {memory} of {capacity[1]} GiB"
         )
     return None
+
+
+def gpu_taken(holders: Sequence[Record], gpu_share: int) -> str | None:
+    """Why a GPU that ``holders`` hold cannot be had as 1/``gpu_share`` of it (1: whole).
+
+    Several notebooks hold one GPU only as shares of one size, at most that many: a
+    whole GPU is never shared, and two sizes would leave no size's count meaningful.
+    """
+    if not holders:
+        return None
+    machines = ", ".join(r.machine for r in holders)
+    if gpu_share == 1:
+        return f"machine {machines}"
+    if any(r.gpu_share != gpu_share for r in holders):
+        held = ", ".join(f"{r.machine} {_held_as(r.gpu_share)}" for r in holders)
+        return f"held by machine {held}, not in 1/{gpu_share} shares"
+    if len(holders) >= gpu_share:
+        return f"all {gpu_share} of its 1/{gpu_share} shares are held: machines {machines}"
+    return None
+
+
+def _held_as(gpu_share: int) -> str:
+    return "whole" if gpu_share == 1 else f"as a 1/{gpu_share} share"
 
 
 def missing_gpus(asked: Sequence[str], listed: Sequence[str]) -> list[str]:

@@ -112,6 +112,7 @@ class Notebooks:
             (share.cores, share.memory_gib),
             self.running(),
             (self.config.cores, self.config.memory_gib),
+            request.gpu_share,
         )
         if refusal:
             raise Refused(refusal)
@@ -167,6 +168,7 @@ class Notebooks:
                 cores=share.cores,
                 memory_gib=share.memory_gib,
                 cgroups=tuple(str(c) for c in plan.cgroups),
+                gpu_share=request.gpu_share,
             )
             self.state.write(record)
         except BaseException as e:

@@ -11,11 +11,16 @@ Requests (``"v": 1`` in each)::
     {"op": "start", "user": ..., "server": ..., "machine": ..., "gpus": [...],
      "cores": 4 | null, "memory_gib": 32 | null, "env": {...}, "args": [...],
      "stack": {"id", "label", "lock_sha256", "lock", "common": {name: text}} | null,
-     "manifest": {...} | null}
+     "manifest": {...} | null, "gpu_share": 4}
     {"op": "stop", "machine": ...}
     {"op": "poll", "machine": ...}
     {"op": "watch"}      stays open: one line per notebook of this host that exits
     {"op": "list"}       the notebooks this host's agent runs
+
+``gpu_share`` n (2-64) asks for 1/n of its one GPU, which other notebooks may hold in
+shares of the same size; absent is 1, whole GPUs, and the hub leaves it out for them,
+so an agent that predates shares takes every whole-GPU start (and refuses a share's,
+as a field it does not know).
 
 Replies: ``{"progress": "building…", "percent": 40}`` lines while a start builds
 its stack, then ``{"ok": true, ...}`` (a start: ``ip``, ``port``, ``pid``; a poll:
@@ -46,6 +51,7 @@ MAX_ENV = 256  # variables
 MAX_ARGS = 64
 MAX_CORES = 4096
 MAX_MEMORY_GIB = 1 << 16
+MAX_GPU_SHARE = 64  # holders of one GPU at most
 # What useradd takes on every Linux without --badname (shadow's is_valid_user_name):
 # no "/", "..", spaces or shell metacharacters can pass.
 ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
@@ -98,6 +104,7 @@ class StartNotebook:
     args: tuple[str, ...] = ()
     stack: StackSource | None = None
     manifest: dict[str, Any] | None = None
+    gpu_share: int = 1  # n > 1: 1/n of its one GPU, beside holders of same-size shares
     op: str = field(default="start", init=False)
 
 
@@ -180,6 +187,8 @@ def encode_request(request: Request) -> bytes:
             stack=_stack_body(request.stack),
             manifest=request.manifest,
         )
+        if request.gpu_share != 1:  # whole GPUs say nothing: agents before shares read them
+            body["gpu_share"] = request.gpu_share
     elif isinstance(request, StopNotebook | PollNotebook):
         body["machine"] = request.machine
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -258,7 +267,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
     _only(
         body,
         {"v", "op", "user", "server", "machine", "gpus", "cores", "memory_gib", "env", "args"}
-        | {"stack", "manifest"},
+        | {"stack", "manifest", "gpu_share"},
     )
     user = body.get("user")
     if not isinstance(user, str) or not ACCOUNT_NAME.fullmatch(user) or user.isdigit():
@@ -278,6 +287,9 @@ def _start(body: dict[str, Any]) -> StartNotebook:
     if cores is not None:
         cores = _int(cores, "cores", 1, MAX_CORES, Refused)
         memory = _int(memory, "memory_gib", 1, MAX_MEMORY_GIB, Refused)
+    gpu_share = _int(body.get("gpu_share", 1), "gpu_share", 1, MAX_GPU_SHARE, Refused)
+    if gpu_share > 1 and len(selectors) != 1:
+        raise Refused(f"gpu_share {gpu_share} is a share of exactly one GPU, not {len(selectors)}")
     return StartNotebook(
         user=user,
         server=_matching(body.get("server", ""), SERVER_NAME, "server"),
@@ -289,6 +301,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
         args=_args(body.get("args", [])),
         stack=_stack(body.get("stack")),
         manifest=_manifest(body.get("manifest")),
+        gpu_share=gpu_share,
     )
 
 

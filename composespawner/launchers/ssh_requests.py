@@ -101,6 +101,7 @@ def start_request(
         args=tuple(args),
         stack=stack,
         manifest=manifest,
+        gpu_share=machine.gpu_share,
     )
     encode_request(request)
     return request

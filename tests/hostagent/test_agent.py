@@ -227,6 +227,28 @@ def test_a_held_gpu_a_second_start_and_a_full_host_are_refused(host: Host) -> No
     host.ask({"v": 1, "op": "stop", "machine": "m1"})
 
 
+def test_holders_of_halves_share_one_gpu_and_no_one_else_does(host: Host) -> None:
+    gpu = ["GPU-aaaa0000-0000-0000-0000-000000000001"]
+    halves = [
+        started(host, start_request(host.new_user(), f"m{n}", gpu, gpu_share=2)) for n in (1, 2)
+    ]
+    for reply in halves:
+        assert environ_of(reply["pid"])["CUDA_VISIBLE_DEVICES"] == gpu[0]
+    other = host.new_user()
+    assert "all 2 of its 1/2 shares are held" in refused(
+        host, start_request(other, "m3", gpu, gpu_share=2)
+    )
+    assert "not in 1/4 shares" in refused(host, start_request(other, "m3", gpu, gpu_share=4))
+    assert "held by another notebook" in refused(host, start_request(other, "m3", gpu))
+    listed = host.ask({"v": 1, "op": "list"})[0][-1]["notebooks"]
+    assert sorted((n["machine"], n["gpu_share"]) for n in listed) == [("m1", 2), ("m2", 2)]
+    host.ask({"v": 1, "op": "stop", "machine": "m1"})
+    third = started(host, start_request(other, "m3", gpu, gpu_share=2))  # m1's half is free
+    for machine in ("m2", "m3"):
+        host.ask({"v": 1, "op": "stop", "machine": machine})
+    assert gone(third["pid"])
+
+
 def test_an_existing_account_is_used_as_it_is(host: Host) -> None:
     campus = host.campus_account()
     before = pwd.getpwnam(campus.pw_name)

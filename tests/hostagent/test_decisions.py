@@ -41,8 +41,10 @@ FACTS = MachineFacts(cores=64, memory_gib=512, python="/opt/cs/venv/bin/python",
 SSH = {"SSH_CONNECTION": "10.0.0.9 51234 10.0.1.7 22"}
 
 
-def record(machine: str, gpus: tuple[str, ...] = (), cores: int = 4, memory: int = 16) -> Record:
-    return Record(machine, "ada", 1001, "", 100, 5, 9000, gpus, cores, memory, ("/c/x",))
+def record(
+    machine: str, gpus: tuple[str, ...] = (), cores: int = 4, memory: int = 16, gpu_share: int = 1
+) -> Record:
+    return Record(machine, "ada", 1001, "", 100, 5, 9000, gpus, cores, memory, ("/c/x",), gpu_share)
 
 
 # -- config ------------------------------------------------------------------------------
@@ -243,6 +245,49 @@ def test_a_gpu_another_notebook_holds_is_refused() -> None:
     assert "GPU-aaaa0000 (machine m1)" in refusal
 
 
+GPU = ("GPU-aaaa0000",)
+
+
+def holders(*shares: int) -> list[Record]:
+    return [record(f"m{n}", GPU, cores=1, memory=1, gpu_share=s) for n, s in enumerate(shares)]
+
+
+@pytest.mark.parametrize("held", [(), (4,), (4, 4), (4, 4, 4)])
+def test_a_share_joins_holders_of_shares_of_its_size_while_a_slot_is_free(
+    held: tuple[int, ...],
+) -> None:
+    assert start_refusal("new", GPU, (1, 1), holders(*held), (64, 512), gpu_share=4) is None
+
+
+@pytest.mark.parametrize(
+    ("held", "asked", "said"),
+    [
+        ((4, 4, 4, 4), 4, "all 4 of its 1/4 shares are held: machines m0, m1, m2, m3"),
+        ((2, 2), 2, "all 2 of its 1/2 shares are held"),
+        ((1,), 4, "held by machine m0 whole, not in 1/4 shares"),
+        ((2,), 4, "held by machine m0 as a 1/2 share, not in 1/4 shares"),
+        ((4, 2), 4, "m1 as a 1/2 share"),
+        ((4,), 1, "GPU-aaaa0000 (machine m0)"),
+        ((4, 4), 1, "GPU-aaaa0000 (machine m0, m1)"),
+    ],
+)
+def test_a_gpu_is_shared_only_in_one_size_of_share_and_never_past_it(
+    held: tuple[int, ...], asked: int, said: str
+) -> None:
+    refusal = start_refusal("new", GPU, (1, 1), holders(*held), (64, 512), gpu_share=asked)
+    assert refusal is not None
+    assert said in refusal
+
+
+def test_an_old_record_holds_its_gpus_whole() -> None:
+    old = record("m1", GPU).to_json()
+    del old["gpu_share"]
+    assert Record.from_json(old).gpu_share == 1
+    refusal = start_refusal("m2", GPU, (1, 1), [Record.from_json(old)], (64, 512), gpu_share=2)
+    assert refusal is not None
+    assert "whole" in refusal
+
+
 @pytest.mark.parametrize("share", [(3, 8), (2, 9)])
 def test_a_share_past_the_host_is_refused(share: tuple[int, int]) -> None:
     refusal = start_refusal("m2", (), share, [record("m1", cores=2, memory=8)], (4, 16))
@@ -313,9 +358,10 @@ def test_a_scripts_interpreter() -> None:
 
 
 def test_a_record_survives_its_file() -> None:
-    kept = record("m1", ("GPU-aaaa0000",))
+    kept = record("m1", ("GPU-aaaa0000",), gpu_share=4)
     assert Record.from_json(kept.to_json()) == kept
     assert kept.listed()["gpus"] == ["GPU-aaaa0000"]
+    assert kept.listed()["gpu_share"] == 4
     with pytest.raises(ValueError, match="not a notebook record"):
         Record.from_json({"machine": "m1"})
 

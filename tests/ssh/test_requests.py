@@ -99,6 +99,28 @@ def test_a_start_names_the_machines_gpus_by_uuid_and_its_share() -> None:
     assert (whole.gpus, whole.cores, whole.memory_gib) == ((), None, None)
 
 
+def test_a_share_holders_start_says_its_share_and_a_whole_ones_does_not() -> None:
+    def asked(gpu_share: int) -> bytes:
+        machine = ComposedMachine(
+            "m-1", "host-1", "r", (gpu(1, "aa11bb22-0000"),), None, (), gpu_share=gpu_share
+        )
+        request = start_request(
+            user="ada",
+            server="",
+            machine=machine,
+            env={},
+            args=[],
+            share=Share(1, 4),
+            stack=None,
+            manifest=None,
+        )
+        assert request.gpu_share == gpu_share
+        return encode_request(request)
+
+    assert b'"gpu_share":4' in asked(4)
+    assert b"gpu_share" not in asked(1)  # an agent before shares takes it
+
+
 def test_a_start_the_agent_would_refuse_is_refused_here() -> None:
     machine = ComposedMachine("m-1", "host-1", "r", (), None, ())
     with pytest.raises(Refused, match="account"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -73,6 +74,15 @@ def test_a_whole_host_start_has_no_share() -> None:
     assert parse_request(encode_request(whole)) == whole
 
 
+def test_a_share_goes_round_and_a_whole_gpu_says_nothing_of_shares() -> None:
+    quarter = replace(START, gpu_share=4)
+    assert json.loads(encode_request(quarter))["gpu_share"] == 4
+    assert parse_request(encode_request(quarter)) == quarter
+    # A hub before shares sends none: whole GPUs; and sends none to an agent before them.
+    assert "gpu_share" not in json.loads(encode_request(START))
+    assert parse_request(encode_request(START)).gpu_share == 1
+
+
 @pytest.mark.parametrize(
     ("changes", "said"),
     [
@@ -106,6 +116,14 @@ def test_a_whole_host_start_has_no_share() -> None:
         ({"args": ["-c"]}, "is not an option"),
         ({"home": "/root"}, "does not know: home"),
         ({"command": ["id"]}, "does not know: command"),
+        ({"gpu_share": 0}, "gpu_share"),
+        ({"gpu_share": 65}, "gpu_share"),
+        ({"gpu_share": 0.25}, "gpu_share"),
+        ({"gpu_share": "4"}, "gpu_share"),
+        ({"gpu_share": True}, "gpu_share"),
+        ({"gpu_share": None}, "gpu_share"),
+        ({"gpu_share": 4, "gpus": []}, "a share of exactly one GPU, not 0"),
+        ({"gpu_share": 4, "gpus": ["0", "1"]}, "a share of exactly one GPU, not 2"),
         ({"v": 2}, "protocol version"),
         ({"op": "exec"}, "unknown op"),
     ],
