@@ -41,7 +41,8 @@ def restored_state(state: dict[str, Any]) -> ComposeState:
     compose = state.get("compose")
     options, manifest = state.get("compose_options"), state.get("run_manifest")
     return ComposeState(
-        # version 1 is the first; later versions must keep reading it.
+        # version 1 is the first; later versions must keep reading it. Its gpu_share
+        # came later, with a default (1: whole GPUs, as every older state's were).
         machine=ComposedMachine.from_state(compose) if compose else None,
         accepted_options=options if isinstance(options, dict) else None,
         run_manifest=manifest if isinstance(manifest, dict) else None,

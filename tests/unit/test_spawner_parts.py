@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,18 @@ def test_saved_state_is_read_back_as_it_was_kept() -> None:
     state = saved_state(kept)
     assert state["compose"]["version"] == 1
     assert restored_state(state) == kept
+
+
+def test_a_share_holders_state_keeps_its_share_and_an_older_state_loads_as_whole() -> None:
+    quarter = ComposeState(replace(MACHINE, gpu_share=4))
+    assert restored_state(saved_state(quarter)) == quarter
+    # A state saved before shares (version 1 without gpu_share) held whole GPUs.
+    older = saved_state(ComposeState(MACHINE))
+    del older["compose"]["gpu_share"]
+    restored = restored_state(older).machine
+    assert restored is not None
+    assert restored.gpu_share == 1
+    assert restored == MACHINE
 
 
 def test_a_state_of_none_of_ours_or_not_ours_to_read_restores_nothing() -> None:
