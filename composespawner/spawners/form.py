@@ -16,6 +16,7 @@ import jinja2
 from composespawner.domain.catalog import Catalog, GpuModel, Size
 from composespawner.domain.placement import Availability
 from composespawner.domain.quotas import Quota
+from composespawner.domain.request import share_phrase, share_word
 from composespawner.services.pool import Offer
 
 _TEMPLATES = jinja2.Environment(
@@ -32,15 +33,43 @@ class SizeChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class ShareChoice:
+    """A share of one GPU, offered in the count selector beside the whole-GPU counts."""
+
+    size: int  # 4: a quarter of one GPU
+    free: int  # how many shares of this size a new server could get now
+    label: str  # "¼ of an NVIDIA T4 16GB — 13 quarters free"
+
+    @property
+    def value(self) -> str:
+        """What the count selector posts for it (``parse_form`` reads "1/4" as a quarter)."""
+        return f"1/{self.size}"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelChoice:
     model: GpuModel
     availability: Availability
     kept: str = ""  # what cohorts' sessions keep of this model from the user, if anything
     own: str = ""  # which of its free GPUs are the user's group's own, or lent to them
+    shares: tuple[ShareChoice, ...] = ()  # the shares of one GPU of it on offer
 
     @property
     def askable(self) -> bool:
-        return self.availability.most_to_ask > 0
+        return self.availability.most_to_ask > 0 or any(s.free for s in self.shares)
+
+    @property
+    def shares_data(self) -> list[dict[str, Any]]:
+        """Its shares for the form's script, which offers them when the model is chosen."""
+        return [{"value": s.value, "label": s.label, "free": s.free} for s in self.shares]
+
+    @property
+    def shares_text(self) -> str:
+        """ "Shares of one GPU: 6 halves, 13 quarters free" ("" when none are offered)."""
+        if not self.shares:
+            return ""
+        free = ", ".join(f"{s.free} {share_word(s.size, plural=s.free != 1)}" for s in self.shares)
+        return f"Shares of one GPU: {free} free"
 
 
 def render_form(
@@ -51,7 +80,13 @@ def render_form(
     ``from_link``: the choices came from a spawn link, and the form says nothing started yet.
     """
     choices = [
-        ModelChoice(m, offer.free[m.id], offer.kept.get(m.id, ""), offer.own.get(m.id, ""))
+        ModelChoice(
+            m,
+            offer.free[m.id],
+            offer.kept.get(m.id, ""),
+            offer.own.get(m.id, ""),
+            _share_choices(m, offer.shares_free.get(m.id, {})),
+        )
         for m in catalog.gpu_models
         if m.id in offer.free
     ]
@@ -61,7 +96,8 @@ def render_form(
     wants_cpu = str(previous.get("gpu_count", "")) == "0"
     chosen = None if wants_cpu and cpu_only else _chosen_model(choices, previous.get("gpu_model"))
     most = chosen.availability.most_to_ask if chosen else 0
-    count = _chosen_count(previous.get("gpu_count"), most) if chosen else 0
+    amount = _chosen_amount(previous, chosen)
+    count = int(amount.partition("/")[0])
     allowed = offer.stacks.stacks
     stacks = [s for s in catalog.stacks if allowed is None or s.id in allowed]
     kits = [k for k in catalog.kits if any(s.id == k.stack for s in stacks)]
@@ -73,7 +109,9 @@ def render_form(
         cpu_only=cpu_only,
         chosen_model=chosen.model.id if chosen else "",
         counts=range(1, most + 1) if chosen else range(1) if cpu_only else range(0),
-        chosen_count=count,
+        shares=chosen.shares if chosen else (),
+        any_shares=any(c.shares for c in choices),
+        chosen_count=amount,
         sizes=sizes,
         chosen_size=_chosen_size(catalog, offer, previous.get("size"), count),
         defaults={count: size for count, size in catalog.default_sizes},
@@ -108,6 +146,29 @@ def _chosen_size(catalog: Catalog, offer: Offer, previous: object, count: int) -
     return default if default in offered or not offered else offered[0]
 
 
+def _share_choices(model: GpuModel, free: Mapping[int, int]) -> tuple[ShareChoice, ...]:
+    """The shares of ``model`` the offer lists (a size it leaves out is not offered)."""
+    return tuple(_share_choice(model, size, free[size]) for size in model.shares if size in free)
+
+
+def _share_choice(model: GpuModel, size: int, free: int) -> ShareChoice:
+    left = f"{free} {share_word(size, plural=free != 1)} free" if free else "none free now"
+    return ShareChoice(size, free, f"{share_phrase(size, model.label)} — {left}")
+
+
+def _chosen_amount(previous: Mapping[str, Any], chosen: ModelChoice | None) -> str:
+    """The count selector's choice: the previous share if one is still free, else the
+    previous count within what may be asked, else the first free share ("0": CPU only)."""
+    if chosen is None:
+        return "0"
+    free = [s.value for s in chosen.shares if s.free]
+    wanted = f"1/{previous.get('gpu_share')}"
+    most = chosen.availability.most_to_ask
+    if wanted in free or (most == 0 and free):
+        return wanted if wanted in free else free[0]
+    return str(_chosen_count(previous.get("gpu_count"), most))
+
+
 def _chosen_count(previous: object, most: int) -> int:
     try:
         count = int(str(previous))
@@ -118,10 +179,11 @@ def _chosen_count(previous: object, most: int) -> int:
 
 def _quota_view(offer: Offer) -> dict[str, Any]:
     quota = offer.quota
+    # Shares count as fractions of a GPU: 3.75 left, 0.25 in use.
     return {
         "limit": offer.gpu_limit,
-        "in_use": offer.gpus_in_use,
-        "left": offer.quota_left,
+        "in_use": f"{offer.gpus_in_use:g}",
+        "left": None if offer.quota_left is None else f"{offer.quota_left:g}",
         "source": quota.gpus_held.source,
         "others": _other_limits(quota),
         "no_gpus": _no_gpus(quota),

@@ -6,6 +6,7 @@ the demo's catalog and templates, then read back as HTML.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -62,6 +63,9 @@ class Form(HTMLParser):
     models: dict[str, dict[str, str | None]] = field(default_factory=dict)  # radio attributes
     counts: list[str] = field(default_factory=list)  # the count selector's options
     count_disabled: bool = False
+    count_labels: dict[str, str] = field(default_factory=dict)  # option value → its text
+    count_closed: list[str] = field(default_factory=list)  # disabled options
+    count_chosen: str | None = None
     notes: dict[str, str] = field(default_factory=dict)  # model id → its free/why text
     ids: set[str] = field(default_factory=set)
     # stack and kit: each select's options, and which is selected
@@ -69,6 +73,7 @@ class Form(HTMLParser):
     selected: dict[str, str] = field(default_factory=dict)
     _note_of: str | None = None
     _in_count: bool = False
+    _count_option: str | None = None
     _select: str | None = None
 
     def __post_init__(self) -> None:
@@ -91,7 +96,13 @@ class Form(HTMLParser):
             if "selected" in a:
                 self.selected[self._select] = str(a.get("value"))
         elif tag == "option" and self._in_count:
-            self.counts.append(str(a.get("value")))
+            self._count_option = str(a.get("value"))
+            self.counts.append(self._count_option)
+            self.count_labels[self._count_option] = ""
+            if "disabled" in a:
+                self.count_closed.append(self._count_option)
+            if "selected" in a:
+                self.count_chosen = self._count_option
         elif tag == "span" and "compose-free" in (a.get("class") or ""):
             self._note_of = str(a["data-model"])
             self.notes[self._note_of] = ""
@@ -99,10 +110,14 @@ class Form(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._note_of:
             self.notes[self._note_of] += data
+        if self._count_option is not None:
+            self.count_labels[self._count_option] += data
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "span":
             self._note_of = None
+        if tag == "option":
+            self._count_option = None
         if tag == "select":
             self._in_count = False
             self._select = None
@@ -270,3 +285,74 @@ def test_a_cpu_only_server_is_offered_and_kept_as_chosen() -> None:
     fresh = read(render_form(CATALOG, sized_offer(inventory), {}))
     assert fresh.checked() == [""]
     assert fresh.selected["size"] == "small"  # the default for no GPU
+
+
+def shared_offer(inventory: Inventory, shares: dict[int, int], **kw: int) -> Offer:
+    """The offer, with the T4's shares free as ``shares`` (share size → free)."""
+    return replace(offer(inventory, **kw), shares_free={"t4": shares})
+
+
+def test_shares_are_offered_beside_the_counts_with_how_many_are_free() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    html = render_form(CATALOG, shared_offer(inventory, {2: 1, 4: 13}), {"gpu_model": "t4"})
+    form = read(html)
+    assert form.checked() == ["t4"]
+    assert form.counts == ["1", "2", "3", "1/2", "1/4"]
+    assert form.count_labels["1/4"] == "¼ of an NVIDIA T4 16GB — 13 quarters free"
+    assert form.count_labels["1/2"] == "½ of an NVIDIA T4 16GB — 1 half free"
+    assert form.count_chosen == "1"
+    assert form.note("t4").endswith("Shares of one GPU: 1 half, 13 quarters free")
+    assert "Number of GPUs, or a share of one" in html
+    # The script offers them again when the T4 is chosen after another model.
+    shares = json.loads(form.models["t4"]["data-shares"] or "")
+    assert shares[1] == {"value": "1/4", "label": form.count_labels["1/4"], "free": 13}
+    assert json.loads(form.models["a100"]["data-shares"] or "") == []
+
+
+def test_the_previous_share_is_chosen_again_while_one_is_free() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    previous = {"gpu_model": "t4", "gpu_count": 1, "gpu_share": 4}
+    form = read(render_form(CATALOG, shared_offer(inventory, {2: 3, 4: 2}), previous))
+    assert form.count_chosen == "1/4"
+    gone = read(render_form(CATALOG, shared_offer(inventory, {2: 3, 4: 0}), previous))
+    assert gone.count_closed == ["1/4"]
+    assert gone.count_labels["1/4"] == "¼ of an NVIDIA T4 16GB — none free now"
+    assert gone.count_chosen == "1"
+
+
+def test_a_model_with_only_shares_to_ask_for_is_offered_in_shares() -> None:
+    # No whole GPU within the quota left, but the pool counts a quarter as fitting.
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 3), zones=("r1",))
+    form = read(render_form(CATALOG, shared_offer(inventory, {2: 0, 4: 1}, in_use=4), {}))
+    assert form.enabled() == ["t4"]
+    assert form.checked() == ["t4"]
+    assert form.counts == ["1/2", "1/4"]
+    assert form.count_closed == ["1/2"]
+    assert form.count_chosen == "1/4"
+    assert not form.count_disabled
+
+
+def test_a_share_size_the_offer_leaves_out_is_not_offered() -> None:
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 1), zones=("r1",))
+    form = read(render_form(CATALOG, shared_offer(inventory, {4: 3}), {}))
+    assert form.counts == ["1", "1/4"]
+    plain = render_form(CATALOG, offer(inventory), {})
+    assert read(plain).counts == ["1"]
+    assert "a share of one" not in plain
+
+
+def test_markup_in_a_shared_models_label_stays_text() -> None:
+    marked = replace(
+        CATALOG,
+        gpu_models=tuple(
+            replace(m, label='<img src=x onerror="alert(1)">') if m.id == "t4" else m
+            for m in CATALOG.gpu_models
+        ),
+    )
+    inventory = Inventory(hosts=(host("h1", "r1"),), devices=gpus(T4, "r1", 1), zones=("r1",))
+    html = render_form(marked, shared_offer(inventory, {4: 3}), {"gpu_model": "t4"})
+    assert "<img" not in html
+    form = read(html)
+    assert form.count_labels["1/4"].startswith('¼ of a <img src=x onerror="alert(1)"> — 3')
+    (share,) = json.loads(form.models["t4"]["data-shares"] or "")
+    assert share["label"] == form.count_labels["1/4"]
