@@ -13,6 +13,11 @@ decides, in :func:`pin_to_machine`:
   their UUIDs (``GPU-<uuid>``) where the fabric reports them, else their
   indexes on the host in attach order, and the runtime's RuntimeClass; or,
   with ``gpu_allocation = "dra"``, through a ResourceClaim (:mod:`.dra`);
+- a GPU share's pod (``gpu_share`` n > 1) is given its GPU the same way, by the same
+  UUID as every other holder's pod on the node (time-slicing), and requests no
+  ``nvidia.com/gpu``: the device plugin's count would let one holder's pod take the
+  node's GPU whole and leave the others unschedulable (nor does a whole GPU's pod ask
+  it for one: the plugin would choose a GPU of its own, not the composed one);
 - the composed NVMe scratch, which the node mounts for the machine, is mounted
   into the container;
 - the chosen stack runs from its GPU image, pinned by digest;
@@ -58,7 +63,7 @@ from composespawner.domain.catalog import Kit, Stack
 from composespawner.domain.hardware import Share
 from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
 from composespawner.launchers.base import Launcher, SpawnRefused
-from composespawner.launchers.dra import NoDeviceIds, gpu_claim, use_claim
+from composespawner.launchers.dra import NoDeviceIds, gpu_claim, kept_share, use_claim
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.kubespawner_internals import (
     PodCallback,
@@ -75,6 +80,7 @@ RUN_MANIFEST_PATH = f"{RUN_MANIFEST_DIR}/{RUN_MANIFEST_FILE}"
 RUN_MANIFEST_VOLUME = "composespawner-run"
 SCRATCH_VOLUME = "composespawner-scratch"
 ENDED_PHASES = ("Failed", "Succeeded")
+DEVICE_PLUGIN_GPU = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class Placement:
     run_manifest: str = ""  # JSON text, "" for none
     gpu_claim: str = ""  # the ResourceClaim that gives the GPUs (DRA), "" for none
     share: Share | None = None  # the machine's share of its host: the pod's resources
+    gpu_share: int = 1  # n > 1: it holds 1/n of its GPU beside the other holders' pods
 
 
 def stack_image(stack: Stack) -> str | None:
@@ -118,6 +125,8 @@ def pin_to_machine(pod: V1Pod, placement: Placement) -> V1Pod:
     container = next(c for c in spec.containers if c.name == NOTEBOOK_CONTAINER)
     if placement.share is not None:
         hold_to_share(container, placement.share)
+    if placement.gpu_share > 1:
+        ask_no_whole_gpu(container)
     if placement.runtime_class:
         spec.runtime_class_name = placement.runtime_class
     if placement.gpu_claim:
@@ -182,6 +191,19 @@ def hold_to_share(container: V1Container, share: Share) -> None:
     resources.requests = {**(resources.requests or {}), **amounts}
     resources.limits = {**(resources.limits or {}), **amounts}
     container.resources = resources
+
+
+def ask_no_whole_gpu(container: V1Container) -> None:
+    """A share-holder's container without the device plugin's ``nvidia.com/gpu`` (which a
+    config's ``extra_resource_limits`` may add): each one is a whole GPU to the scheduler,
+    so the second holder's pod on a one-GPU node would never schedule."""
+    resources = container.resources
+    if resources is None:
+        return
+    for amounts in ("requests", "limits"):
+        held = getattr(resources, amounts)
+        if held and DEVICE_PLUGIN_GPU in held:
+            setattr(resources, amounts, {k: v for k, v in held.items() if k != DEVICE_PLUGIN_GPU})
 
 
 def _require_node(spec: Any, node: str) -> None:
@@ -290,6 +312,15 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
         help="""With gpu_allocation = "dra": the domain of the ``uuid`` device attribute the
         driver publishes, which the claim selects the composed GPUs by.""",
     )
+    dra_share_capacity = Unicode(
+        "memory",
+        config=True,
+        help="""With gpu_allocation = "dra", for GPU shares: the device capacity a share's
+        claim asks 1/n of (the GPU's memory as the fabric reports it, in MiB rounded down).
+        Change it where the driver publishes another name for the GPU's memory. Shares need
+        DRA consumable capacity (Kubernetes 1.36, or 1.34-1.35 with DRAConsumableCapacity)
+        and a driver that publishes the GPU with allowMultipleAllocations.""",
+    )
     scratch_host_path_template = Unicode(
         "/mnt/composespawner/{machine_id}",
         config=True,
@@ -374,6 +405,7 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
             scratch_mount_path=self.scratch_mount_path,
             run_manifest=self._run_manifest_text,
             share=self.share,
+            gpu_share=machine.gpu_share,
         )
 
     async def get_pod_manifest(self) -> V1Pod:
@@ -470,15 +502,16 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
                 device_class=self.dra_device_class,
                 attribute_domain=self.dra_attribute_domain,
                 labels=self.object_labels(),
+                share_capacity=self.dra_share_capacity,
             )
         except NoDeviceIds as e:
             raise NotebookNotStarted(
-                f"Your GPUs cannot be given to the notebook: {e}. Tell the admins"
-                ' (gpu_allocation = "dra" needs GPU UUIDs from the fabric).'
+                f"Your GPUs cannot be given to the notebook: {e}. Tell the admins."
             ) from e
         await self.delete_gpu_claim()
+        api = kube_api("ResourceV1Api")
         try:
-            await kube_api("ResourceV1Api").create_namespaced_resource_claim(
+            created = await api.create_namespaced_resource_claim(
                 self.namespace, claim, _request_timeout=self.k8s_api_request_timeout
             )
         except ApiException as e:
@@ -495,6 +528,14 @@ class KubeLauncher(Launcher, PodWatchingKubeSpawner):
                     ' back. Tell the admins: they set gpu_allocation to "runtime" or upgrade.'
                 ) from e
             raise
+        if not kept_share(claim, api.api_client.sanitize_for_serialization(created)):
+            await self.delete_gpu_claim()  # it would wait for the whole GPU for ever
+            raise NotebookNotStarted(
+                "This cluster cannot give a share of a GPU through Dynamic Resource"
+                " Allocation: it does not serve consumable capacity (Kubernetes 1.36, or"
+                " DRAConsumableCapacity from 1.34). Your devices were given back. Start with"
+                ' a whole GPU, or tell the admins: they set gpu_allocation to "runtime".'
+            )
 
     async def delete_gpu_claim(self) -> None:
         if self.gpu_allocation != "dra":

@@ -7,6 +7,7 @@ else of KubeSpawner's resources (or a DRA claim) is lost.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,28 @@ async def test_the_launchers_pod_has_its_share_and_exactly_its_own_gpus(kubeconf
     assert held["requests"]["memory"] == held["limits"]["memory"] == "32Gi"
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{UUID_A}"
+
+
+async def test_a_share_holders_pod_asks_the_device_plugin_for_no_whole_gpu() -> None:
+    whole = {"nvidia.com/gpu": "1", "ephemeral-storage": "1Gi"}
+    pod = kubespawner_pod(extra_resource_limits=whole, extra_resource_guarantees=whole)
+    placement = Placement("host-03", share=Share(1, 4), gpu_share=4)
+    held = resources(await serialized(pin_to_machine(pod, placement)))
+    assert (
+        held["limits"]
+        == held["requests"]
+        == {
+            "cpu": "1",
+            "memory": "4Gi",
+            "ephemeral-storage": "1Gi",
+        }
+    )
+    # A whole GPU's pod keeps what the config asks (the cluster's choice, as before).
+    kept = pin_to_machine(kubespawner_pod(extra_resource_limits=whole), Placement("host-03"))
+    assert resources(await serialized(kept))["limits"]["nvidia.com/gpu"] == "1"
+
+
+async def test_the_placement_says_the_machines_share_of_its_gpu() -> None:
+    spawner = KubeLauncher(_mock=True, namespace="default")
+    assert spawner.placement(replace(MACHINE, gpu_share=4)).gpu_share == 4
+    assert spawner.placement(MACHINE).gpu_share == 1
