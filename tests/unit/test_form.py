@@ -287,9 +287,9 @@ def test_a_cpu_only_server_is_offered_and_kept_as_chosen() -> None:
     assert fresh.selected["size"] == "small"  # the default for no GPU
 
 
-def shared_offer(inventory: Inventory, shares: dict[int, int], **kw: int) -> Offer:
+def shared_offer(inventory: Inventory, shares: dict[int, int], in_use: int = 0) -> Offer:
     """The offer, with the T4's shares free as ``shares`` (share size → free)."""
-    return replace(offer(inventory, **kw), shares_free={"t4": shares})
+    return replace(offer(inventory, in_use=in_use), shares_free={"t4": shares})
 
 
 def test_shares_are_offered_beside_the_counts_with_how_many_are_free() -> None:
