@@ -387,6 +387,20 @@ def test_two_starts_racing_for_one_gpu_one_wins(host: Host) -> None:
     assert len(host.records()) == 1
 
 
+def test_three_starts_racing_for_two_halves_of_one_gpu_two_win(host: Host) -> None:
+    gpu = ["GPU-aaaa0000-0000-0000-0000-000000000001"]
+    requests_ = [start_request(host.new_user(), f"m{n}", gpu, gpu_share=2) for n in (1, 2, 3)]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(host.ask, requests_))
+    assert sorted(lines[-1]["ok"] for lines, _, _ in results) == [False, True, True]
+    assert len(host.records()) == 2
+    for lines, _, _ in results:
+        if lines[-1]["ok"] is False:
+            assert "all 2 of its 1/2 shares are held" in lines[-1]["refused"]
+    for record in host.records():
+        host.ask({"v": 1, "op": "stop", "machine": record.removesuffix(".json")})
+
+
 def test_a_start_the_hub_gave_up_on_is_undone(host: Host) -> None:
     agent = subprocess.Popen(
         [str(AGENT), "--config", str(host.config)],
