@@ -4,6 +4,8 @@ and what Dynamic Resource Allocation does on a cluster that does not serve it.""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import kubernetes_validate
@@ -14,8 +16,8 @@ from kubernetes_validate.utils import all_versions
 from composespawner.domain.catalog import Stack, StackBuild
 from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
-from composespawner.launchers.dra import gpu_claim
-from composespawner.launchers.kubernetes import NotebookNotStarted
+from composespawner.launchers.dra import gpu_claim, kept_share
+from composespawner.launchers.kubernetes import HOSTNAME_LABEL, NotebookNotStarted
 from composespawner.spawners.kube import ComposeKubeSpawner
 from harness.kube import KubeApiServer, serialized
 from harness.paths import ROOT
@@ -88,8 +90,10 @@ def kubeconfig(apiserver: KubeApiServer, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(apiserver.kubeconfig))
 
 
-async def composed_spawner(apiserver: KubeApiServer, **config: Any) -> ComposeKubeSpawner:
-    """A spawner that composed MACHINE on STACK and wrote its run manifest, as start() has."""
+async def composed_spawner(
+    apiserver: KubeApiServer, machine: ComposedMachine = MACHINE, **config: Any
+) -> ComposeKubeSpawner:
+    """A spawner that composed ``machine`` on STACK and wrote its run manifest, as start() has."""
     spawner = ComposeKubeSpawner(
         _mock=True,
         namespace="default",
@@ -109,9 +113,9 @@ async def composed_spawner(apiserver: KubeApiServer, **config: Any) -> ComposeKu
         volume_mounts=[{"name": "home", "mountPath": "/home/jovyan"}],
         **config,
     )
-    spawner.machine, spawner.stack = MACHINE, STACK
+    spawner.machine, spawner.stack = machine, STACK
     await spawner.prepare_launch()
-    await spawner.deliver_run_manifest({"version": 1, "machine": {"id": MACHINE.machine_id}})
+    await spawner.deliver_run_manifest({"version": 1, "machine": {"id": machine.machine_id}})
     return spawner
 
 
@@ -174,10 +178,79 @@ def test_the_claim_asks_for_exactly_the_composed_gpus_by_uuid() -> None:
     request = claim["spec"]["devices"]["requests"][0]
     assert request["exactly"]["count"] == 2
     assert request["exactly"]["allocationMode"] == "ExactCount"
+    assert "capacity" not in request["exactly"]  # a whole GPU's claim takes it all
     uuids = ", ".join(f'"GPU-{g.uuid}"' for g in MACHINE.gpus)
     assert request["exactly"]["selectors"] == [
         {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid in [{uuids}]'}}
     ]
+
+
+# Two holders of quarters of one A100 (its memory 80 GiB), composed on the same node.
+QUARTERS = [
+    replace(MACHINE, machine_id=f"m-4{n}", gpus=MACHINE.gpus[:1], drives=(), gpu_share=4)
+    for n in (3, 4)
+]
+
+
+async def test_every_share_holders_pod_names_the_same_gpu_and_asks_no_whole_one(
+    apiserver: KubeApiServer, kubeconfig: None
+) -> None:
+    # A z2jh config that asks the device plugin for a GPU on every pod.
+    whole_gpu = {"nvidia.com/gpu": "1"}
+    pods = [
+        await serialized(
+            await (
+                await composed_spawner(
+                    apiserver,
+                    machine,
+                    extra_resource_limits=whole_gpu,
+                    extra_resource_guarantees=whole_gpu,
+                )
+            ).get_pod_manifest()
+        )
+        for machine in QUARTERS
+    ]
+    envs = []
+    for pod in pods:
+        assert_valid(pod, OLDEST)
+        container = pod["spec"]["containers"][0]
+        assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+        assert "nvidia.com/gpu" not in container["resources"].get("requests", {})
+        envs.append({e["name"]: e["value"] for e in container["env"]})
+        affinity = pod["spec"]["affinity"]["nodeAffinity"]
+        terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": HOSTNAME_LABEL, "operator": "In", "values": ["host-02"]} in terms[0][
+            "matchExpressions"
+        ]
+    gpu = f"GPU-{MACHINE.gpus[0].uuid}"
+    assert [e["NVIDIA_VISIBLE_DEVICES"] for e in envs] == [gpu, gpu]
+    assert [e["COMPOSE_GPU_SHARE"] for e in envs] == ["1/4", "1/4"]
+
+
+@pytest.mark.parametrize("quarter", QUARTERS, ids=["one", "another"])
+async def test_each_share_holder_has_its_own_claim_on_the_shared_gpu_valid_for_1_34_on(
+    apiserver: KubeApiServer, kubeconfig: None, quarter: ComposedMachine
+) -> None:
+    spawner = await composed_spawner(apiserver, quarter, gpu_allocation="dra")
+    pod = await serialized(await spawner.get_pod_manifest())
+    assert_valid(pod, DRA_SINCE)
+    claim = gpu_claim(
+        quarter,
+        name=f"{spawner.pod_name}-gpus",
+        namespace="default",
+        device_class="gpu.nvidia.com",
+        attribute_domain="gpu.nvidia.com",
+        labels={},
+    )
+    assert_valid(claim, DRA_SINCE)
+    exactly = claim["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["count"] == 1
+    assert exactly["capacity"] == {"requests": {"memory": "20480Mi"}}  # 80 GiB / 4
+    assert f'"GPU-{MACHINE.gpus[0].uuid}"' in exactly["selectors"][0]["cel"]["expression"]
+    assert kept_share(claim, claim)
+    dropped = json.loads(json.dumps(claim))
+    del dropped["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+    assert not kept_share(claim, dropped)  # a server without consumable capacity
 
 
 async def test_dra_on_a_cluster_that_does_not_serve_it_says_what_to_do(
