@@ -80,7 +80,7 @@ def test_a_share_goes_round_and_a_whole_gpu_says_nothing_of_shares() -> None:
     assert parse_request(encode_request(quarter)) == quarter
     # A hub before shares sends none: whole GPUs; and sends none to an agent before them.
     assert "gpu_share" not in json.loads(encode_request(START))
-    assert parse_request(encode_request(START)).gpu_share == 1
+    assert parse_request(encode_request(START)) == replace(START, gpu_share=1)
 
 
 @pytest.mark.parametrize(

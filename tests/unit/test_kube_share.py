@@ -7,16 +7,21 @@ else of KubeSpawner's resources (or a DRA claim) is lost.
 
 from __future__ import annotations
 
+import json
+import types
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 from kubespawner.objects import make_pod
 
 from composespawner.domain.hardware import Device, Share
 from composespawner.domain.machine import ComposedMachine
+from composespawner.launchers import kubernetes
 from composespawner.launchers.kubernetes import KubeLauncher, Placement, pin_to_machine
 from harness.kube import serialized
 
@@ -138,3 +143,54 @@ async def test_the_placement_says_the_machines_share_of_its_gpu() -> None:
     spawner = KubeLauncher(_mock=True, namespace="default")
     assert spawner.placement(replace(MACHINE, gpu_share=4)).gpu_share == 4
     assert spawner.placement(MACHINE).gpu_share == 1
+
+
+class ResourceApi:
+    """resource.k8s.io/v1 as a server answers a create: the claim back, as the client's model;
+    one without consumable capacity drops a request's ``capacity``, as a disabled gate does."""
+
+    def __init__(self, serves_capacity: bool) -> None:
+        self.api_client = ApiClient()
+        self.serves_capacity = serves_capacity
+        self.claims: dict[str, dict[str, Any]] = {}
+
+    async def create_namespaced_resource_claim(
+        self, namespace: str, body: dict[str, Any], _request_timeout: float
+    ) -> Any:
+        kept = json.loads(json.dumps(body))
+        if not self.serves_capacity:
+            kept["spec"]["devices"]["requests"][0]["exactly"].pop("capacity", None)
+        self.claims[kept["metadata"]["name"]] = kept
+        answer: Any = types.SimpleNamespace(data=json.dumps(kept))  # a RESTResponse's part
+        return self.api_client.deserialize(answer, "ResourceV1ResourceClaim")
+
+    async def delete_namespaced_resource_claim(
+        self, name: str, namespace: str, _request_timeout: float
+    ) -> None:
+        if self.claims.pop(name, None) is None:
+            raise ApiException(status=404)
+
+
+@pytest.mark.parametrize("serves_capacity", [True, False])
+async def test_a_shares_claim_the_server_would_make_whole_is_taken_back_and_said(
+    monkeypatch: pytest.MonkeyPatch, serves_capacity: bool
+) -> None:
+    api = ResourceApi(serves_capacity)
+    monkeypatch.setattr(kubernetes, "kube_api", lambda name: api)
+    launcher = KubeLauncher(_mock=True, namespace="default", gpu_allocation="dra")
+    launcher.machine = replace(
+        MACHINE, gpus=(replace(MACHINE.gpus[0], memory_gib=16),), gpu_share=4
+    )
+    try:
+        if serves_capacity:
+            await launcher.create_gpu_claim()
+            (claim,) = api.claims.values()
+            assert claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
+                "requests": {"memory": "4096Mi"}
+            }
+        else:
+            with pytest.raises(kubernetes.NotebookNotStarted, match="consumable capacity"):
+                await launcher.create_gpu_claim()
+            assert api.claims == {}  # it would have waited for the whole GPU
+    finally:
+        await api.api_client.close()
