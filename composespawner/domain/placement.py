@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 from itertools import combinations
 from math import inf
@@ -55,6 +55,7 @@ from composespawner.domain.rooms import (
     Room,
     room_for,
 )
+from composespawner.domain.shares import OpenShare, SplitGpu, open_shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,8 @@ class DeviceAsk:
     scratch_gb: int = 0
     share: Share | None = None  # cores and memory of the host; None: the whole host
     size_label: str = "a whole host"  # how to name the share to a person
+    # 1: whole GPUs; n > 1: 1/n of one GPU, time-sliced with the GPU's other holders.
+    gpu_share: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class Pool:
     # The most of each any shareable host has: what tells "too big for any host" from
     # "busy" (nothing: no host says, so no size is too big).
     largest: Room = NO_ROOM
+    open_shares: tuple[OpenShare, ...] = ()  # split GPUs a share of their size may join
     _indexes: dict[frozenset[str], _ZoneIndex] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -103,6 +107,8 @@ class Plan:
     fresh: bool = True  # no machine of ours was on the host when it was placed
     capacity: Room = NO_ROOM  # the host's
     need: Room = NO_ROOM  # what the machine takes of it: cores, memory, a slot per device
+    gpu_share: int = 1  # n > 1: the machine holds 1/n of its one GPU
+    joins: bool = False  # the GPU is split already, attached to the host: no slot, no attach
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -118,16 +124,6 @@ class NoFit:
     reason: str  # for the user: what is short and what to do
 
 
-@dataclass(frozen=True, slots=True)
-class Availability:
-    """What the spawn form may offer of one GPU model to one user right now."""
-
-    free: int  # free GPUs of the model a machine could get: in a zone with a host with room
-    most_per_machine: int  # the largest count one machine could get (the catalog's cap at most)
-    most_to_ask: int  # what the user may ask for: most_per_machine within their quota left
-    why_none: str = ""  # for a person, when most_to_ask is 0: what is short and what to do
-
-
 def pool_for(
     inventory: Inventory,
     *,
@@ -137,13 +133,17 @@ def pool_for(
     hub: str | None = None,
     use: Mapping[str, HostUse] | None = None,
     max_devices: int = DEFAULT_MAX_DEVICES,
+    split: Mapping[str, SplitGpu] | None = None,
 ) -> Pool:
     """The hosts and devices a user may take: free, unheld, and theirs if co-located.
 
     ``hub``: this hub's identity; a host it marked takes more machines (the room
     its live machines hold there, ``use`` by system id, is not free). A host
     anyone else composed is never in the pool. ``max_devices``: the slots of a
-    host whose fabric does not say.
+    host whose fabric does not say. ``split``: GPUs the ledger holds in shares
+    (block id → where, what size, how many holders): those with a slot free, on
+    a host in the pool, are the pool's open shares (they are in ``held`` too, so
+    no whole claim takes them).
     """
     # Unowned devices are for everyone. The tuple is built once and the owner looked
     # up only for owned devices: per device, the two were half the cost of this scan.
@@ -179,6 +179,7 @@ def pool_for(
         devices=tuple(usable),
         zones=inventory.zones,
         largest=Room(cores, memory, 0),
+        open_shares=open_shares(inventory, split or {}, hosts, owners, allowed_owners),
     )
 
 
@@ -203,96 +204,10 @@ def _ours_to_compose(host: Host, hub: str | None) -> bool:
     return hub is not None and host.mark.hub == hub
 
 
-def keep_back(pool: Pool, holdback: Mapping[frozenset[str], int]) -> Pool:
-    """``pool`` without ``n`` free GPUs of each model set: what cohorts' sessions keep.
-
-    Which GPUs does not matter to the claim (it counts them); the last in
-    block order go, so the choice is the same on every hub.
-    """
-    if not holdback:
-        return pool
-    dropped: set[str] = set()
-    for models, count in holdback.items():
-        matching = [d.block_id for d in pool.devices if d.kind == "gpu" and d.model in models]
-        dropped.update(sorted(matching)[-count:] if count > 0 else ())
-    devices = tuple(d for d in pool.devices if d.block_id not in dropped)
-    return Pool(hosts=pool.hosts, devices=devices, zones=pool.zones, largest=pool.largest)
-
-
-def visible_models(
-    inventory: Inventory, owners: Mapping[str, str], groups: Collection[str]
-) -> frozenset[str]:
-    """Fabric GPU models a user may ever use here, busy or not."""
-    return frozenset(
-        d.model
-        for d in inventory.devices
-        if d.kind == "gpu" and owners.get(d.block_id, None) in (None, *groups)
-    )
-
-
-def availability(
-    pool: Pool,
-    models: frozenset[str],
-    *,
-    label: str,
-    per_machine_cap: int,
-    quota_left: int | None = None,
-) -> Availability:
-    """How many GPUs of ``models`` one machine could get, and how many the user may ask for.
-
-    A GPU counts only in a zone with a host that has a free slot: one stranded
-    in a rack whose hosts are all full cannot be composed into anything; one
-    machine gets no more than a host there has slots for. ``quota_left``: GPUs
-    the user may still take (None: no limit).
-    """
-    gpus = [d for d in pool.devices if d.kind == "gpu" and d.model in models]
-    slots: dict[str, int] = {}  # zone -> the most free slots on one host there
-    for open_host in pool.hosts:
-        if open_host.free.cores > 0 and open_host.free.memory_gib > 0:
-            for zone in open_host.host.zones:
-                slots[zone] = max(slots.get(zone, 0), open_host.free.slots)
-    reachable = [d for d in gpus if any(slots.get(z, 0) > 0 for z in d.zones)]
-    per_zone = [
-        min(sum(1 for d in reachable if zone in d.zones), most) for zone, most in slots.items()
-    ]
-    most = min(max(per_zone, default=0), per_machine_cap)
-    to_ask = most if quota_left is None else max(min(most, quota_left), 0)
-    return Availability(
-        free=len(reachable),
-        most_per_machine=most,
-        most_to_ask=to_ask,
-        why_none="" if to_ask else _why_none(label, gpus, quota_left),
-    )
-
-
-def _why_none(label: str, gpus: list[Device], quota_left: int | None) -> str:
-    if quota_left is not None and quota_left <= 0:
-        return "Your GPU quota is used up: stop one of your servers to free some."
-    if not gpus:
-        return f"No {label} is free right now: choose another model or try again later."
-    return (
-        f"No free host in a rack with free {label} GPUs right now:"
-        " choose another model or try again when a server stops."
-    )
-
-
-def sizes_free(pool: Pool, shares: Mapping[str, Share | None]) -> dict[str, int]:
-    """Per size id: how many more CPU-only machines of that size fit now, on all hosts."""
-    counts = {}
-    for size_id, share in shares.items():
-        if share is None:
-            counts[size_id] = sum(1 for h in pool.hosts if h.fresh and h.free == h.total)
-            continue
-        counts[size_id] = sum(
-            min(h.free.cores // share.cores, h.free.memory_gib // share.memory_gib)
-            for h in pool.hosts
-            if h.free.cores > 0 and h.free.memory_gib > 0
-        )
-    return counts
-
-
 def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
     """The machine's zone, host and devices (see the module's docstring), or why none fit."""
+    if ask.gpu_share > 1:
+        return _place_share(pool, ask)
     index = pool.index(ask.gpu_models)
     gpus_by_zone = index.gpus_for(ask.share)
     # Slots at least: the GPUs, a NIC, one drive. The extras themselves are picked
@@ -333,6 +248,67 @@ def place(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
                 zone, chosen.host, gpus, nic, drives, ask.share, chosen.fresh, chosen.total, need
             )
     return NoFit(_why_not(pool, index, ask))
+
+
+def _place_share(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
+    """A share of one GPU: it joins a split GPU of its model and size that has a slot
+    free, the one with the fewest free (so a GPU fills before another is split), on
+    the host it fits best; else it splits a free GPU, placed as a one-GPU machine
+    is (best fit: the zone with the fewest free GPUs of the model gives it, so the
+    large free pools stay whole for whole-GPU machines)."""
+    index = pool.index(ask.gpu_models)
+    hosts = {h.host.system_id: h for h in pool.hosts}
+    joinable = [
+        s
+        for s in pool.open_shares
+        if s.size == ask.gpu_share and s.gpu.model in ask.gpu_models and s.host_id in hosts
+    ]
+    best: tuple[tuple[int, float, str, str], Plan] | None = None
+    for open_share in joinable:
+        plan = _join(index, ask, open_share, hosts[open_share.host_id])
+        if plan is None:
+            continue
+        free, total = hosts[open_share.host_id].free, plan.capacity
+        left = (free.cores - plan.need.cores) / (total.cores or 1) + (
+            free.memory_gib - plan.need.memory_gib
+        ) / (total.memory_gib or 1)
+        key = (open_share.free, left, open_share.host_id, open_share.gpu.block_id)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is not None:
+        return best[1]
+    opened = place(pool, replace(ask, gpu_share=1))
+    if isinstance(opened, NoFit):
+        return opened
+    return replace(opened, gpu_share=ask.gpu_share)
+
+
+def _join(index: _ZoneIndex, ask: DeviceAsk, share: OpenShare, open_host: OpenHost) -> Plan | None:
+    """A plan that joins ``share`` on its host, if the host has room for the machine (and
+    its extras from the host's zone): the GPU itself takes no slot, it has one already."""
+    zones = sorted(share.gpu.zones & open_host.host.zones)
+    for zone in zones:
+        picked = _pick_extras(index, ask, zone)
+        if picked is None:
+            continue
+        nic, drives = picked
+        need = room_for(ask.share, open_host, (nic is not None) + len(drives))
+        if need is None:
+            return None
+        return Plan(
+            zone,
+            open_host.host,
+            (share.gpu,),
+            nic,
+            drives,
+            ask.share,
+            open_host.fresh,
+            open_host.total,
+            need,
+            gpu_share=share.size,
+            joins=True,
+        )
+    return None
 
 
 def _best_host(

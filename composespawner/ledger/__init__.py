@@ -16,6 +16,7 @@ from composespawner.ledger.errors import (
     ReservedForCohort,
     SchemaNotCurrent,
     ServerBusy,
+    SharesDoNotGrow,
     UnknownDevices,
     UnknownMachine,
 )
@@ -37,6 +38,7 @@ from composespawner.ledger.records import (
     DeviceRecord,
     HoldableKind,
     Holding,
+    Holds,
     HostRecord,
     KeepFree,
     Machine,
@@ -49,6 +51,7 @@ from composespawner.ledger.records import (
     utcnow,
 )
 from composespawner.ledger.runner import LedgerRunner
+from composespawner.ledger.shares import ShareClaim
 from composespawner.ledger.store import Ledger
 from composespawner.ledger.submissions import Standing, Submission, standings
 
@@ -66,6 +69,7 @@ __all__ = [
     "DevicesTaken",
     "HoldableKind",
     "Holding",
+    "Holds",
     "HostFull",
     "HostRecord",
     "IllegalTransition",
@@ -86,6 +90,8 @@ __all__ = [
     "SchemaNotCurrent",
     "ServerBusy",
     "ServerUse",
+    "ShareClaim",
+    "SharesDoNotGrow",
     "SpawnPolicy",
     "Standing",
     "Submission",

@@ -32,6 +32,7 @@ from composespawner.ledger.errors import (
     NotOwner,
     NotRunning,
     ReservedForCohort,
+    SharesDoNotGrow,
     UnknownDevices,
     UnknownMachine,
 )
@@ -40,6 +41,7 @@ from composespawner.ledger.limits import Use, check_use
 from composespawner.ledger.policy import registration_of
 from composespawner.ledger.records import KeepFree, Machine, RoomClaim
 from composespawner.ledger.rooms import device_slots, give_room, take_room, take_slots
+from composespawner.ledger.shares import ShareClaim, leave_shares, shares_held, take_share
 from composespawner.ledger.statements import (
     COHORTS,
     COLOCATED,
@@ -63,6 +65,7 @@ from composespawner.ledger.steps import (
     moved,
     rowcount,
     usage_values,
+    with_shares,
 )
 from composespawner.ledger.usage_sums import add_day_use
 
@@ -86,6 +89,7 @@ _TAKE_FREE_DEVICES = (
     .where(
         DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
         DEVICES.c.machine_id.is_(None),
+        DEVICES.c.share_size.is_(None),  # a GPU held in shares is not free whole
     )
     .values(machine_id=bindparam("b_machine_id"), held_since=bindparam("b_now"))
 )
@@ -96,6 +100,7 @@ _FREE_OF_MODELS = select(func.count()).where(
     DEVICES.c.kind == "gpu",
     DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
     DEVICES.c.machine_id.is_(None),
+    DEVICES.c.share_size.is_(None),
     DEVICES.c.owner_group.is_(None),  # co-located GPUs are never the pool's
 )
 _HELD_UNDER_COHORT = (
@@ -126,6 +131,7 @@ class Claims(ZonedLedgerPart):
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
         room: RoomClaim | None = None,
+        share: ShareClaim | None = None,
     ) -> Machine:
         """Take ``block_ids`` (and ``host_block``) for a requested machine: all or nothing.
 
@@ -137,36 +143,55 @@ class Claims(ZonedLedgerPart):
         take reserved GPUs; ``cohort``: the reservation a member claims under.
         ``room``: the machine's share of a shared host (cores, memory, and a
         slot per device), taken compare-and-set with the devices (invariant 10).
+        ``share``: a slot of one GPU held in shares, joined or split (ledger/shares.py);
+        it counts 1/size GPU against the quota, and the GPU takes a device slot on the
+        host only when this claim splits it.
         Raises :class:`UnknownDevices`, :class:`NotOwner`, :class:`QuotaExceeded`,
         :class:`ReservedForCohort`, :class:`DevicesTaken`, :class:`HostFull` or
         :class:`IllegalTransition`, having changed nothing.
         """
         wanted = _claim_set(block_ids, host_block)
+        shared = (share.block_id,) if share else ()
         now = self._now()
         with self._write() as connection:
             machine = machine_row(connection, machine_id)
             check_transition(machine.state, CLAIMED)
             _lock_quota_account(connection, machine.user_name, now)
-            devices = _lock_devices(connection, wanted)
-            _check_known(wanted, devices)
+            devices = _lock_devices(connection, (*wanted, *shared))
+            _check_known((*wanted, *shared), devices)
             _check_owned(connection, machine.user_name, devices, groups, now)
-            asked = sum(1 for device in devices if device.kind == "gpu")
+            whole = [device for device in devices if device.block_id not in shared]
+            asked = sum(1 for device in whole if device.kind == "gpu") + (
+                1 / share.size if share else 0
+            )
             use = _use(connection, machine, quota, now)
             # A machine without room holds its host's block (an unshared host): no share.
             cores, memory = (room.cores, room.memory_gib) if room else (0, 0)
             check_use(machine.user_name, quota, asked, use, cores=cores, memory_gib=memory)
+            splits = share is not None and _splits(devices, share)
             for keep in keep_free:
-                _check_keep_free(connection, machine.user_name, keep, devices)
-            _take_devices(connection, machine_id, wanted, devices, now)
+                taking = whole if not splits else devices
+                _check_keep_free(connection, machine.user_name, keep, taking)
+            _take_devices(connection, machine_id, wanted, whole, now)
+            opened = share is not None and take_share(connection, machine_id, share, now)
             changes: dict[str, Any] = {"host_id": host_id, "zone": zone, "cohort": cohort}
             if room is not None:
-                take_room(connection, room, device_slots(d.kind for d in devices), now)
+                slots = device_slots(d.kind for d in whole) + opened
+                take_room(connection, room, slots, now)
                 changes |= {"cores": room.cores, "memory_gib": room.memory_gib}
             message = f"claimed {', '.join(wanted) or 'nothing'} on {host_id} in {zone}"
+            if share is not None:
+                message += f" and 1/{share.size} of {share.block_id}"
             if room is not None:
                 message += f" with {room.cores} cores and {room.memory_gib} GiB"
             move(connection, machine, CLAIMED, now, message, **changes)
-            return moved(machine, CLAIMED, now, wanted, **changes)
+            claimed = moved(machine, CLAIMED, now, wanted, **changes)
+            return with_shares(claimed, [(share.block_id, share.size)] if share else ())
+
+    def leave_shares(self, machine_id: str) -> tuple[str, ...]:
+        """See ``Ledger.leave_shares``."""
+        with self._write() as connection:
+            return leave_shares(connection, machine_id)
 
     def grow(
         self,
@@ -189,6 +214,8 @@ class Claims(ZonedLedgerPart):
         now = self._now()
         with self._write() as connection:
             machine = _lock_running(connection, machine_id)
+            if shares_held(connection, [machine_id]):
+                raise SharesDoNotGrow(machine_id)
             _lock_quota_account(connection, machine.user_name, now)
             devices = _lock_devices(connection, wanted)
             _check_known(wanted, devices)
@@ -351,6 +378,12 @@ def _use(connection: Connection, machine: Row[Any], quota: Quota, now: datetime)
     if quota.gpu_hours_week.value is None:
         return Use(servers)
     return Use(servers, gpu_hours_since(connection, user, now - WEEK, now))
+
+
+def _splits(devices: Sequence[Row[Any]], share: ShareClaim) -> bool:
+    """Whether a claim of ``share`` would split its GPU (rather than join its shares)."""
+    gpu = next(d for d in devices if d.block_id == share.block_id)
+    return gpu.share_size is None
 
 
 def _claim_set(block_ids: Sequence[str], host_block: str | None) -> tuple[str, ...]:

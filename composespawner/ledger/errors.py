@@ -90,6 +90,20 @@ class NotRunning(LedgerError):
         )
 
 
+class SharesDoNotGrow(LedgerError):
+    """A machine holding a share of a GPU takes no more devices: a share is of one GPU."""
+
+    def __init__(self, machine_id: str) -> None:
+        super().__init__(f"machine {machine_id} holds a share of a GPU: it does not grow")
+
+    @property
+    def user_message(self) -> str:
+        return (
+            "Your server has a share of one GPU, and a share cannot grow. Stop the server"
+            " and start it again with whole GPUs (gpu_share 1) and the count you need."
+        )
+
+
 class QuotaExceeded(LedgerError):
     """The spawn would take the user past one limit of their effective quota.
 
@@ -109,8 +123,10 @@ class QuotaExceeded(LedgerError):
         return self._user_message
 
 
-def gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+def gpus(count: float) -> str:
+    """A count of GPUs for people: shares make it fractional ("0.25 GPU", "1.5 GPUs")."""
+    shown = f"{count:g}" if count == int(count) else f"{count:.2f}".rstrip("0")
+    return f"{shown} GPU" if count <= 1 else f"{shown} GPUs"
 
 
 class ReservedForCohort(LedgerError):

@@ -24,7 +24,8 @@ class Use:
     gpu_hours_week: float = 0.0  # GPU-hours in the last 7 days, live machines' so far included
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> float:
+        """GPUs held at once: a share of 1/n counts 1/n."""
         return sum(use.gpus for use in self.servers)
 
     @property
@@ -36,7 +37,7 @@ class Use:
         return sum(use.memory_gib for use in self.servers)
 
 
-def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
+def check_ask(user: str, quota: Quota, model: str | None, asked: float) -> None:
     """Raise :class:`QuotaExceeded` unless one server may have ``asked`` GPUs of ``model``."""
     if asked == 0:
         return  # a server without GPUs is within every GPU limit
@@ -63,7 +64,7 @@ def check_ask(user: str, quota: Quota, model: str | None, asked: int) -> None:
 
 
 def check_use(
-    user: str, quota: Quota, asked: int, use: Use, *, cores: int = 0, memory_gib: int = 0
+    user: str, quota: Quota, asked: float, use: Use, *, cores: int = 0, memory_gib: int = 0
 ) -> None:
     """Raise :class:`QuotaExceeded` if one more server with ``asked`` GPUs, ``cores`` and
     ``memory_gib`` of its host passes a limit.
@@ -99,8 +100,9 @@ def check_use(
         )
 
 
-def _check_gpus_held(user: str, quota: Quota, asked: int, use: Use) -> None:
+def _check_gpus_held(user: str, quota: Quota, asked: float, use: Use) -> None:
     held = quota.gpus_held
+    # Shares sum in quarters and halves: exact in binary, so no tolerance is needed.
     if held.value is None or use.gpus + asked <= held.value:
         return
     you_asked = f"You asked for {gpus(asked)}"
@@ -113,11 +115,11 @@ def _check_gpus_held(user: str, quota: Quota, asked: int, use: Use) -> None:
             message = f"{you_asked} but {limit}. Ask for fewer."
         else:
             servers = ", ".join(
-                f"{server_label(u.server)}: {u.gpus}" for u in use.servers if u.gpus
+                f"{server_label(u.server)}: {u.gpus:g}" for u in use.servers if u.gpus
             )
             verb = "is" if use.gpus == 1 else "are"
             message = (
-                f"{you_asked} but {limit} and {use.gpus} {verb} in use ({servers})."
+                f"{you_asked} but {limit} and {use.gpus:g} {verb} in use ({servers})."
                 " Stop a server or ask for fewer."
             )
     raise QuotaExceeded(user, "gpus_held", held.source, message)

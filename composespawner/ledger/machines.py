@@ -21,6 +21,7 @@ from composespawner.ledger.database import ZonedLedgerPart
 from composespawner.ledger.errors import IllegalTransition, ServerBusy
 from composespawner.ledger.lifecycle import CLAIMED, REQUESTED, TERMINAL
 from composespawner.ledger.records import Machine
+from composespawner.ledger.shares import shares_held
 from composespawner.ledger.statements import INSERT_EVENT, MACHINES, RUN_MANIFESTS
 from composespawner.ledger.steps import (
     end_machine,
@@ -34,6 +35,7 @@ from composespawner.ledger.steps import (
     new_machine,
     read_live_machine,
     read_machine,
+    with_shares,
 )
 
 _INSERT_MACHINE = insert(MACHINES)
@@ -112,7 +114,8 @@ class Machines(ZonedLedgerPart):
                     },
                 )
             held = held_by(connection, machine_id)
-            return moved(machine, at, now, held, **failure_values(failure))
+            record = moved(machine, at, now, held, **failure_values(failure))
+            return with_shares(record, shares_held(connection, [machine_id]).get(machine_id, ()))
 
     def release(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     Date,
     DateTime,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     TypeDecorator,
     Update,
     event,
+    false,
     text,
 )
 from sqlalchemy.engine import Connection
@@ -164,6 +166,13 @@ class DeviceRow(Base):
         CheckConstraint(
             "(machine_id IS NULL) = (held_since IS NULL)", name="held_since_with_holder"
         ),
+        # A GPU is held whole or in shares, never both; never by more holders than slots.
+        CheckConstraint("machine_id IS NULL OR share_size IS NULL", name="whole_or_split"),
+        CheckConstraint("(share_size IS NULL) = (share_host IS NULL)", name="split_where"),
+        CheckConstraint(
+            "share_holders >= 0 AND share_holders <= COALESCE(share_size, 0)",
+            name="share_holders",
+        ),
     )
 
     block_id: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -176,6 +185,25 @@ class DeviceRow(Base):
     held_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Split into share_size holder slots, attached to share_host for its holders
+    # (device_shares); share_holders counts those that have not begun to leave. The
+    # holder that left last is its share_closer: it detaches it, then it is free.
+    share_size: Mapped[int | None] = mapped_column(Integer)
+    share_host: Mapped[str | None] = mapped_column(String(128))
+    share_holders: Mapped[int] = mapped_column(Integer, server_default="0")
+    share_closer: Mapped[str | None] = mapped_column(String(32))
+
+
+class DeviceShareRow(Base):
+    """One holder of a share of a split GPU (devices.share_size slots in all)."""
+
+    __tablename__ = "device_shares"
+
+    block_id: Mapped[str] = mapped_column(ForeignKey("devices.block_id"), primary_key=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), primary_key=True, index=True)
+    held_since: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Its machine is being released: its slot no longer counts in share_holders.
+    leaving: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class MachineEventRow(Base):
@@ -240,6 +268,7 @@ class UsageRecordRow(Base):
     model: Mapped[str] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    fraction: Mapped[float] = mapped_column(Float, server_default="1")  # 1/n for a share
 
 
 class UsageDayRow(Base):
@@ -330,7 +359,8 @@ class CohortRow(Base):
     sizes: Mapped[list[str] | None] = mapped_column(JSON)  # catalog size ids (None: any)
     starter_kit: Mapped[str | None] = mapped_column(String(255))
     reserved_model: Mapped[str | None] = mapped_column(String(255))
-    reserved_gpus: Mapped[int] = mapped_column(Integer)
+    reserved_gpus: Mapped[int] = mapped_column(Integer)  # in shares of reserved_share
+    reserved_share: Mapped[int] = mapped_column(Integer, server_default="1")  # 1: whole GPUs
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_by: Mapped[str] = mapped_column(String(255))
 

@@ -20,6 +20,7 @@ from composespawner.ledger.models import LIVE_MACHINE_WHERE
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
+    Holds,
     HostRecord,
     Machine,
     MachineEvent,
@@ -28,6 +29,7 @@ from composespawner.ledger.records import (
     UsageRecord,
 )
 from composespawner.ledger.rooms import all_rooms, host_use
+from composespawner.ledger.shares import split_gpus
 from composespawner.ledger.statements import (
     DEVICES,
     EVENTS,
@@ -39,10 +41,11 @@ from composespawner.ledger.statements import (
 from composespawner.ledger.steps import (
     WEEK,
     device_record,
+    find_machine,
     gpu_hours_since,
     gpu_use,
-    held_blocks,
-    machine_record,
+    machine_holding,
+    machine_records,
     read_live_machine,
     read_machine,
 )
@@ -103,8 +106,7 @@ class Queries(ZonedLedgerPart):
         query = query.order_by(MACHINES.c.user_name, MACHINES.c.server_name)
         with self._engine.begin() as connection:
             rows = connection.execute(query).all()
-            held = held_blocks(connection, [row.id for row in rows])
-            return [machine_record(row, held.get(row.id, ())) for row in rows]
+            return machine_records(connection, rows)
 
     def holdings(self, *, held_only: bool = False) -> list[Holding]:
         """Every device the ledger knows (or only those held) and, where one holds it,
@@ -139,10 +141,13 @@ class Queries(ZonedLedgerPart):
 
     def held_by(self, machine_id: str) -> list[str]:
         with self._engine.begin() as connection:
-            return list(held_blocks(connection, [machine_id]).get(machine_id, ()))
+            row = find_machine(connection, machine_id)
+            return [] if row is None else list(machine_holding(connection, row).block_ids)
 
     def free_blocks(self) -> set[str]:
-        query = select(DEVICES.c.block_id).where(DEVICES.c.machine_id.is_(None))
+        query = select(DEVICES.c.block_id).where(
+            DEVICES.c.machine_id.is_(None), DEVICES.c.share_size.is_(None)
+        )
         with self._engine.begin() as connection:
             return set(connection.scalars(query))
 
@@ -150,16 +155,19 @@ class Queries(ZonedLedgerPart):
         """block_id → owner group, for co-located devices."""
         return self._blocks_with("owner_group")
 
-    def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
+    def holds(self) -> Holds:
         """What placement reads of the ledger, read together: block_id → machine_id for
-        every held block, and what live machines hold on each host they are on (the
-        claims' compare-and-set keeps them right; these only guide placement)."""
+        every held block (a split GPU's: its first holder's, or its closer's), what live
+        machines hold on each host they are on, and the GPUs held in shares (the claims'
+        compare-and-set keeps them right; these only guide placement)."""
         query = select(DEVICES.c.block_id, DEVICES.c.machine_id).where(
             DEVICES.c.machine_id.is_not(None)
         )
         with self._engine.begin() as connection:
             held = {block: cast(str, found) for block, found in connection.execute(query)}
-            return held, host_use(connection)
+            split = split_gpus(connection)
+            held |= {block: f"shared on {gpu.host_id}" for block, gpu in split.items()}
+            return Holds(held, host_use(connection), split)
 
     def host_rooms(self) -> list[tuple[HostRecord, HostUse]]:
         """Every host the ledger knows, and what live machines hold of it."""
@@ -226,7 +234,9 @@ class Queries(ZonedLedgerPart):
 def _holding(row: Row[Any], device: DeviceRecord) -> Holding:
     # By position (the columns of _HOLDINGS): thousands of rows a read, and a Row's
     # attributes cost as much as building the record.
-    machine_id, held_since, _, last_seen, user, server, state, host, cohort = tuple(row)[6:]
+    values = tuple(row)
+    machine_id, held_since, _, last_seen = values[6:10]
+    user, server, state, host, cohort = values[-5:]
     return Holding(device, last_seen, machine_id, held_since, user, server, state, host, cohort)
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from composespawner.domain.hardware import Device, Host
-from composespawner.domain.rooms import Room
+from composespawner.domain.rooms import HostUse, Room
+from composespawner.domain.shares import SplitGpu
 
 # Hosts are holdable too: a machine on a host that cannot be shared (a whole system
 # composed for it), or one from before hosts were shared, holds the host's own block.
@@ -68,6 +69,9 @@ class Machine:
     updated_at: datetime
     ended_at: datetime | None
     block_ids: tuple[str, ...] = ()  # blocks held now, sorted; empty once terminal
+    # Of block_ids, the GPUs it holds a share of (time-sliced with their other holders).
+    shared: tuple[str, ...] = ()
+    gpu_share: int = 1  # the shares' size: 4 for a quarter; 1 when it holds none
     cohort: str | None = None  # the cohort reservation its GPUs were claimed under
     cores: int | None = None  # its share of its host (None: the whole host, from before)
     memory_gib: int | None = None
@@ -84,6 +88,14 @@ class HostRecord:
     host_id: str  # the ComputerSystem Id machines name
     block_id: str
     capacity: Room
+
+
+class Holds(NamedTuple):
+    """What placement reads of the ledger (see ``Ledger.holds``)."""
+
+    held: dict[str, str]  # block id → who holds it
+    use: dict[str, HostUse]  # host id → what live machines hold of it
+    split: dict[str, SplitGpu]  # block id → the GPU's shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +141,16 @@ class UsageRecord:
     model: str
     started_at: datetime
     ended_at: datetime
+    fraction: float = 1.0  # of the device it held: 1/n for a share of a GPU
 
     @property
     def seconds(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def device_seconds(self) -> float:
+        """What it counts for: a quarter of a GPU for an hour is a quarter GPU-hour."""
+        return self.seconds * self.fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +158,7 @@ class ServerUse:
     """What one of a user's live servers holds: GPUs, and its share of its host."""
 
     server: str
-    gpus: int
+    gpus: float  # a share of 1/n of a GPU counts 1/n
     cores: int = 0  # 0 for a machine from before hosts were shared (it recorded none)
     memory_gib: int = 0
 

@@ -71,6 +71,21 @@ def take_slots(connection: Connection, host_id: str, slots: int, now: datetime) 
     _change(connection, host_id, 0, 0, slots, 0, now)
 
 
+def give_slots(connection: Connection, host_id: str, slots: int, now: datetime) -> None:
+    """Give back ``slots`` device slots of a host that no one machine held (a split GPU's)."""
+    connection.execute(
+        _GIVE,
+        {
+            "b_host": host_id,
+            "b_cores": 0,
+            "b_memory": 0,
+            "b_slots": slots,
+            "b_machines": 0,
+            "b_now": now,
+        },
+    )
+
+
 def give_room(
     connection: Connection,
     machine: Row[Any],

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import Table, and_, bindparam, func, insert, null, select, union_all, update
+from sqlalchemy import (
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    union_all,
+    update,
+)
 
 from composespawner.ledger.lifecycle import TERMINAL
 from composespawner.ledger.models import (
     CohortRow,
     ColocatedRow,
     DeviceRow,
+    DeviceShareRow,
     MachineEventRow,
     MachineRow,
     QuotaAccountRow,
@@ -29,6 +41,7 @@ MACHINES = cast(Table, MachineRow.__table__)
 COHORTS = cast(Table, CohortRow.__table__)
 COLOCATED = cast(Table, ColocatedRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
+SHARES = cast(Table, DeviceShareRow.__table__)  # holders of split GPUs' slots
 EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
 QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)
@@ -74,15 +87,35 @@ GPU_USE = (
 )
 
 
-# Each GPU's period of use that reaches past b_since: usage records of ended
-# machines, then GPUs held now (still running, so no end yet).
+# A live machine's shares of split GPUs, per server: the GPUs they count for (1/n each).
+SHARE_USE = (
+    select(MACHINES.c.server_name, func.sum(1.0 / DEVICES.c.share_size))
+    .select_from(
+        SHARES.join(DEVICES, DEVICES.c.block_id == SHARES.c.block_id).join(
+            MACHINES, MACHINES.c.id == SHARES.c.machine_id
+        )
+    )
+    .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
+    .group_by(MACHINES.c.id, MACHINES.c.server_name)
+)
+
+# Each GPU's period of use that reaches past b_since, and the fraction of a GPU it
+# counts for: usage records of ended machines, then GPUs and shares held now (still
+# running, so no end yet).
 GPU_PERIODS = union_all(
-    select(USAGE.c.started_at, USAGE.c.ended_at).where(
+    select(USAGE.c.started_at, USAGE.c.ended_at, USAGE.c.fraction).where(
         USAGE.c.user_name == bindparam("b_user"),
         USAGE.c.kind == "gpu",
         USAGE.c.ended_at > bindparam("b_since"),
     ),
-    select(DEVICES.c.held_since, null())
+    select(DEVICES.c.held_since, null(), literal(1.0))
     .join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
     .where(MACHINES.c.user_name == bindparam("b_user"), DEVICES.c.kind == "gpu"),
+    select(SHARES.c.held_since, null(), 1.0 / DEVICES.c.share_size)
+    .select_from(
+        SHARES.join(DEVICES, DEVICES.c.block_id == SHARES.c.block_id).join(
+            MACHINES, MACHINES.c.id == SHARES.c.machine_id
+        )
+    )
+    .where(MACHINES.c.user_name == bindparam("b_user")),
 )

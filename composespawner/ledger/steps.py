@@ -28,6 +28,7 @@ from composespawner.ledger.records import (
     ServerUse,
 )
 from composespawner.ledger.rooms import device_slots, give_room
+from composespawner.ledger.shares import end_shares, shares_held
 from composespawner.ledger.statements import (
     DEVICES,
     DEVICES_HELD_BY,
@@ -40,6 +41,7 @@ from composespawner.ledger.statements import (
     MACHINE_BY_ID,
     MACHINES,
     MOVE_MACHINE,
+    SHARE_USE,
 )
 from composespawner.ledger.usage_sums import add_day_use
 
@@ -70,14 +72,43 @@ def read_machine(connection: Connection, machine_id: str) -> Machine | None:
     row = find_machine(connection, machine_id)
     if row is None:
         return None
-    return machine_record(row, tuple(held_by(connection, machine_id)))
+    return machine_holding(connection, row)
 
 
 def read_live_machine(connection: Connection, user: str, server: str) -> Machine | None:
     row = live_row(connection, user, server)
     if row is None:
         return None
-    return machine_record(row, held_blocks(connection, [row.id]).get(row.id, ()))
+    return machine_holding(connection, row)
+
+
+def machine_holding(connection: Connection, row: Row[Any]) -> Machine:
+    """The machine's record with what it holds now: its blocks and its shares of GPUs."""
+    return machine_records(connection, [row])[0]
+
+
+def machine_records(connection: Connection, rows: Sequence[Row[Any]]) -> list[Machine]:
+    """Records of machines with what each holds now, in two reads however many."""
+    ids = [row.id for row in rows]
+    held = held_blocks(connection, ids)
+    shares = shares_held(connection, ids)
+    return [
+        with_shares(machine_record(row, held.get(row.id, ())), shares.get(row.id, ()))
+        for row in rows
+    ]
+
+
+def with_shares(machine: Machine, shares: Sequence[tuple[str, int]]) -> Machine:
+    """``machine`` holding ``shares`` (GPU block, share size) besides its whole blocks."""
+    if not shares:
+        return machine
+    shared = tuple(block for block, _ in shares)
+    return dataclasses.replace(
+        machine,
+        block_ids=tuple(sorted((*machine.block_ids, *shared))),
+        shared=shared,
+        gpu_share=max(size for _, size in shares),
+    )
 
 
 def move(
@@ -130,6 +161,7 @@ def end_machine(
     """Enter a terminal state: free every device held and record who used it."""
     ended: dict[str, Any] = {"ended_at": now, **failure_values(failure)}
     move(connection, machine, to, now, message, **ended)
+    end_shares(connection, machine, now, zone)
     held = connection.execute(DEVICES_HELD_BY, {"b_machine_id": machine.id}).all()
     if held:
         connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in held])
@@ -143,8 +175,10 @@ def end_machine(
 def gpu_hours_since(connection: Connection, user: str, since: datetime, now: datetime) -> float:
     """GPU-hours used by ``user`` from ``since`` to ``now``: ended machines and live ones."""
     seconds = 0.0
-    for started, ended in connection.execute(GPU_PERIODS, {"b_user": user, "b_since": since}):
-        seconds += max((min(ended or now, now) - max(started, since)).total_seconds(), 0.0)
+    periods = connection.execute(GPU_PERIODS, {"b_user": user, "b_since": since})
+    for started, ended, fraction in periods:
+        span = (min(ended or now, now) - max(started, since)).total_seconds()
+        seconds += max(span, 0.0) * fraction
     return seconds / 3600
 
 
@@ -157,10 +191,14 @@ def gpu_use(connection: Connection, user: str) -> list[ServerUse]:
         servers[server] = ServerUse(
             server, was.gpus + gpus, was.cores + cores, was.memory_gib + memory
         )
+    for server, fraction in connection.execute(SHARE_USE, {"b_user": user}):
+        was = servers.get(server, ServerUse(server, 0))
+        servers[server] = dataclasses.replace(was, gpus=was.gpus + fraction)
     return list(servers.values())
 
 
 def held_by(connection: Connection, machine_id: str) -> list[str]:
+    """The blocks the machine holds whole (its shares of GPUs: :func:`shares_held`)."""
     return list(connection.scalars(HELD_BY_MACHINE, {"b_machine_id": machine_id}))
 
 

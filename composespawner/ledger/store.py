@@ -53,6 +53,7 @@ from composespawner.ledger.queries import Queries
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
+    Holds,
     HostRecord,
     KeepFree,
     Machine,
@@ -64,6 +65,7 @@ from composespawner.ledger.records import (
     utcnow,
 )
 from composespawner.ledger.rooms import know_hosts
+from composespawner.ledger.shares import ShareClaim
 from composespawner.ledger.statements import RECONCILE_ACTIONS
 from composespawner.ledger.steps import WEEK, device_values, upsert_devices
 from composespawner.ledger.submissions import Submissions
@@ -148,11 +150,8 @@ class Ledger:
     # -- inventory ------------------------------------------------------------
 
     def sync_devices(self, devices: Iterable[DeviceRecord]) -> None:
-        """Record the devices the fabric reports; never changes who holds them.
-
-        Devices missing from ``devices`` keep their rows (and holders): a device
-        that vanished from one inventory is not known to be gone.
-        """
+        """Record the devices the fabric reports; never changes who holds them. Devices
+        missing keep their rows (and holders): one missing once is not known to be gone."""
         now = self._now()
         rows = {device.block_id: device_values(device, now) for device in devices}
         if not rows:
@@ -179,10 +178,10 @@ class Ledger:
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
         room: RoomClaim | None = None,
+        share: ShareClaim | None = None,
     ) -> Machine:
-        """Take ``block_ids`` (and ``host_block``, or ``room`` of a shared host) for a
-        requested machine: all or nothing, or raise having changed nothing (see
-        :meth:`Claims.claim`)."""
+        """Take ``block_ids`` (``host_block``, or ``room`` of a shared host; a ``share`` of a
+        GPU) for a requested machine: all or nothing (see :meth:`Claims.claim`)."""
         return self._claims.claim(
             machine_id,
             host_id=host_id,
@@ -194,7 +193,12 @@ class Ledger:
             keep_free=keep_free,
             cohort=cohort,
             room=room,
+            share=share,
         )
+
+    def leave_shares(self, machine_id: str) -> tuple[str, ...]:
+        """A stopping machine leaves its GPUs' shares; those it detaches (ledger/shares.py)."""
+        return self._claims.leave_shares(machine_id)
 
     def grow(
         self,
@@ -221,9 +225,7 @@ class Ledger:
 
     def request_machine(self, user: str, server: str, request: dict[str, Any]) -> str:
         """Record a new machine for ``user``'s ``server`` in state ``requested``; its id.
-
-        Raises :class:`ServerBusy` if that server already has a live machine.
-        """
+        Raises :class:`ServerBusy` if that server already has a live machine."""
         return self._machines.request_machine(user, server, request)
 
     def transition(
@@ -304,8 +306,8 @@ class Ledger:
         """block_id → machine_id for every held block."""
         return self._queries.holders()
 
-    def holds(self) -> tuple[dict[str, str], dict[str, HostUse]]:
-        """Every held block's holder and each host's room in use, read at one moment."""
+    def holds(self) -> Holds:
+        """Held blocks' holders, hosts' room in use, GPUs held in shares: at one moment."""
         return self._queries.holds()
 
     def host_rooms(self) -> list[tuple[HostRecord, HostUse]]:

@@ -13,16 +13,23 @@ from dataclasses import dataclass
 from datetime import date, datetime, tzinfo
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, case, func, select
+from sqlalchemy import Connection, Table, case, func, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.domain.usage import DayUse, Period, day_shares
-from composespawner.ledger.models import DeviceRow, MachineRow, UsageDayRow, UsageModelDayRow
+from composespawner.ledger.models import (
+    DeviceRow,
+    DeviceShareRow,
+    MachineRow,
+    UsageDayRow,
+    UsageModelDayRow,
+)
 
 USAGE_DAYS = cast(Table, UsageDayRow.__table__)
 USAGE_MODEL_DAYS = cast(Table, UsageModelDayRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
+SHARES = cast(Table, DeviceShareRow.__table__)
 
 
 @dataclass(frozen=True)
@@ -37,12 +44,14 @@ class UsageSums:
 def add_day_use(
     connection: Connection, user: str, held: Sequence[Any], now: datetime, zone: tzinfo
 ) -> None:
-    """Add the GPU-seconds of ``held`` (device rows, held until ``now``) to their days."""
+    """Add the GPU-seconds of ``held`` (device rows, held until ``now``; a share's with the
+    ``fraction`` of its GPU it counts for) to their days."""
     seconds: dict[tuple[date, str], float] = defaultdict(float)
     for device in held:
         if device.kind == "gpu":
+            fraction = getattr(device, "fraction", 1.0)
             for day, share in day_shares(device.held_since or now, now, zone):
-                seconds[day, device.model] += share
+                seconds[day, device.model] += share * fraction
     if not seconds:
         return
     by_day = sorted(seconds.items())
@@ -172,14 +181,22 @@ def day_uses(connection: Connection, period: Period) -> list[DayUse]:
 
 def live_uses(connection: Connection, period: Period, now: datetime, zone: tzinfo) -> list[DayUse]:
     """Running machines' GPU use in ``period``, up to ``now``."""
-    held = connection.execute(
-        select(MACHINES.c.user_name, DEVICES.c.model, DEVICES.c.held_since)
+    whole = (
+        select(MACHINES.c.user_name, DEVICES.c.model, DEVICES.c.held_since, literal(1.0))
         .join(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
         .where(DEVICES.c.kind == "gpu")
     )
+    # A share of 1/n counts 1/n of each second it is held.
+    shares = select(
+        MACHINES.c.user_name, DEVICES.c.model, SHARES.c.held_since, 1.0 / DEVICES.c.share_size
+    ).select_from(
+        SHARES.join(DEVICES, DEVICES.c.block_id == SHARES.c.block_id).join(
+            MACHINES, MACHINES.c.id == SHARES.c.machine_id
+        )
+    )
     return [
-        DayUse(day, user, model, share)
-        for user, model, since in held
-        for day, share in day_shares(since or now, now, zone)
+        DayUse(day, user, model, seconds * fraction)
+        for user, model, since, fraction in connection.execute(union_all(whole, shares))
+        for day, seconds in day_shares(since or now, now, zone)
         if period.first <= day <= period.last
     ]

@@ -51,6 +51,7 @@ from composespawner.ledger import (
     ReservedForCohort,
     RoomClaim,
     ServerBusy,
+    ShareClaim,
     utcnow,
 )
 from composespawner.ledger.limits import check_ask
@@ -66,7 +67,7 @@ from composespawner.services.failures import (
 )
 from composespawner.services.pool import Offer, PoolReadout, PoolView
 from composespawner.services.releases import Releaser, fail_unclaimed
-from composespawner.services.reservations import HeldRoom, Reservations
+from composespawner.services.reservations import HeldRoom, HeldShare, Reservations
 from composespawner.services.resize import Resizer
 
 Progress = Callable[[str], None]
@@ -211,7 +212,7 @@ class Composer:
         """
         allowed = admitted or await self.admission_for(user, groups)
         try:
-            check_ask(user, allowed.quota, request.gpu_model, request.gpu_count)
+            check_ask(user, allowed.quota, request.gpu_model, request.gpus)
         except QuotaExceeded as e:
             raise refusal(e) from e
         ask = _device_ask(self.catalog, request)
@@ -254,6 +255,7 @@ class Composer:
             nic=plan.nic,
             drives=plan.drives,
             share=plan.share,
+            gpu_share=plan.gpu_share,
         )
 
     async def _request_machine(self, user: str, server: str, request: MachineRequest) -> str:
@@ -405,7 +407,7 @@ class MachineClaim:
         if isinstance(plan, NoFit):
             return NoFit(_with_reservations(plan.reason, self.ask, self.terms))
         # No await between the read and this: no other spawn of ours interleaves.
-        self.reservations.hold(_claimed_blocks(plan), self._room(plan))
+        self.reservations.hold(_reserved_blocks(plan), self._room(plan), _share_slot(plan))
         return plan
 
     def _room(self, plan: Plan) -> HeldRoom | None:
@@ -426,9 +428,8 @@ class MachineClaim:
     async def take(self, plan: Plan) -> bool:
         """Claim the plan's blocks (and its room on the host) in the ledger; False when
         another claim took one first."""
-        gpus = f"{self.ask.gpu_count} × {self.ask.label}" if self.ask.gpu_count else "no GPU"
-        self.progress(f"claiming {gpus} in {plan.zone} ({self.ask.size_label})")
-        blocks, room = _claimed_blocks(plan), self._room(plan)
+        self.progress(f"claiming {_gpus_asked(self.ask)} in {plan.zone} ({self.ask.size_label})")
+        blocks, room, slot = _reserved_blocks(plan), self._room(plan), _share_slot(plan)
         reservations = self.reservations
         try:
             await self.runner.run(
@@ -436,25 +437,26 @@ class MachineClaim:
                 self.machine_id,
                 host_id=plan.host.system_id,
                 zone=plan.zone,
-                block_ids=blocks,
+                block_ids=_claimed_blocks(plan),
                 quota=self.terms.quota,
                 groups=self.groups,
                 keep_free=self.terms.keep_free,
                 cohort=self.terms.cohort,
                 room=_room_claim(plan) if room else None,
+                share=_share_claim(plan),
             )
         except DevicesTaken:
-            reservations.drop(blocks, room)
+            reservations.drop(blocks, room, slot)
             self.log.info("Claim for %s lost a race", self.machine_id)
             return False
         except (QuotaExceeded, ReservedForCohort) as e:
-            reservations.drop(blocks, room)
+            reservations.drop(blocks, room, slot)
             await fail_unclaimed(self.runner, self.machine_id, e.user_message)
             raise refusal(e) from e
         except BaseException:
-            reservations.drop(blocks, room)
+            reservations.drop(blocks, room, slot)
             raise
-        reservations.commit(blocks, room)
+        reservations.commit(blocks, room, slot)
         return True
 
     async def refused(self, why: str, reason: str) -> ComposeRefused:
@@ -462,6 +464,8 @@ class MachineClaim:
         return ComposeRefused(why, status=409, reason=reason)
 
     async def attach(self, plan: Plan) -> None:
+        # A share's GPU too, when it joins one split already: attaching is idempotent, and
+        # the notebook must not start before the GPU is there (its opener may be attaching).
         devices = (*plan.gpus, *([plan.nic] if plan.nic else []), *plan.drives)
         await self.fabric.compose(plan.host.system_id, devices, self.tag, self.progress)
 
@@ -505,13 +509,43 @@ def _device_ask(catalog: Catalog, request: MachineRequest) -> DeviceAsk:
         scratch_gb=request.scratch_gb,
         share=None if size.whole_host else Share(size.cores, size.memory_gib),
         size_label=size.label,
+        gpu_share=request.gpu_share,
     )
 
 
+def _gpus_asked(ask: DeviceAsk) -> str:
+    if ask.gpu_share > 1:
+        return f"1/{ask.gpu_share} of a {ask.label}"
+    return f"{ask.gpu_count} × {ask.label}" if ask.gpu_count else "no GPU"
+
+
 def _claimed_blocks(plan: Plan) -> tuple[str, ...]:
-    """The blocks a claim takes: the devices, and a host that is not shared itself."""
+    """The blocks a claim takes whole: the devices, and a host that is not shared itself
+    (a share's GPU is claimed as a share, see _share_claim)."""
+    own = () if plan.host.shareable else (plan.host.block_id,)
+    shared = _share_claim(plan)
+    return (*own, *(b for b in plan.block_ids if shared is None or b != shared.block_id))
+
+
+def _reserved_blocks(plan: Plan) -> tuple[str, ...]:
+    """What this process's other placements must not take whole meanwhile: every block
+    the plan names, a share's GPU included (it is split, or about to be)."""
     own = () if plan.host.shareable else (plan.host.block_id,)
     return (*own, *plan.block_ids)
+
+
+def _share_claim(plan: Plan) -> ShareClaim | None:
+    if plan.gpu_share <= 1:
+        return None
+    return ShareClaim(plan.gpus[0].block_id, plan.gpu_share, plan.host.system_id)
+
+
+def _share_slot(plan: Plan) -> HeldShare | None:
+    """A share claim of this process, for placement to count before the ledger shows it."""
+    claim = _share_claim(plan)
+    if claim is None:
+        return None
+    return HeldShare(claim.block_id, claim.host_id, claim.size)
 
 
 def _room_claim(plan: Plan) -> RoomClaim:

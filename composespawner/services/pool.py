@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -20,24 +20,21 @@ from composespawner.domain.catalog import Catalog, GpuModel, Size
 from composespawner.domain.cohorts import StackChoice
 from composespawner.domain.colocation import Registration
 from composespawner.domain.hardware import Inventory, Share
-from composespawner.domain.placement import (
+from composespawner.domain.offers import (
     Availability,
-    Pool,
     availability,
     keep_back,
-    pool_for,
+    shares_free,
     sizes_free,
 )
-from composespawner.domain.placement import visible_models as _visible_models
+from composespawner.domain.offers import visible_models as _visible_models
+from composespawner.domain.placement import Pool, pool_for
 from composespawner.domain.quotas import NO_QUOTA, Quota
-from composespawner.domain.rooms import HostUse, Room
+from composespawner.domain.rooms import Room
 from composespawner.fabric.base import Fabric, FabricUnreachable
-from composespawner.ledger import DeviceRecord, HostRecord, Ledger, LedgerRunner, utcnow
+from composespawner.ledger import DeviceRecord, Holds, HostRecord, Ledger, LedgerRunner, utcnow
 from composespawner.services.reservations import Reservations
 from composespawner.services.snapshot import Snapshot
-
-# What placement reads of the ledger: block → holder, and host → the room held there.
-Holds = tuple[Mapping[str, str], Mapping[str, HostUse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +52,7 @@ class PoolReadout:
 @dataclass(frozen=True, slots=True)
 class Offer:
     free: dict[str, Availability]  # catalog GPU model id → availability, visible models only
-    gpus_in_use: int
+    gpus_in_use: float  # a share of 1/n counts 1/n
     quota: Quota = NO_QUOTA  # the user's effective quota
     # Seconds since the inventory behind ``free`` was read, when a fresh read did
     # not finish in time; None when it is fresh.
@@ -75,7 +72,7 @@ class Offer:
         return self.quota.gpus_held.value
 
     @property
-    def quota_left(self) -> int | None:
+    def quota_left(self) -> float | None:
         return _quota_left(self.gpu_limit, self.gpus_in_use)
 
 
@@ -303,14 +300,16 @@ class PoolView:
         registered = self._registered(registrations)
         owners = self.owners(inventory, registered)
         usable = colocation.owners_for(owners, registered, user, groups, utcnow())
-        held, use = await self.runner.run(self.ledger.holds)
-        pool = self._pool(inventory, held=held, owners=usable, groups=groups, use=use)
+        held, use, split = await self.runner.run(self.ledger.holds)
+        pool = self._pool(inventory, held=held, owners=usable, groups=groups, use=use, split=split)
         own = _own_notes(self.catalog, pool, owners, registered, user, groups)
         pool = keep_back(pool, holdback or {})
         in_use = sum(use.gpus for use in await self.runner.run(self.ledger.gpu_use, user))
         quota_left = _quota_left(quota.gpus_held.value, in_use)
         per_server = quota.gpus_per_server.value
         cap = self.catalog.max_gpus_per_machine
+        models = self._visible_catalog_models(inventory, owners, groups)
+        allowed = [m for m in models if quota.allows_model(m.id)]
         free = {
             m.id: availability(
                 pool,
@@ -319,15 +318,15 @@ class PoolView:
                 per_machine_cap=cap if per_server is None else min(cap, per_server),
                 quota_left=quota_left,
             )
-            for m in self._visible_catalog_models(inventory, owners, groups)
-            if quota.allows_model(m.id)
+            for m in allowed
         }
         kept = {model: note for model, note in (notes or {}).items() if model in free}
         sizes = self.catalog.sizes
-        shares = {s.id: None if s.whole_host else Share(s.cores, s.memory_gib) for s in sizes}
+        hosts = {s.id: None if s.whole_host else Share(s.cores, s.memory_gib) for s in sizes}
         return Offer(
             sizes=sizes,
-            sizes_free=sizes_free(pool, shares),
+            sizes_free=sizes_free(pool, hosts),
+            shares_free=_shares_offered(pool, allowed, quota_left),
             free=free,
             gpus_in_use=in_use,
             quota=quota,
@@ -383,20 +382,20 @@ class PoolView:
     ) -> Pool:
         """What placement may take for this user: free in the ledger, not reserved by us.
 
-        The holders are read once per snapshot, not per claim: in a rush every
-        spawn would otherwise read the whole holder table. A stale read cannot
-        cause a double holder: our own claims since it are reserved in-process,
-        and the claim's compare-and-set refuses devices another hub took
-        meanwhile (then we read again). Our releases drop it (forget), so freed
-        devices show at once. ``holdback``: free GPUs cohorts' sessions keep from
-        these groups (fabric models → count); the claim checks them exactly.
-        """
+        The holders are read once per snapshot, not per claim (in a rush every spawn
+        would read the whole holder table). A stale read cannot cause a double holder:
+        our claims since are reserved in-process (shares of GPUs too), and the claim's
+        compare-and-set refuses what another hub took meanwhile (then we read again).
+        Our releases drop it (forget). ``holdback``: free GPUs cohorts' sessions keep
+        from these groups (fabric models → count); the claim checks them exactly."""
         inventory = await self.inventory(fresh=fresh)
-        (held, use), read_after = await self._holders.get(self._read_holders, fresh=fresh)
-        taken = self.reservations.taken(held, read_after)
-        in_use = self.reservations.rooms(use, read_after)
-        owners = self.owners_for(inventory, user, groups, registrations)
-        pool = self._pool(inventory, held=taken, owners=owners, groups=groups, use=in_use)
+        (held, use, split), read_after = await self._holders.get(self._read_holders, fresh=fresh)
+        mine, owners = self.reservations, self.owners_for(inventory, user, groups, registrations)
+        taken, rooms = mine.taken(held, read_after), mine.rooms(use, read_after)
+        split = mine.splits(split, read_after)
+        pool = self._pool(
+            inventory, held=taken, owners=owners, groups=groups, use=rooms, split=split
+        )
         return keep_back(pool, holdback or {})
 
     async def _read_holders(self) -> tuple[Holds, int]:
@@ -430,7 +429,24 @@ def _own_notes(
     return {model: "; ".join(lines) for model, lines in notes.items()}
 
 
-def _quota_left(gpu_limit: int | None, in_use: int) -> int | None:
+def _shares_offered(
+    pool: Pool, models: Sequence[GpuModel], quota_left: float | None
+) -> dict[str, dict[int, int]]:
+    """Catalog model → share size → shares new servers could get now (none where the
+    quota left is less than one share)."""
+    return {
+        m.id: {
+            size: shares_free(pool, m.fabric_models, size)
+            if quota_left is None or quota_left >= 1 / size
+            else 0
+            for size in m.shares
+        }
+        for m in models
+        if m.shares
+    }
+
+
+def _quota_left(gpu_limit: int | None, in_use: float) -> float | None:
     """GPUs a user may still take (None: no limit); never below 0, even over a lowered limit."""
     return None if gpu_limit is None else max(gpu_limit - in_use, 0)
 

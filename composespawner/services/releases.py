@@ -125,7 +125,15 @@ class Releaser:
         assert machine.host_id is not None
         host = machine.host_id
         known = (await self.pool.known_inventory()).host(host)  # a host's own block never changes
-        devices = [b for b in machine.block_ids if b != (known.block_id if known else None)]
+        # A GPU held in shares leaves with its last holder only (ledger/shares.py).
+        closing = (
+            await self.runner.run(self.runner.ledger.leave_shares, machine.id)
+            if machine.shared
+            else ()
+        )
+        staying = set(machine.shared) - set(closing)
+        own = known.block_id if known else None
+        devices = [b for b in machine.block_ids if b != own and b not in staying]
         if not await self.fabric.decompose(host, devices, self.tag(machine.id, machine)):
             # We mark a host before attaching anything, so a host without our mark
             # holds nothing we attached; what is on it belongs to someone else.

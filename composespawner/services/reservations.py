@@ -12,6 +12,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from composespawner.domain.rooms import HostUse, Room
+from composespawner.domain.shares import SplitGpu
+
+
+@dataclass(frozen=True, slots=True)
+class HeldShare:
+    """A share of a GPU a claim of this process takes: counted in its slots as room is."""
+
+    block_id: str
+    host_id: str
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,27 +45,56 @@ class Reservations:
         self._blocks: dict[str, int | None] = {}
         # machine id → the room its claim takes, and that commit's number as above.
         self._rooms: dict[str, tuple[HeldRoom, int | None]] = {}
+        # A share claim's slot, in a list per claim: many claims join one GPU at once.
+        self._shares: list[tuple[HeldShare, int | None]] = []
         self.commits = 0  # claims committed by this process so far
 
-    def hold(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
-        """A claim of ``blocks`` (and ``room``) is about to be tried."""
+    def hold(
+        self, blocks: Iterable[str], room: HeldRoom | None = None, share: HeldShare | None = None
+    ) -> None:
+        """A claim of ``blocks`` (and ``room``, and a ``share`` of a GPU) is about to be tried."""
         self._blocks.update(dict.fromkeys(blocks))
         if room is not None:
             self._rooms[room.machine_id] = (room, None)
+        if share is not None:
+            self._shares.append((share, None))
 
-    def commit(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
+    def commit(
+        self, blocks: Iterable[str], room: HeldRoom | None = None, share: HeldShare | None = None
+    ) -> None:
         """The claim of ``blocks`` committed: held until a later read of the ledger shows it."""
         self.commits += 1
         self._blocks.update(dict.fromkeys(blocks, self.commits))
         if room is not None:
             self._rooms[room.machine_id] = (room, self.commits)
+        if share is not None:
+            self._shares.remove((share, None))
+            self._shares.append((share, self.commits))
 
-    def drop(self, blocks: Iterable[str], room: HeldRoom | None = None) -> None:
+    def drop(
+        self, blocks: Iterable[str], room: HeldRoom | None = None, share: HeldShare | None = None
+    ) -> None:
         """The claim of ``blocks`` was not made."""
         for block in blocks:
             self._blocks.pop(block, None)
         if room is not None:
             self._rooms.pop(room.machine_id, None)
+        if share is not None:
+            self._shares.remove((share, None))
+
+    def splits(self, split: Mapping[str, SplitGpu], read_after: int) -> dict[str, SplitGpu]:
+        """``split`` (a ledger read of the GPUs held in shares, begun after commit
+        ``read_after``) with the shares this process's claims take that it does not show."""
+        self._shares = [(s, c) for s, c in self._shares if c is None or c > read_after]
+        found = dict(split)
+        for share, _ in self._shares:
+            known = found.get(share.block_id)
+            if known is None:
+                found[share.block_id] = SplitGpu(share.host_id, share.size, 1)
+            elif known.host_id == share.host_id and known.size == share.size:
+                held = min(known.holders + 1, known.size)
+                found[share.block_id] = SplitGpu(known.host_id, known.size, held, known.closing)
+        return found
 
     def rooms(self, use: Mapping[str, HostUse], read_after: int) -> dict[str, HostUse]:
         """``use`` (a ledger read of the hosts' room held, begun after commit ``read_after``)

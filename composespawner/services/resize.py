@@ -97,6 +97,7 @@ class Resizer:
     async def grow(self, user: str, groups: frozenset[str], server: str, count: int) -> Machine:
         """Add ``count`` GPUs to the server's running machine; the machine as it is now."""
         machine = await self.running_machine(user, server)
+        _refuse_share(machine, "grow")
         if machine.request.get("gpu_model") is None:
             raise ComposeRefused(
                 "Your server runs without GPUs (CPU only), so there is no GPU model to add"
@@ -145,6 +146,7 @@ class Resizer:
     async def shrink(self, user: str, server: str, gpu_ids: Sequence[str]) -> Machine:
         """Give back ``gpu_ids`` of the server's running machine; the machine as it is now."""
         machine = await self.running_machine(user, server)
+        _refuse_share(machine, "shrink")
         held = await self._gpus_of(machine)
         strangers = sorted(set(gpu_ids) - set(held))
         if strangers:
@@ -186,6 +188,7 @@ class Resizer:
             nic=next((d for d in devices if d.kind == "nic"), None),
             drives=tuple(d for d in devices if d.kind == "nvme"),
             share=share_of(machine),
+            gpu_share=machine.gpu_share,
         )
 
     async def _gpus_of(self, machine: Machine) -> list[str]:
@@ -293,3 +296,22 @@ def share_of(machine: Machine) -> Share | None:
     if machine.cores is None or machine.memory_gib is None:
         return None
     return Share(machine.cores, machine.memory_gib)
+
+
+def _refuse_share(machine: Machine, change: str) -> None:
+    """A share is of exactly one GPU, held until the server stops: it neither grows nor
+    shrinks (a shrink would detach a GPU its other holders use)."""
+    if not machine.shared:
+        return
+    what = (
+        "cannot grow: stop the server and start it again with whole GPUs (gpu_share 1)"
+        " and the count you need"
+        if change == "grow"
+        else "is given back when the server stops: stop the server to give it back"
+    )
+    raise ComposeRefused(
+        f"Your server has a 1/{machine.gpu_share} share of one GPU, shared with other"
+        f" servers; a share {what}.",
+        status=409,
+        reason="share",
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 
 from composespawner.domain.catalog import Catalog, GpuModel, Size
-from composespawner.domain.placement import Availability
+from composespawner.domain.offers import Availability
 from composespawner.domain.quotas import Quota
 from composespawner.domain.request import share_phrase, share_word
 from composespawner.services.pool import Offer

@@ -28,6 +28,7 @@ TABLES = {
     "run_manifests",
     "kit_submissions",
     "host_rooms",
+    "device_shares",
     "quota_rules",
     "audit_log",
     "cohorts",
@@ -62,7 +63,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0010"
+    assert empty.schema_revision() == head == "0011"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:

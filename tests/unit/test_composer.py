@@ -38,6 +38,7 @@ from composespawner.ledger import (
     Machine,
     QuotaExceeded,
     RoomClaim,
+    ShareClaim,
 )
 from composespawner.ledger.models import MachineRow
 from composespawner.services.composer import Composer
@@ -88,6 +89,7 @@ class HeldClaimLedger(Ledger):
         keep_free: Sequence[KeepFree] = (),
         cohort: str | None = None,
         room: RoomClaim | None = None,
+        share: ShareClaim | None = None,
     ) -> Machine:
         self.claim_entered.set()
         if not self.claim_may_go.wait(timeout=10):
@@ -103,6 +105,7 @@ class HeldClaimLedger(Ledger):
             keep_free=keep_free,
             cohort=cohort,
             room=room,
+            share=share,
         )
 
 

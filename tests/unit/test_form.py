@@ -14,7 +14,8 @@ from pathlib import Path
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.cohorts import StackChoice
 from composespawner.domain.hardware import CompositionTag, Device, Host, HostMark, Inventory, Share
-from composespawner.domain.placement import Pool, availability, pool_for, sizes_free
+from composespawner.domain.offers import availability, sizes_free
+from composespawner.domain.placement import Pool, pool_for
 from composespawner.domain.quotas import Quota, QuotaRule, effective_quota
 from composespawner.domain.rooms import HostUse
 from composespawner.services.pool import Offer

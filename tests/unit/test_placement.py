@@ -1,17 +1,15 @@
 """Placement: one zone per machine, models and counts as asked, co-located only for owners."""
 
 from composespawner.domain.hardware import CompositionTag, Device, Host, HostMark, Inventory
+from composespawner.domain.offers import Availability, availability, visible_models
 from composespawner.domain.placement import (
-    Availability,
     DeviceAsk,
     NoFit,
     Plan,
     Pool,
-    availability,
     place,
     place_more,
     pool_for,
-    visible_models,
 )
 
 T4 = "NVIDIA T4"

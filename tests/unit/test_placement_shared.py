@@ -11,6 +11,7 @@ from composespawner.domain.hardware import (
     Inventory,
     Share,
 )
+from composespawner.domain.offers import sizes_free
 from composespawner.domain.placement import (
     DeviceAsk,
     NoFit,
@@ -18,7 +19,6 @@ from composespawner.domain.placement import (
     place,
     place_more,
     pool_for,
-    sizes_free,
 )
 from composespawner.domain.rooms import HostUse, Room
 
