@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.gates import check, unmet
+from benchmarks.gates import GATES, check, unmet
 
 STORM = {
     "p95_ratio": 1.18,
@@ -71,3 +71,16 @@ def test_a_course_storm_holds_compose_ssh_to_its_gates_too() -> None:
     assert "course_storm: ssh_failures is missing, the gate is at most 0" in unmet(
         "course_storm", STORM
     )
+
+
+def test_course_storm_checks_its_share_variant_too(tmp_path: Path) -> None:
+    shares = {figure: 0 for figure, _ in GATES["course_storm_shares"]}
+    (tmp_path / "course_storm.json").write_text(json.dumps(COURSE))
+    (tmp_path / "course_storm_shares.json").write_text(json.dumps(shares))
+    assert check("course_storm", tmp_path) == []
+    (tmp_path / "course_storm_shares.json").write_text(
+        json.dumps({**shares, "share_extra_gpus": 1})
+    )
+    assert check("course_storm", tmp_path) == [
+        "course_storm_shares: share_extra_gpus is 1, the gate is at most 0"
+    ]

@@ -20,6 +20,7 @@ from benchmarks import (
     trace_replay,
 )
 from benchmarks.alibaba_trace import Node, Task
+from benchmarks.gates import unmet
 from benchmarks.trace_replay import Cluster, DoubleAllocation
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.placement import Plan
@@ -182,7 +183,9 @@ def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
     """One round of 5 students, 2 with a T4 (~25 s), locally and through compose-ssh: all on
     shared hosts, none over capacity."""
     out = tmp_path / "course.json"
-    course_storm.main(["--students", "5", "--with-gpu", "2", "--rounds", "1", "--out", str(out)])
+    course_storm.main(
+        ["--students", "5", "--with-gpu", "2", "--rounds", "1", "--out", str(out), "--no-shares"]
+    )
     course = json.loads(out.read_text())
     assert course["failures"] == course["stock_failures"] == 0
     assert course["per_round"][0]["compose"]["ready"] == 5
@@ -198,6 +201,24 @@ def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
     assert course["ssh_hosts_over_capacity"] == course["ssh_double_holders"] == 0
     assert 0 < course["ssh_connections_per_start"] <= 1
     assert course["ssh_channels_per_start"] >= 1
+
+
+@pytest.mark.e2e
+def test_course_storm_share_variant_packs_quarters(tmp_path: Path) -> None:
+    """Seven students, a quarter T4 each, alone (~20 s): two T4s attached at the peak (one
+    full, one with three), none over-held, and none attached or split after the stop."""
+    out = tmp_path / "shares.json"
+    args = ["--shares-only", "--share-students", "7", "--share-gpus-per-rack", "2"]
+    course_storm.main([*args, "--shares-out", str(out)])
+    shares = json.loads(out.read_text())
+    one = shares["per_round"][0]
+    assert one["started"] == 7
+    assert one["share"] == 4
+    assert one["peak_holders"] == 7
+    assert one["peak_gpus_attached"] == one["peak_gpus_needed"] == 2
+    assert one["peak"]["servers_told"] == 7
+    assert one["after"]["gpus_attached"] == one["after"]["gpus_split"] == 0
+    assert not unmet("course_storm_shares", shares)
 
 
 @pytest.mark.e2e
