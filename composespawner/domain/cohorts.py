@@ -2,7 +2,10 @@
 
 A cohort is a JupyterHub group with dates, weekly session times, the stacks,
 sizes and starter kit it uses, and optionally a reservation: N GPUs of one model that,
-during its sessions, nobody outside the cohort can take.
+during its sessions, nobody outside the cohort can take. A reservation may be in
+shares ("48 quarter-T4s": ``reserved_gpus`` 48, ``reserved_share`` 4); it keeps
+whole GPUs free, as many as its shares fill (48 quarters: 12 GPUs), and a member's
+share counts 1/n of a GPU toward what the cohort holds.
 
 What a reservation does to GPUs already held when a session starts: nothing.
 Nobody is evicted. From the session's start, people outside the cohort may take
@@ -14,6 +17,7 @@ of a reservation are free, held by members, and still held by others.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from composespawner.domain.quotas import MOST_COUNTED, InvalidQuota
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _SESSION = re.compile(r"^\s*(\w{3})\s+(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 MOST_SESSIONS = 50
+MOST_SHARE = 16  # the largest share size a catalog may offer
 END_OF_DAY = time.max
 
 
@@ -78,7 +83,8 @@ class Cohort:
     sizes: frozenset[str] | None = None  # catalog size ids its members may use (None: any)
     starter_kit: str | None = None  # the kit a member's form starts with
     reserved_model: str | None = None  # catalog GPU model id
-    reserved_gpus: int = 0
+    reserved_gpus: int = 0  # in shares of reserved_share (whole GPUs when it is 1)
+    reserved_share: int = 1  # 4: the reservation is of quarters of a GPU
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 255 or not self.name.isprintable():
@@ -92,6 +98,19 @@ class Cohort:
             raise InvalidCohort(f"reserved_gpus must be a whole number from 0 to {MOST_COUNTED}")
         if (self.reserved_model is None) != (gpus == 0):
             raise InvalidCohort("a reservation names both a GPU model and a number of GPUs")
+        share = self.reserved_share
+        if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= MOST_SHARE:
+            raise InvalidCohort(
+                f"reserved_share must be a whole number from 1 (whole GPUs) to {MOST_SHARE}"
+                " (a 1/16 share), such as 4 for quarters"
+            )
+        if share > 1 and gpus == 0:
+            raise InvalidCohort("reserved_share is for a reservation: leave it out, or send 1")
+
+    @property
+    def reserved_whole(self) -> int:
+        """The whole GPUs the reservation keeps free: as many as its shares fill."""
+        return math.ceil(self.reserved_gpus / self.reserved_share)
 
     def runs_on(self, day: date) -> bool:
         return (self.starts_on is None or self.starts_on <= day) and (
@@ -111,8 +130,10 @@ class Reservation:
 
     cohort: str
     model: str  # catalog GPU model id
-    gpus: int
+    gpus: int  # whole GPUs kept free (a reservation of 48 quarters keeps 12)
     until: datetime  # the session's end, site-local
+    shares: int = 0  # what the cohort reserved, in shares of ``share`` (0: ``gpus`` whole)
+    share: int = 1
 
 
 def active_reservations(cohorts: Iterable[Cohort], at: datetime) -> list[Reservation]:
@@ -123,7 +144,14 @@ def active_reservations(cohorts: Iterable[Cohort], at: datetime) -> list[Reserva
         if session is not None and cohort.reserved_model is not None:
             until = datetime.combine(at.date(), session.end, at.tzinfo)
             active.append(
-                Reservation(cohort.name, cohort.reserved_model, cohort.reserved_gpus, until)
+                Reservation(
+                    cohort.name,
+                    cohort.reserved_model,
+                    cohort.reserved_whole,
+                    until,
+                    cohort.reserved_gpus if cohort.reserved_share > 1 else 0,
+                    cohort.reserved_share,
+                )
             )
     return active
 
@@ -131,12 +159,13 @@ def active_reservations(cohorts: Iterable[Cohort], at: datetime) -> list[Reserva
 def holdback(
     reservations: Iterable[Reservation],
     groups: Iterable[str],
-    held_by_cohort: Mapping[tuple[str, str], int],
+    held_by_cohort: Mapping[tuple[str, str], float],
 ) -> dict[str, int]:
     """GPUs per catalog model that this user (in ``groups``) must leave free right now.
 
-    ``held_by_cohort``: (cohort, model) → GPUs its members hold under the reservation.
-    Members of a cohort are not held back by its own reservation.
+    ``held_by_cohort``: (cohort, model) → GPUs its members hold under the reservation,
+    a share of 1/n counting 1/n. Members of a cohort are not held back by its own
+    reservation. What is left unused is kept in whole GPUs (2.25 left: 3 GPUs).
     """
     mine = set(groups)
     kept: dict[str, int] = {}
@@ -144,7 +173,7 @@ def holdback(
         if r.cohort in mine:
             continue
         unused = max(r.gpus - held_by_cohort.get((r.cohort, r.model), 0), 0)
-        kept[r.model] = kept.get(r.model, 0) + unused
+        kept[r.model] = kept.get(r.model, 0) + math.ceil(unused)
     return {model: n for model, n in kept.items() if n}
 
 

@@ -52,6 +52,7 @@ from composespawner.ledger.statements import (
     MACHINE_BY_ID,
     MACHINES,
     QUOTA_ACCOUNTS,
+    SHARES,
 )
 from composespawner.ledger.steps import (
     WEEK,
@@ -111,6 +112,19 @@ _HELD_UNDER_COHORT = (
         DEVICES.c.kind == "gpu",
         DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
     )
+)
+# Shares members hold count 1/size each: by size, so the sum is exact on both databases.
+_SHARES_HELD_UNDER_COHORT = (
+    select(DEVICES.c.share_size, func.count())
+    .select_from(SHARES)
+    .join(MACHINES, SHARES.c.machine_id == MACHINES.c.id)
+    .join(DEVICES, SHARES.c.block_id == DEVICES.c.block_id)
+    .where(
+        MACHINES.c.cohort == bindparam("b_cohort"),
+        DEVICES.c.share_size.is_not(None),
+        DEVICES.c.model.in_(bindparam("b_models", expanding=True)),
+    )
+    .group_by(DEVICES.c.share_size)
 )
 _LOCK_COHORT = select(COHORTS.c.name).where(COHORTS.c.name == bindparam("b_name")).with_for_update()
 
@@ -366,7 +380,9 @@ def _check_keep_free(
         connection.execute(_LOCK_COHORT, {"b_name": keep.cohort})
     models = {"b_models": list(keep.models), "b_cohort": keep.cohort}
     free = connection.execute(_FREE_OF_MODELS, models).scalar_one()
-    members = connection.execute(_HELD_UNDER_COHORT, models).scalar_one()
+    members = connection.execute(_HELD_UNDER_COHORT, models).scalar_one() + sum(
+        n / size for size, n in connection.execute(_SHARES_HELD_UNDER_COHORT, models)
+    )
     if free - taking < keep.gpus - members:
         raise ReservedForCohort(user, keep, free)
 

@@ -39,6 +39,7 @@ from composespawner.ledger.models import (
     CohortRow,
     ColocatedRow,
     DeviceRow,
+    DeviceShareRow,
     MachineRow,
     QuotaRuleRow,
 )
@@ -48,6 +49,7 @@ AUDIT = cast(Table, AuditEntryRow.__table__)
 COHORTS = cast(Table, CohortRow.__table__)
 COLOCATED = cast(Table, ColocatedRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
+SHARES = cast(Table, DeviceShareRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 LIMIT_COLUMNS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "subject"))
 
@@ -278,7 +280,8 @@ class Policy(LedgerPart):
 class SpawnPolicy:
     quota: Quota
     reserving: list[Cohort]  # cohorts with a reservation, in session or not
-    held: dict[tuple[str, str], int]  # (cohort, fabric GPU model) → GPUs held under it
+    # (cohort, fabric GPU model) → GPUs held under it, a share of 1/n counting 1/n
+    held: dict[tuple[str, str], float]
     registrations: dict[str, Registration] = field(default_factory=dict)  # co-located, by block
     cohorts: list[Cohort] = field(default_factory=list)  # the user's own, running or not
 
@@ -291,6 +294,14 @@ _HELD_UNDER_COHORTS = (
     .where(MACHINES.c.cohort.is_not(None), DEVICES.c.kind == "gpu")
     .group_by(MACHINES.c.cohort, DEVICES.c.model)
 )
+_SHARES_HELD_UNDER_COHORTS = (
+    select(MACHINES.c.cohort, DEVICES.c.model, DEVICES.c.share_size, func.count())
+    .select_from(SHARES)
+    .join(MACHINES, SHARES.c.machine_id == MACHINES.c.id)
+    .join(DEVICES, SHARES.c.block_id == DEVICES.c.block_id)
+    .where(MACHINES.c.cohort.is_not(None), DEVICES.c.share_size.is_not(None))
+    .group_by(MACHINES.c.cohort, DEVICES.c.model, DEVICES.c.share_size)
+)
 
 
 def _cohorts_named(connection: Connection, names: Collection[str]) -> list[Cohort]:
@@ -298,8 +309,13 @@ def _cohorts_named(connection: Connection, names: Collection[str]) -> list[Cohor
     return [_cohort(r._mapping) for r in connection.execute(query)]
 
 
-def _held_under_cohorts(connection: Connection) -> dict[tuple[str, str], int]:
-    return {(c, m): n for c, m, n in connection.execute(_HELD_UNDER_COHORTS)}
+def _held_under_cohorts(connection: Connection) -> dict[tuple[str, str], float]:
+    held: dict[tuple[str, str], float] = {
+        (c, m): n for c, m, n in connection.execute(_HELD_UNDER_COHORTS)
+    }
+    for c, m, size, n in connection.execute(_SHARES_HELD_UNDER_COHORTS):
+        held[(c, m)] = held.get((c, m), 0) + n / size
+    return held
 
 
 def _quota_rules(
@@ -328,6 +344,7 @@ def _cohort_values(cohort: Cohort) -> dict[str, Any]:
         "starter_kit": cohort.starter_kit,
         "reserved_model": cohort.reserved_model,
         "reserved_gpus": cohort.reserved_gpus,
+        "reserved_share": cohort.reserved_share,
     }
 
 
@@ -348,6 +365,7 @@ def _cohort(row: Any) -> Cohort:
         starter_kit=row["starter_kit"],
         reserved_model=row["reserved_model"],
         reserved_gpus=row["reserved_gpus"],
+        reserved_share=row["reserved_share"],
     )
 
 

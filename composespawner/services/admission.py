@@ -43,8 +43,8 @@ class ClaimTerms:
 class Admission:
     quota: Quota = NO_QUOTA
     reservations: tuple[Reservation, ...] = ()
-    # (cohort, catalog GPU model) → GPUs its members hold under its reservation
-    held: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # (cohort, catalog GPU model) → GPUs its members hold under its reservation (a share: 1/n)
+    held: Mapping[tuple[str, str], float] = field(default_factory=dict)
     # co-located devices registered in the portal, as of this read
     registrations: Mapping[str, Registration] = field(default_factory=dict)
     # the stacks and starter kit the user's cohorts give them
@@ -116,7 +116,7 @@ def admission(policy: SpawnPolicy, catalog: Catalog, at: datetime) -> Admission:
     return Admission(policy.quota, reservations, held, policy.registrations, stacks, sizes)
 
 
-def _held(held: Mapping[tuple[str, str], int], cohort: str, model: GpuModel | None) -> int:
+def _held(held: Mapping[tuple[str, str], float], cohort: str, model: GpuModel | None) -> float:
     fabric_models = model.fabric_models if model else frozenset[str]()
     return sum(n for (c, m), n in held.items() if c == cohort and m in fabric_models)
 

@@ -9,7 +9,15 @@ from datetime import date, time
 import pytest
 
 from composespawner.domain.cohorts import Cohort, Session
-from composespawner.ledger import Actor, KeepFree, Ledger, Machine, ReservedForCohort
+from composespawner.domain.quotas import QuotaRule
+from composespawner.ledger import (
+    Actor,
+    KeepFree,
+    Ledger,
+    Machine,
+    ReservedForCohort,
+    ShareClaim,
+)
 from tests.ledger.test_ledger_claim import assert_unchanged_after_refusal
 from tests.ledger.test_ledger_races import race, racers
 
@@ -102,3 +110,23 @@ def test_racing_outsiders_never_take_reserved_gpus(
     outcomes = race([claimer(i) for i in range(len(gpus))])
     assert Counter(type(o).__name__ for o in outcomes) == {"Machine": 4, "ReservedForCohort": 4}
     assert len(ledger.free_blocks() & set(gpus)) == 4
+
+
+def test_members_shares_count_a_fraction_of_a_gpu_toward_the_reservation(
+    ledger: Ledger, gpus: list[str]
+) -> None:
+    quarters = Cohort("cs-101", sessions=COURSE.sessions, reserved_model="a100", reserved_gpus=8)
+    ledger.policy.set_cohort(Cohort(**{**quarters.__dict__, "reserved_share": 4}), ADMIN)
+    assert ledger.policy.cohorts()[0].reserved_share == 4
+    # Eight quarters keep 2 GPUs; five members hold a quarter each (1.25 GPUs, on 2 GPUs).
+    for n, gpu in enumerate([gpus[0]] * 4 + [gpus[1]]):
+        member = ledger.request_machine(f"m{n}", "", {})
+        share = ShareClaim(gpu, 4, "h")
+        ledger.claim(member, host_id="h", zone="rack-1", block_ids=[], share=share, cohort="cs-101")
+    policy = ledger.policy.spawn_policy("zoe", [], QuotaRule("site", ""))
+    assert policy.held == {("cs-101", "A100-80GB"): 1.25}
+    # 6 free; the members' 3 quarters to come need 0.75 of a GPU: an outsider may take 5.
+    claim(ledger, "zoe", gpus[2:7], keep_free=[keep(2)])
+    last = ledger.request_machine("zoe", "last", {})
+    with pytest.raises(ReservedForCohort):
+        ledger.claim(last, host_id="h", zone="rack-1", block_ids=gpus[7:8], keep_free=[keep(2)])

@@ -64,6 +64,10 @@ def test_a_bad_session_says_how_to_write_one(text: str, message: str) -> None:
         ({"reserved_gpus": True}, "reserved_gpus must be a whole number"),
         ({"reserved_model": None}, "a reservation names both a GPU model and a number"),
         ({"reserved_gpus": 0}, "a reservation names both"),
+        ({"reserved_share": 0}, "reserved_share must be a whole number from 1"),
+        ({"reserved_share": 17}, "reserved_share must be a whole number from 1"),
+        ({"reserved_share": 4.0}, "reserved_share must be a whole number from 1"),
+        ({"reserved_share": 4, "reserved_model": None, "reserved_gpus": 0}, "is for a reservation"),
     ],
 )
 def test_a_cohort_that_cannot_be_stored_says_why(changes: dict[str, Any], message: str) -> None:
@@ -132,3 +136,15 @@ def test_the_most_generous_of_a_users_running_cohorts_decides_their_sizes() -> N
     assert size_choice([course], day).allows("small")
     assert not size_choice([course], day).allows("whole")
     assert SizeChoice().allows("whole")
+
+
+def test_a_reservation_in_quarters_keeps_whole_gpus_and_counts_members_shares() -> None:
+    quarters = Cohort(**{**COURSE.__dict__, "reserved_gpus": 48, "reserved_share": 4})
+    [r] = active_reservations([quarters], MON_0930)
+    assert (r.gpus, r.shares, r.share) == (12, 48, 4)  # 48 quarters fill 12 T4s
+    assert holdback([r], ["vision-lab"], {}) == {"t4": 12}
+    # Five members each hold a quarter: 1.25 GPUs; 43 quarters to come still need 11 GPUs.
+    assert holdback([r], ["vision-lab"], {("cs-101", "t4"): 1.25}) == {"t4": 11}
+    assert holdback([r], ["vision-lab"], {("cs-101", "t4"): 12.0}) == {}
+    odd = Cohort(**{**COURSE.__dict__, "reserved_gpus": 5, "reserved_share": 2})
+    assert odd.reserved_whole == 3  # five halves need three GPUs
