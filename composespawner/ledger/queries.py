@@ -26,6 +26,7 @@ from composespawner.ledger.records import (
     MachineEvent,
     RunManifest,
     ServerUse,
+    ShareHolding,
     UsageRecord,
 )
 from composespawner.ledger.rooms import all_rooms, host_use
@@ -36,6 +37,7 @@ from composespawner.ledger.statements import (
     MACHINES,
     RECONCILE_ACTIONS,
     RUN_MANIFESTS,
+    SHARES,
     USAGE,
 )
 from composespawner.ledger.steps import (
@@ -64,6 +66,22 @@ _HOLDINGS = (
     )
     .outerjoin(MACHINES, DEVICES.c.machine_id == MACHINES.c.id)
     .order_by(DEVICES.c.chassis, DEVICES.c.kind, DEVICES.c.block_id)
+)
+_SHARE_SIZE = list(DEVICES.c.keys()).index("share_size")
+_SHARE_HOLDERS = (
+    select(
+        SHARES.c.block_id,
+        SHARES.c.machine_id,
+        MACHINES.c.user_name,
+        MACHINES.c.server_name,
+        MACHINES.c.state,
+        MACHINES.c.host_id,
+        MACHINES.c.cohort,
+        SHARES.c.held_since,
+        SHARES.c.leaving,
+    )
+    .join(MACHINES, SHARES.c.machine_id == MACHINES.c.id)
+    .order_by(SHARES.c.block_id, SHARES.c.held_since, SHARES.c.machine_id)
 )
 
 
@@ -111,9 +129,15 @@ class Queries(ZonedLedgerPart):
     def holdings(self, *, held_only: bool = False) -> list[Holding]:
         """Every device the ledger knows (or only those held) and, where one holds it,
         the machine: one read."""
-        query = _HOLDINGS.where(DEVICES.c.machine_id.is_not(None)) if held_only else _HOLDINGS
+        held = DEVICES.c.machine_id.is_not(None) | DEVICES.c.share_size.is_not(None)
+        query = _HOLDINGS.where(held) if held_only else _HOLDINGS
         with self._engine.begin() as connection:
-            return [_holding(row, self._device_record(row)) for row in connection.execute(query)]
+            shares: dict[str, list[ShareHolding]] = {}
+            for block, *holder in connection.execute(_SHARE_HOLDERS):
+                shares.setdefault(block, []).append(ShareHolding(*holder))
+            return [
+                _holding(row, self._device_record(row), shares) for row in connection.execute(query)
+            ]
 
     def _device_record(self, row: Row[Any]) -> DeviceRecord:
         """The record of a devices row (its columns first), made once per distinct row:
@@ -231,12 +255,16 @@ class Queries(ZonedLedgerPart):
             return {(kind, outcome): n for kind, outcome, n in connection.execute(query)}
 
 
-def _holding(row: Row[Any], device: DeviceRecord) -> Holding:
+def _holding(row: Row[Any], device: DeviceRecord, shares: dict[str, list[ShareHolding]]) -> Holding:
     # By position (the columns of _HOLDINGS): thousands of rows a read, and a Row's
     # attributes cost as much as building the record.
     values = tuple(row)
     machine_id, held_since, _, last_seen = values[6:10]
     user, server, state, host, cohort = values[-5:]
+    size = values[_SHARE_SIZE]
+    if size is not None:
+        holders = tuple(shares.get(device.block_id, ()))
+        return Holding(device, last_seen, share_size=size, shares=holders)
     return Holding(device, last_seen, machine_id, held_since, user, server, state, host, cohort)
 
 

@@ -191,3 +191,21 @@ class Holding:
     state: str | None = None  # the holding machine's
     host: str | None = None
     cohort: str | None = None
+    # A GPU split into share_size slots (None: held whole or free), and its holders:
+    # the machine fields above are then None.
+    share_size: int | None = None
+    shares: tuple[ShareHolding, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShareHolding:
+    """One holder of a slot of a split GPU, as the admins' inventory shows it."""
+
+    machine_id: str
+    user: str
+    server: str
+    state: str
+    host: str | None
+    cohort: str | None
+    held_since: datetime
+    leaving: bool  # its machine is being released: its slot no longer counts

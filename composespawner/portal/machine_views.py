@@ -23,13 +23,15 @@ def my_machine(
     """One user's servers and machines, their effective quota and their use of it."""
     machines = list(machines)
     servers = [_server(machine, devices) for machine in machines]
-    gpus = sum(len(s["gpus"]) for s in servers)
+    # As the quota counts them: a share of 1/n of a GPU counts 1/n.
+    gpus = round(sum(len(s["gpus"]) / s["gpu_share"] for s in servers), 4)
     return {
         "name": user,
         "groups": sorted(groups),
         "quota": quota_json(quota),
         "use": {
             "gpus_held": gpus,
+            "gpus_held_text": gpus_held_text(gpus, quota.gpus_held.value),
             "servers": len(servers),
             "gpu_hours_week": round(gpu_hours_week, 3),
             # As the claim counts them: a machine from before hosts were shared, none.
@@ -38,6 +40,14 @@ def my_machine(
         },
         "servers": servers,
     }
+
+
+def gpus_held_text(held: float, limit: object) -> str:
+    """GPUs held against the limit, as a person reads it: "1.25 of 2 GPUs", "0.25 GPUs"."""
+    shown = f"{held:g}"
+    if isinstance(limit, int | float) and not isinstance(limit, bool):
+        return f"{shown} of {limit:g} GPU{'' if limit == 1 else 's'}"
+    return f"{shown} GPU{'' if held == 1 else 's'}"
 
 
 def run_json(run: RunManifest) -> dict[str, Any]:
@@ -69,8 +79,9 @@ def inventory(
     devices = [holding_json(h) for h in holdings]
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for d in devices:
-        count = counts.setdefault((d["kind"], d["model"]), {"free": 0, "held": 0})
-        count["held" if d["holder"] else "free"] += 1
+        count = counts.setdefault((d["kind"], d["model"]), {"free": 0, "held": 0, "shared": 0})
+        count["held" if d["holder"] or d["share"] else "free"] += 1
+        count["shared"] += d["share"] is not None  # split into shares: held, not free
     summary = [{"kind": k, "model": m, **n} for (k, m), n in sorted(counts.items())]
     kinds = {h.device.block_id: h.device.kind for h in holdings}
     on_host: dict[str, list[Machine]] = {}
@@ -131,6 +142,7 @@ def _server(machine: Machine, devices: Mapping[str, DeviceRecord]) -> dict[str, 
         "zone": machine.zone,
         "size": machine.request.get("size"),
         "share": _share(machine),
+        "gpu_share": machine.gpu_share,  # 4: its GPU is a quarter of one (1: whole GPUs)
         "since": iso(machine.created_at),
         "gpus": [{"id": d.block_id, "model": d.model} for d in held if d.kind == "gpu"],
         "devices": [{"id": d.block_id, "kind": d.kind, "model": d.model} for d in held],

@@ -193,7 +193,7 @@ class Portal:
         time zone."""
         now = datetime.now(self.timezone)
         return [
-            views.cohort_json(c, next_session_start(c, now))
+            views.cohort_json(c, self.catalog, next_session_start(c, now))
             for c in await self.runner.run(self.ledger.policy.cohorts, names)
         ]
 

@@ -17,6 +17,7 @@ from composespawner.domain.catalog import Catalog
 from composespawner.domain.cohorts import Cohort, InvalidCohort, Session
 from composespawner.domain.colocation import InvalidRegistration, Registration
 from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
+from composespawner.domain.request import share_label, share_word
 from composespawner.domain.usage import DayUse, UsageReport
 from composespawner.ledger import (
     AuditEntry,
@@ -105,10 +106,13 @@ COHORT_FIELDS = (
     "starter_kit",
     "reserved_model",
     "reserved_gpus",
+    "reserved_share",
 )
 
 
-def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[str, Any]:
+def cohort_json(
+    cohort: Cohort, catalog: Catalog, next_session: datetime | None = None
+) -> dict[str, Any]:
     return {
         "name": cohort.name,
         "title": cohort.title,
@@ -120,6 +124,8 @@ def cohort_json(cohort: Cohort, next_session: datetime | None = None) -> dict[st
         "starter_kit": cohort.starter_kit,
         "reserved_model": cohort.reserved_model,
         "reserved_gpus": cohort.reserved_gpus,
+        "reserved_share": cohort.reserved_share,
+        "reservation": reservation_text(cohort, catalog),
         "next_session": None if next_session is None else iso(next_session),
     }
 
@@ -167,7 +173,48 @@ def cohort_from_json(name: str, body: object, catalog: Catalog) -> Cohort:
         starter_kit=kit,
         reserved_model=model,
         reserved_gpus=body.get("reserved_gpus", 0),
+        reserved_share=_reserved_share(body.get("reserved_share", 1), model, catalog),
     )
+
+
+def _reserved_share(share: object, model: object, catalog: Catalog) -> int:
+    """The share size a reservation is in: 1 (whole GPUs) or one its model is offered in."""
+    if type(share) is not int:
+        raise InvalidCohort(
+            f"reserved_share must be a whole number, not {repr(share)[:40]}:"
+            " send 1 for whole GPUs, or a share size such as 4 for quarters"
+        )
+    if share == 1:
+        return share
+    offered = catalog.gpu_model(model) if isinstance(model, str) else None
+    if offered is None:
+        raise InvalidCohort("reserved_share is for a reservation: name its reserved_model too")
+    if share not in offered.shares:
+        raise InvalidCohort(f"reserved_share: {shares_offered(offered.label, offered.shares)}")
+    return share
+
+
+def shares_offered(label: str, shares: Sequence[int]) -> str:
+    """What to send for a model's shares: "NVIDIA T4 is offered in halves and quarters
+    (reserved_share 2 or 4, or 1 for whole GPUs)"."""
+    if not shares:
+        return f"{label} is offered only whole: send reserved_share 1, or reserve a model in shares"
+    words = " and ".join(share_word(n, plural=True) for n in shares)
+    sizes = " or ".join(str(n) for n in shares)
+    return f"{label} is offered in {words} (reserved_share {sizes}, or 1 for whole GPUs)"
+
+
+def reservation_text(cohort: Cohort, catalog: Catalog) -> str:
+    """A cohort's reservation as a person reads it: "48 × ¼ NVIDIA T4 (12 GPUs)", or ""."""
+    if cohort.reserved_model is None:
+        return ""
+    model = catalog.gpu_model(cohort.reserved_model)
+    label = model.label if model is not None else cohort.reserved_model
+    if cohort.reserved_share == 1:
+        return f"{cohort.reserved_gpus} × {label}"
+    whole = cohort.reserved_whole
+    gpus = f"{whole} GPU{'s' if whole != 1 else ''}"
+    return f"{cohort.reserved_gpus} × {share_label(cohort.reserved_share)} {label} ({gpus})"
 
 
 def _known(kind: str, asked: Collection[str], known: Collection[str]) -> None:
@@ -193,12 +240,13 @@ def cohort_body_from_form(form: Mapping[str, str]) -> dict[str, Any]:
     for key in ("stacks", "sizes"):
         if form.get(key, "").strip():
             body[key] = [s.strip() for s in form[key].split(",") if s.strip()]
-    if form.get("reserved_gpus", "").strip():
-        body["reserved_gpus"] = _number("reserved_gpus", form["reserved_gpus"].strip())
+    for key in ("reserved_gpus", "reserved_share"):
+        if form.get(key, "").strip():
+            body[key] = _number(key, form[key].strip())
     return body
 
 
-RESERVATION_FIELDS = ("reserved_model", "reserved_gpus")
+RESERVATION_FIELDS = ("reserved_model", "reserved_gpus", "reserved_share")
 
 
 class NotStaffsToChange(Exception):
@@ -214,7 +262,7 @@ def staff_change(body: object, stored: Cohort | None) -> object:
     """
     if not isinstance(body, dict):
         return body  # cohort_from_json says what to send
-    unreserved = {"reserved_model": None, "reserved_gpus": 0}
+    unreserved = {"reserved_model": None, "reserved_gpus": 0, "reserved_share": 1}
     kept = {name: getattr(stored, name) for name in RESERVATION_FIELDS} if stored else unreserved
     changed = [name for name in RESERVATION_FIELDS if body.get(name, kept[name]) != kept[name]]
     if changed:
@@ -260,28 +308,46 @@ def usage_rows(uses: Iterable[DayUse]) -> list[dict[str, Any]]:
 
 
 def running(holdings: Iterable[Holding]) -> list[dict[str, Any]]:
-    """Live machines holding GPUs: whose, where, how many, since when."""
+    """Live machines holding GPUs: whose, where, how many (a share of 1/n counting 1/n, and
+    named: "¼ of NVIDIA T4"), since when."""
     machines: dict[str, dict[str, Any]] = {}
     for h in holdings:
-        if h.machine_id is None or h.device.kind != "gpu":
+        if h.device.kind != "gpu":
             continue
-        machine = machines.setdefault(
-            h.machine_id,
-            {
-                "machine": h.machine_id,
-                "user": h.user,
-                "server": h.server,
-                "host": h.host,
-                "cohort": h.cohort,
-                "gpus": 0,
-                "models": [],
-                "since": iso(h.held_since) if h.held_since else None,
-            },
-        )
-        machine["gpus"] += 1
-        if h.device.model not in machine["models"]:
-            machine["models"].append(h.device.model)
+        if h.machine_id is not None:
+            _running_entry(machines, h.machine_id, h, 1, h.device.model)
+        size = h.share_size or 1
+        for s in h.shares:
+            entry = _running_entry(machines, s.machine_id, s, 1 / size, h.device.model)
+            entry["shares"].append(f"{share_label(size)} of {h.device.model}")
+    for machine in machines.values():
+        machine["gpus"] = _hours(machine["gpus"])
     return sorted(machines.values(), key=lambda m: (m["since"] or "", m["machine"]))
+
+
+def _running_entry(
+    machines: dict[str, dict[str, Any]], machine_id: str, h: Any, gpus: float, model: str
+) -> dict[str, Any]:
+    """Count ``gpus`` of ``model`` to the machine's entry in :func:`running`; ``h``: the
+    Holding or ShareHolding that names its holder."""
+    entry = machines.setdefault(
+        machine_id,
+        {
+            "machine": machine_id,
+            "user": h.user,
+            "server": h.server,
+            "host": h.host,
+            "cohort": h.cohort,
+            "gpus": 0,
+            "shares": [],
+            "models": [],
+            "since": iso(h.held_since) if h.held_since else None,
+        },
+    )
+    entry["gpus"] += gpus
+    if model not in entry["models"]:
+        entry["models"].append(model)
+    return entry
 
 
 def _hours(value: float) -> float:
@@ -318,6 +384,36 @@ def holding_json(h: Holding) -> dict[str, Any]:
         "owner_group": d.owner_group,
         "last_seen": iso(h.last_seen),
         "holder": holder,
+        "share": share_json(h),
+    }
+
+
+def share_json(h: Holding) -> dict[str, Any] | None:
+    """A split GPU's slots and holders ("in quarters: 3 of 4 held by ada, bob, cy"), or None."""
+    if h.share_size is None:
+        return None
+    held = [s for s in h.shares if not s.leaving]
+    names = ", ".join(dict.fromkeys(s.user for s in held)) or "nobody (being detached)"
+    return {
+        "size": h.share_size,
+        "held": len(held),
+        "holders": [
+            {
+                "user": s.user,
+                "server": s.server,
+                "machine": s.machine_id,
+                "state": s.state,
+                "host": s.host,
+                "since": iso(s.held_since),
+                "cohort": s.cohort,
+                "leaving": s.leaving,
+            }
+            for s in h.shares
+        ],
+        "text": (
+            f"in {share_word(h.share_size, plural=True)}: {len(held)} of {h.share_size}"
+            f" held by {names}"
+        ),
     }
 
 

@@ -38,7 +38,7 @@ class CohortApi(ApiHandler, CohortsMixin):
 
     async def put(self, name: str) -> None:
         cohort = await self.set_cohort(unquote(name), self.json_body())
-        self.write_json(views.cohort_json(cohort))
+        self.write_json(views.cohort_json(cohort, self.portal.catalog))
 
     async def delete(self, name: str) -> None:
         self.require_admin()
@@ -58,6 +58,7 @@ class CohortsPage(FormPage, CohortsMixin):
             "cohorts.html",
             cohorts=await self.my_cohorts(),
             models=self.portal.model_ids,
+            share_sizes=sorted({n for m in self.portal.catalog.gpu_models for n in m.shares}),
             sizes=[s.id for s in self.portal.catalog.sizes],
             timezone=str(self.portal.timezone),
             **context,
