@@ -277,6 +277,21 @@ def test_a_cohort_session_keeps_t4s_for_its_members_and_not_for_others(
             {"reserved_model": "t4", "reserved_gpus": -2},
             "reserved_gpus must be",
         ),
+        (
+            "api/cohorts/cs-101",
+            {"reserved_model": "t4", "reserved_gpus": 48, "reserved_share": 3},
+            "offered in halves and quarters (reserved_share 2 or 4",
+        ),
+        (
+            "api/cohorts/cs-101",
+            {"reserved_model": "a100", "reserved_gpus": 8, "reserved_share": 4},
+            "offered only whole",
+        ),
+        (
+            "api/cohorts/cs-101",
+            {"reserved_model": "t4", "reserved_gpus": 48, "reserved_share": "1/4"},
+            "reserved_share must be a whole number, not '1/4'",
+        ),
         ("api/cohorts/cs-101", {"room": "B12"}, "unknown field 'room'"),
         ("api/cohorts/no-such-group", {"title": "x"}, "No group 'no-such-group'"),
     ],
@@ -288,6 +303,22 @@ def test_bad_cohort_input_is_refused_with_a_message_and_nothing_stored(
     assert response.status_code == 400, response.text
     assert message in response.json()["message"]
     assert admin.call("GET", "api/cohorts").json() == {"cohorts": []}
+
+
+@pytest.mark.timeout(60)
+def test_a_reservation_in_quarters_is_stored_and_shown(admin: Visitor) -> None:
+    quarters = {"sessions": ["Tue 14:00-16:00"], "reserved_model": "t4", "reserved_gpus": 48}
+    put = admin.call("PUT", "api/cohorts/cs-101", json={**quarters, "reserved_share": 4})
+    assert put.status_code == 200, put.text
+    try:
+        stored = admin.call("GET", "api/cohorts/cs-101").json()
+        assert (stored["reserved_gpus"], stored["reserved_share"]) == (48, 4)
+        assert stored["reservation"] == "48 × ¼ NVIDIA T4 16GB (12 GPUs)"
+        page = admin.call("GET", "cohorts")
+        assert "48 × ¼ NVIDIA T4 16GB (12 GPUs)" in page.text
+        assert '<option value="4">1/4 of a GPU</option>' in page.text
+    finally:
+        assert admin.call("DELETE", "api/cohorts/cs-101").status_code == 204
 
 
 @pytest.mark.timeout(120)
