@@ -65,6 +65,7 @@ class HubFabric(SimulatorSwitches):
         assert self.hub.composed_hosts() == {}
         assert self.tagged() == {}
         assert self.ledger.holders() == {}
+        assert self.ledger.holds().split == {}
         assert self.ledger.live_machines() == []
 
 
@@ -400,6 +401,47 @@ def test_a_stop_during_an_outage_keeps_devices_held_and_retries_the_release(
     assert delays == sorted(delays), delays  # backing off...
     assert delays[-1] > delays[0], delays  # ...not hammering
     assert f"Released machine {machine.id} (released)" in hub.log_path.read_text()
+
+
+def test_the_last_share_holder_stopped_in_an_outage_keeps_the_gpu_until_it_is_detached(
+    hub: Hub, fabric: HubFabric
+) -> None:
+    quarter = {"gpu_model": "t4", "gpu_count": 1, "gpu_share": 4}
+    for user in ("student1", "student2"):
+        assert hub.spawn(user, quarter).status_code in (201, 202)
+    machines = []
+    for user in ("student1", "student2"):
+        hub.wait_ready(user)
+        machine = fabric.ledger.live_machine(user, "")
+        assert machine is not None
+        machines.append(machine)
+    [[gpu]] = {m.shared for m in machines}  # both hold a share of one GPU
+
+    hub.stop("student1")  # not the last holder: the GPU stays for student2
+    hub.wait_released(machines[0].id)
+    assert gpu in fabric.attached()[machines[1].host_id]
+
+    fabric.faults(drop_connections=True)
+    assert hub.request("DELETE", "/users/student2/server").status_code in (202, 204)
+    hub.wait_gone("student2")
+    retried = len(release_retries(hub, machines[1].id))
+
+    def closing_and_retrying() -> bool:
+        split = fabric.ledger.holds().split
+        assert split[gpu].closing, split  # nobody may join it
+        assert split[gpu].holders == 0, split
+        assert gpu in fabric.attached()[machines[1].host_id]
+        return len(release_retries(hub, machines[1].id)) >= retried + 1
+
+    wait_for(closing_and_retrying, 60, "the last holder's release to be retried", every=0.5)
+    fabric.clear_faults()
+    wait_for(
+        lambda: fabric.ledger.holds().split == {}, RELEASE_BOUND_S, "the shared GPU to be freed"
+    )
+    assert fabric.attached() == {}
+    released = fabric.ledger.machine(machines[1].id)
+    assert released is not None
+    assert released.state == "released"
 
 
 def test_poll_during_an_outage_keeps_the_server_running(hub: Hub, fabric: HubFabric) -> None:
