@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ from benchmarks.hubload import (
     keep_log,
     load_config,
     load_env,
+    ratio,
     wait_released,
     write_result,
 )
@@ -83,6 +85,28 @@ def options_for(student: int, with_gpu: int = WITH_GPU) -> dict[str, Any]:
     if student < with_gpu:
         return dict(OPTIONS)
     return {"gpu_count": 0, "network": "shared", "scratch_gb": 0}
+
+
+def share_round(students: int, size: FabricSize, n: int, logs: Path | None) -> dict[str, Any]:
+    """Round ``n`` of the share variant, and the stock spawner starting as many notebooks
+    on the same machine beside it (no GPUs, no shares: how long a start takes here today);
+    the sides take turns to go first."""
+
+    def stock() -> Side:
+        return run_side(
+            students, stock=True, spawn_limit=students, size=size, logs=logs, name_as="shares"
+        )
+
+    baseline = stock() if n % 2 else None
+    ours = run_shares(students, size, logs=logs)
+    baseline = baseline or stock()
+    theirs = baseline.summary()
+    return {
+        **ours,
+        "p95_ratio": ratio(ours["compose"]["p95_s"], theirs["p95_s"]),
+        "p50_ratio": ratio(ours["compose"]["p50_s"], theirs["p50_s"]),
+        "stock": theirs,
+    }
 
 
 def share_options(share: int = SHARE) -> dict[str, Any]:
@@ -229,6 +253,8 @@ def shares_result(size: FabricSize, per_round: list[dict[str, Any]]) -> dict[str
         "peak_holders": min(r["peak_holders"] for r in per_round),
         "peak_gpus_attached": max(r["peak_gpus_attached"] for r in per_round),
         "p95_s": max(r["compose"]["p95_s"] for r in per_round),
+        "p95_ratio": statistics.median(r["p95_ratio"] for r in per_round),  # not gated
+        "stock_failures": sum(r["stock"]["failures"] for r in per_round),
         "per_round": per_round,
     }
 
@@ -243,7 +269,8 @@ def print_shares(r: dict[str, Any]) -> None:
             f"{n}: started {one['started']}, p50 {one['compose']['p50_s']:.2f} s,"
             f" p95 {one['compose']['p95_s']:.2f} s; at the peak {one['peak_holders']} holders"
             f" on {one['peak_gpus_attached']} T4s attached (need {one['peak_gpus_needed']});"
-            f" stop all {one['compose']['stop_all_s']:.1f} s; run {one['run_s']:.0f} s"
+            f" stop all {one['compose']['stop_all_s']:.1f} s; run {one['run_s']:.0f} s;"
+            f" stock p95 {one['stock']['p95_s']:.2f} s (ratio {one['p95_ratio']:.2f})"
         )
     print(", ".join(f"{figure} {r[figure]}" for figure in SHARE_GATED))
 
@@ -255,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.shares_only or not args.no_shares:
         size = FabricSize(zones=2, hosts_per_zone=4, gpus_per_zone=args.share_gpus_per_rack)
         per_round = [
-            run_shares(args.share_students, size, logs=args.logs and args.logs / f"shares{n + 1}")
+            share_round(args.share_students, size, n, args.logs and args.logs / f"shares{n + 1}")
             for n in range(args.share_rounds)
         ]
         report = shares_result(size, per_round)

@@ -205,8 +205,8 @@ def test_course_storm_packs_a_small_class(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_course_storm_share_variant_packs_quarters(tmp_path: Path) -> None:
-    """Seven students, a quarter T4 each, alone (~20 s): two T4s attached at the peak (one
-    full, one with three), none over-held, and none attached or split after the stop."""
+    """Seven students, a quarter T4 each, then stock beside it (~35 s): two T4s attached at
+    the peak (one full, one with three), none over-held, none attached or split after."""
     out = tmp_path / "shares.json"
     args = ["--shares-only", "--share-students", "7", "--share-gpus-per-rack", "2"]
     course_storm.main([*args, "--shares-out", str(out)])
@@ -219,6 +219,8 @@ def test_course_storm_share_variant_packs_quarters(tmp_path: Path) -> None:
     assert one["peak"]["servers_told"] == 7
     assert one["after"]["gpus_attached"] == one["after"]["gpus_split"] == 0
     assert not unmet("course_storm_shares", shares)
+    assert one["stock"]["ready"] == 7  # the stock spawner beside it
+    assert shares["stock_failures"] == 0
 
 
 @pytest.mark.e2e
