@@ -31,21 +31,24 @@ Writes ``benchmarks/results/trace_replay.json``.
 
 from __future__ import annotations
 
-import heapq
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+from benchmarks import fgd
 from benchmarks.alibaba_trace import POD_LIST, Node, Task, load_nodes, load_tasks
+from benchmarks.trace_timing import Waits, replay
 from composespawner.domain.hardware import Device, Host, Inventory
 from composespawner.domain.placement import DeviceAsk, NoFit, Plan, place, pool_for
+from composespawner.domain.shares import SplitGpu
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -53,6 +56,14 @@ RACK_SIZE = 8
 INFLATION = 1.3  # requested GPUs / cluster GPUs, as in the FGD paper
 SEEDS = tuple(range(42, 52))  # the paper's artifact averages seeds 42..51
 PAPER_STATIC_BESTFIT = 0.931  # FGD paper, default trace, best fit, 130% demand
+# The same, FGD: 95.39%, the mean of seeds 42-51 at 130% in the artifact's expected results
+# (experiments/analysis/expected_results/analysis_allo_discrete.csv, 06-FGD; Fig. 9(a)).
+PAPER_STATIC_FGD = 0.954
+# Share sizes a site offers (1/n of a GPU, time-sliced): halves to sixteenths, within the
+# catalog's 2..16. A task asking gpu_milli gets the smallest share of at least that much;
+# offering every size 2..16 would hold 0.1% less GPU (thirds and sixths matter: 320-330
+# and 160 milli are common), and no share fits above 500 milli: those take a whole GPU.
+SHARE_SIZES = (2, 3, 4, 6, 8, 16)
 COMPRESSION = 100_000  # (b) stress run: arrivals this many times closer together
 
 
@@ -91,6 +102,14 @@ class Allocation:
     zone: str
     gpus: tuple[Device, ...]
     task: Task
+    share: int = 1  # n > 1: 1/n of its one GPU
+
+
+def share_for(task: Task, sizes: Sequence[int]) -> int:
+    """The share size a task's gpu_milli maps to: the largest n with 1/n of a GPU at least
+    what it asks; 1 (a whole GPU) when none is that large or the task does not share."""
+    fits = [n for n in sizes if task.sharing and n * task.gpu_milli <= 1000]
+    return max(fits, default=1)
 
 
 @dataclass
@@ -99,6 +118,7 @@ class Cluster:
 
     nodes: Sequence[Node]
     zone_of: dict[str, str]
+    share_sizes: tuple[int, ...] = ()  # empty: a GPU-sharing task takes a whole GPU
     hosts: dict[str, Host] = field(init=False)
     members: dict[str, list[Node]] = field(init=False)  # zone -> its nodes
     free_gpus: dict[str, dict[str, Device]] = field(init=False)  # zone -> block id -> GPU
@@ -107,9 +127,14 @@ class Cluster:
     placed: list[tuple[str, str, Host]] = field(init=False)  # node, zone, host
     in_use: set[str] = field(init=False, default_factory=set)
     models: frozenset[str] = field(init=False)
+    split: dict[str, SplitGpu] = field(init=False, default_factory=dict)  # as the ledger's
+    joinable: dict[str, dict[str, Device]] = field(init=False)  # zone -> split, slot free
+    asked_milli: int = field(init=False, default=0)  # what placed tasks asked for
+    held_milli: float = field(init=False, default=0.0)  # what they hold: 1000/n a share
 
     def __post_init__(self) -> None:
         self.hosts, self.members, self.free_gpus = {}, {}, {}
+        self.joinable = {zone: {} for zone in self.zone_of.values()}
         for node in self.nodes:
             zone = self.zone_of[node.name]
             zones = frozenset({zone})
@@ -138,50 +163,98 @@ class Cluster:
     def view(self, task: Task) -> Inventory:
         """What the fabric would report for this task: nodes with room for it as free hosts.
 
-        Zones with fewer free GPUs than the task needs are left out: placement
-        never picks them, and leaving them out keeps a decision over 1,213
-        static zones quick. What is in use is left out too, as the ledger's
-        holds would leave it out of the pool.
+        Zones with fewer free GPUs than the task needs (for a share: no free GPU
+        and no split GPU of its size with a slot) are left out: placement never
+        picks them, and leaving them out keeps a decision over 1,213 static
+        zones quick. What is in use is left out too, as the ledger's holds would
+        leave it out of the pool; split GPUs with a slot free stay in, held.
         """
         need, cpu, memory = task.whole_gpus, task.cpu_milli, task.memory_mib
+        size = share_for(task, self.share_sizes)
+        usable = {
+            zone
+            for zone, free in self.free_gpus.items()
+            if len(free) >= need
+            or (size > 1 and any(self.split[b].size == size for b in self.joinable[zone]))
+        }
         hosts = [
             host
             for name, zone, host in self.placed
-            if self.free_cpu[name] >= cpu
-            and self.free_memory[name] >= memory
-            and len(self.free_gpus[zone]) >= need
+            if zone in usable and self.free_cpu[name] >= cpu and self.free_memory[name] >= memory
         ]
         zones = dict.fromkeys(self.zone_of[h.system_id] for h in hosts)
-        devices = [gpu for zone in zones for gpu in self.free_gpus[zone].values()]
+        devices = [
+            gpu
+            for zone in zones
+            for pool in (self.free_gpus[zone], self.joinable[zone])
+            for gpu in pool.values()
+        ]
         return Inventory(hosts=tuple(hosts), devices=tuple(devices), zones=tuple(self.members))
 
     def decide(self, task: Task) -> Plan | NoFit:
-        pool = pool_for(self.view(task), held=(), owners={}, groups=())
+        view = self.view(task)
+        held = [d.block_id for d in view.devices if d.block_id in self.split]
+        pool = pool_for(view, held=held, owners={}, groups=(), split=self.split)
         models = task.gpu_spec or self.models
-        return place(pool, DeviceAsk(models, task.whole_gpus, "/".join(sorted(models))))
+        share = share_for(task, self.share_sizes)
+        return place(pool, DeviceAsk(models, task.whole_gpus, "/".join(sorted(models)),
+                                     gpu_share=share))  # fmt: skip
 
     def allocate(self, task: Task, plan: Plan) -> Allocation:
         """Take what the plan names, checking first that all of it is still free."""
         node, zone = plan.host.system_id, plan.zone
-        if any(
-            g.block_id in self.in_use or g.block_id not in self.free_gpus[zone] for g in plan.gpus
-        ):
-            raise DoubleAllocation(f"{task.name}: {[g.block_id for g in plan.gpus]}")
+        share = share_for(task, self.share_sizes)
+        if plan.gpu_share != share:
+            raise DoubleAllocation(f"{task.name}: a share of {plan.gpu_share}, not {share}")
         if self.free_cpu[node] < task.cpu_milli or self.free_memory[node] < task.memory_mib:
             raise DoubleAllocation(f"{task.name}: {node} would be overcommitted")
-        for gpu in plan.gpus:
-            del self.free_gpus[zone][gpu.block_id]
-            self.in_use.add(gpu.block_id)
+        if plan.joins:
+            self._join(task, plan)
+        else:
+            if any(
+                g.block_id in self.in_use or g.block_id not in self.free_gpus[zone]
+                for g in plan.gpus
+            ):
+                raise DoubleAllocation(f"{task.name}: {[g.block_id for g in plan.gpus]}")
+            for gpu in plan.gpus:
+                del self.free_gpus[zone][gpu.block_id]
+                self.in_use.add(gpu.block_id)
+            if share > 1:
+                (gpu,) = plan.gpus
+                self.split[gpu.block_id] = SplitGpu(node, share, 1)
+                self.joinable[zone][gpu.block_id] = gpu
         self.free_cpu[node] -= task.cpu_milli
         self.free_memory[node] -= task.memory_mib
-        return Allocation(node, zone, plan.gpus, task)
+        self.asked_milli += task.gpu_demand_milli
+        self.held_milli += 1000 / share if share > 1 else 1000 * task.num_gpu
+        return Allocation(node, zone, plan.gpus, task, share)
+
+    def _join(self, task: Task, plan: Plan) -> None:
+        (gpu,) = plan.gpus
+        where = self.split.get(gpu.block_id)
+        if where is None or where.holders >= where.size or where.host_id != plan.host.system_id:
+            raise DoubleAllocation(f"{task.name}: {gpu.block_id} has no slot on {plan.host}")
+        self.split[gpu.block_id] = where = replace(where, holders=where.holders + 1)
+        if where.holders == where.size:
+            del self.joinable[plan.zone][gpu.block_id]
 
     def release(self, allocation: Allocation) -> None:
+        task, zone = allocation.task, allocation.zone
         for gpu in allocation.gpus:
+            where = self.split.get(gpu.block_id)
+            if where is not None and where.holders > 1:  # others still hold it
+                self.split[gpu.block_id] = replace(where, holders=where.holders - 1)
+                self.joinable[zone][gpu.block_id] = gpu
+                continue
+            self.split.pop(gpu.block_id, None)
+            self.joinable[zone].pop(gpu.block_id, None)
             self.in_use.remove(gpu.block_id)
-            self.free_gpus[allocation.zone][gpu.block_id] = gpu
-        self.free_cpu[allocation.node] += allocation.task.cpu_milli
-        self.free_memory[allocation.node] += allocation.task.memory_mib
+            self.free_gpus[zone][gpu.block_id] = gpu
+        self.free_cpu[allocation.node] += task.cpu_milli
+        self.free_memory[allocation.node] += task.memory_mib
+        self.asked_milli -= task.gpu_demand_milli
+        share = allocation.share
+        self.held_milli -= 1000 / share if share > 1 else 1000 * task.num_gpu
 
     def try_start(self, task: Task) -> Allocation | None:
         decision = self.decide(task)
@@ -220,10 +293,12 @@ def inflated(
 class Filled:
     """The end state of one inflation run."""
 
-    allocated_share: float
+    allocated_share: float  # GPUs attached (whole or split) / all GPUs
     tasks: int
     failed: int
     failed_gpu_tasks: int
+    asked_share: float = 0.0  # GPU the placed tasks asked for (gpu_milli) / all: the paper's
+    held_share: float = 0.0  # GPU they hold (a share 1/n, a whole GPU 1) / all GPU
 
 
 def fill(cluster: Cluster, workload: Iterable[Task]) -> Filled:
@@ -234,152 +309,22 @@ def fill(cluster: Cluster, workload: Iterable[Task]) -> Filled:
         if cluster.try_start(task) is None:
             failed += 1
             failed_gpu += task.whole_gpus > 0
-    return Filled(cluster.allocated_gpus / cluster.total_gpus, tasks, failed, failed_gpu)
+    total = cluster.total_gpus
+    return Filled(
+        cluster.allocated_gpus / total, tasks, failed, failed_gpu,
+        cluster.asked_milli / (total * 1000), cluster.held_milli / (total * 1000),
+    )  # fmt: skip
 
 
 def sharing_best_fit(nodes: Sequence[Node], workload: Iterable[Task], rng: random.Random) -> float:
-    """Calibration only, NOT composespawner's code: static best fit with GPU sharing.
-
-    Approximates the FGD simulator's BestFit (score = 0.5 x CPU left / 128
-    cores + 0.5 x GPU left / 8 GPUs, lowest wins, ties at random); a share
-    goes to the fullest GPU that still has room. Returns allocated milli-GPUs /
-    all milli-GPUs, the paper's measure, to check the inflation method against
-    the paper's 93.1% before comparing whole-GPU placements.
-    """
-    free = _SharedNodes(nodes)
-    for task in workload:
-        best = free.best_fits(task)
-        if best:
-            free.take(rng.choice(best), task)
-    total = sum(n.gpus for n in nodes) * 1000
-    return (total - sum(sum(g) for g in free.gpus)) / total
-
-
-class _SharedNodes:
-    """Free CPU, memory and milli-GPUs per GPU of each node, for the sharing reference."""
-
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        self.nodes = nodes
-        self.cpu = [n.cpu_milli for n in nodes]
-        self.memory = [n.memory_mib for n in nodes]
-        self.gpus = [[1000] * n.gpus for n in nodes]
-
-    def best_fits(self, task: Task) -> list[int]:
-        """Indexes of the nodes with the lowest best-fit score among those that fit."""
-        best: list[int] = []
-        best_score = float("inf")
-        for i, node in enumerate(self.nodes):
-            if self.cpu[i] < task.cpu_milli or self.memory[i] < task.memory_mib:
-                continue
-            if (task.gpu_spec and node.model not in task.gpu_spec) or not _gpus_fit(
-                self.gpus[i], task
-            ):
-                continue
-            cpu_left = self.cpu[i] - task.cpu_milli
-            score = cpu_left / 128_000 + (sum(self.gpus[i]) - task.gpu_demand_milli) / 8_000
-            if score < best_score:
-                best, best_score = [i], score
-            elif score == best_score:
-                best.append(i)
-        return best
-
-    def take(self, i: int, task: Task) -> None:
-        self.cpu[i] -= task.cpu_milli
-        self.memory[i] -= task.memory_mib
-        _take_gpus(self.gpus[i], task)
-
-
-def _gpus_fit(free: list[int], task: Task) -> bool:
-    if task.sharing:
-        return any(f >= task.gpu_milli for f in free)
-    return sum(f == 1000 for f in free) >= task.num_gpu
-
-
-def _take_gpus(free: list[int], task: Task) -> None:
-    if task.sharing:
-        i = min((i for i, f in enumerate(free) if f >= task.gpu_milli), key=lambda i: free[i])
-        free[i] -= task.gpu_milli
-        return
-    for _ in range(task.num_gpu):
-        free[free.index(1000)] = 0
+    """Static best fit with GPU sharing (:mod:`benchmarks.fgd`, NOT composespawner's code):
+    allocated milli-GPUs / all milli-GPUs, the paper's measure."""
+    return fgd.best_fit(nodes, workload, rng).allocated_share
 
 
 # ---------------------------------------------------------------------------
 # (b) The trace's own timing
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Waits:
-    tasks: int
-    waited: int
-    mean_wait_s: float  # over all tasks
-    mean_wait_of_waiting_s: float  # over the tasks that waited
-    never_started: int  # still waiting when the last task left
-
-    @property
-    def waiting_share(self) -> float:
-        return self.waited / self.tasks if self.tasks else 0.0
-
-
-def replay(cluster: Cluster, tasks: Iterable[Task], compression: float = 1) -> Waits:
-    """Arrivals at creation time / ``compression``, each running for its recorded duration.
-
-    Waiting tasks are retried in arrival order whenever something arrives or
-    leaves; any that fits starts (backfill). Within one retry pass resources
-    only shrink, so a task shaped like one that just failed is not asked again.
-    """
-    ran = sorted((t for t in tasks if t.duration is not None), key=lambda t: t.arrival)
-    departures: list[tuple[float, int, Allocation]] = []
-    waiting: list[tuple[float, Task]] = []
-    waits: list[float] = []
-    arrivals = [(t.arrival / compression, t) for t in ran]
-    i = 0
-    while i < len(arrivals) or departures:
-        now = min(
-            arrivals[i][0] if i < len(arrivals) else float("inf"),
-            departures[0][0] if departures else float("inf"),
-        )
-        while departures and departures[0][0] <= now:
-            cluster.release(heapq.heappop(departures)[2])
-        while i < len(arrivals) and arrivals[i][0] <= now:
-            waiting.append(arrivals[i])
-            i += 1
-        waiting = _start_what_fits(cluster, waiting, now, waits, departures)
-    return _waits(len(ran), waits, len(waiting))
-
-
-def _start_what_fits(
-    cluster: Cluster,
-    waiting: list[tuple[float, Task]],
-    now: float,
-    waits: list[float],
-    departures: list[tuple[float, int, Allocation]],
-) -> list[tuple[float, Task]]:
-    failed_shapes: set[tuple[int, int, int, frozenset[str]]] = set()
-    still: list[tuple[float, Task]] = []
-    for arrived, task in waiting:
-        shape = (task.cpu_milli, task.memory_mib, task.whole_gpus, task.gpu_spec)
-        started = None if shape in failed_shapes else cluster.try_start(task)
-        if started is None:
-            failed_shapes.add(shape)
-            still.append((arrived, task))
-            continue
-        waits.append(now - arrived)
-        assert task.duration is not None
-        heapq.heappush(departures, (now + task.duration, len(waits), started))  # unique order
-    return still
-
-
-def _waits(tasks: int, waits: list[float], never: int) -> Waits:
-    waited = [w for w in waits if w > 0]
-    return Waits(
-        tasks=tasks,
-        waited=len(waited) + never,
-        mean_wait_s=statistics.fmean(waits) if waits else 0.0,
-        mean_wait_of_waiting_s=statistics.fmean(waited) if waited else 0.0,
-        never_started=never,
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -392,24 +337,30 @@ class Inflated:
     """One seed of (a)."""
 
     seed: int
-    static: Filled
+    static: Filled  # whole GPUs: a sharing task takes one
     composable: Filled
-    sharing_reference: float | None
+    sharing_reference: float | None  # static best fit with sharing (gpu_milli): the paper's
+    static_fgd: float | None = None  # static FGD with sharing, the paper's measure
+    composable_shares: Filled | None = None  # composable, placement.py, 1/n shares
 
 
 def inflation_run(
     seed: int, nodes: Sequence[Node], tasks: Sequence[Task], reference: bool = True
 ) -> Inflated:
+    """One seed: whole GPUs (demand counted in GPUs), then with sharing (demand in
+    milli-GPUs, as the paper): composable with shares, static best fit, static FGD."""
     capacity = sum(n.gpus for n in nodes)
     whole = inflated(tasks, INFLATION * capacity, lambda t: t.whole_gpus, random.Random(seed))
     static = fill(Cluster(nodes, static_zones(nodes)), whole)
     composable = fill(Cluster(nodes, composable_zones(nodes)), whole)
-    shared = None
-    if reference:
-        rng = random.Random(seed)
-        milli = inflated(tasks, INFLATION * capacity * 1000, lambda t: t.gpu_demand_milli, rng)
-        shared = sharing_best_fit(nodes, milli, rng)
-    return Inflated(seed, static, composable, shared)
+    if not reference:
+        return Inflated(seed, static, composable, None)
+    rng = random.Random(seed)
+    milli = inflated(tasks, INFLATION * capacity * 1000, lambda t: t.gpu_demand_milli, rng)
+    best = sharing_best_fit(nodes, milli, rng)
+    by_fgd = fgd.fgd(nodes, milli, random.Random(seed)).allocated_share
+    shares = fill(Cluster(nodes, composable_zones(nodes), SHARE_SIZES), milli)
+    return Inflated(seed, static, composable, best, by_fgd, shares)
 
 
 def timed_run(
@@ -419,23 +370,27 @@ def timed_run(
     return replay(Cluster(nodes, zones), tasks, compression)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """``--quick``: the first seed only, no timed replays, nothing written (a check)."""
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     nodes, tasks = load_nodes(), load_tasks()
     # Seeds and replays are independent: two processes halve the wall time on 2 cores.
     with ProcessPoolExecutor(max_workers=2) as workers:
         replays = {
             (layout, factor): workers.submit(timed_run, layout, factor, nodes, tasks)
-            for factor in (1, COMPRESSION)
+            for factor in (() if quick else (1, COMPRESSION))
             for layout in ("static", "composable")
         }
-        seeds = [workers.submit(inflation_run, seed, nodes, tasks) for seed in SEEDS]
+        runs = SEEDS[:1] if quick else SEEDS
+        seeds = [workers.submit(inflation_run, seed, nodes, tasks) for seed in runs]
         inflation = [f.result() for f in seeds]
         waits: dict[tuple[str, float], Waits] = {k: f.result() for k, f in replays.items()}
     result = summary(nodes, tasks, inflation, waits)
     result["run_seconds"] = round(time.monotonic() - started, 1)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "trace_replay.json").write_text(json.dumps(result, indent=2) + "\n")
+    if not quick:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "trace_replay.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
 
 
@@ -448,8 +403,15 @@ ASSUMPTIONS = [
     "Each step offers placement an Inventory view: nodes with room for the task's CPU and memory"
     " as free hosts, the free GPUs of their zones as free devices (zones with too few free GPUs"
     " left out: placement would not pick them). Decisions: pool_for + place, unchanged.",
-    "GPU sharing: a task with num_gpu 1 and gpu_milli < 1000 gets one whole GPU and counts as one"
-    " requested GPU; allocated share = GPUs handed out / all GPUs.",
+    "Whole-GPU rows: a task with num_gpu 1 and gpu_milli < 1000 gets one whole GPU and counts as"
+    " one requested GPU; allocated share = GPUs handed out / all GPUs.",
+    "Sharing rows: demand in milli-GPUs as the paper (same workload for all three per seed)."
+    f" Composable + shares: a sharing task asks DeviceAsk(gpu_share=n), n the largest of"
+    f" {SHARE_SIZES} with 1/n >= gpu_milli/1000 (none above 500: a whole GPU); split GPUs are"
+    " passed to pool_for as split=. Static best fit and FGD (benchmarks/fgd.py, NOT"
+    " composespawner code): any gpu_milli on one GPU of the task's node, as the paper's"
+    " simulator. Reported: asked = gpu_milli of placed tasks / all GPU (the paper's measure),"
+    " held = what shares hold (1/n) / all GPU, attached = GPUs whole or split / all.",
     "Tasks without GPUs (num_gpu 0) are placed too (CPU and memory only) and count in the task"
     " totals but not in GPU demand.",
     "(a) as the FGD artifact: all trace tasks plus random draws until requested GPUs would pass"
@@ -500,6 +462,7 @@ def summary(
         "composable_failed_tasks_mean": statistics.fmean(r.composable.failed for r in inflation),
         "paper_static_bestfit_share": PAPER_STATIC_BESTFIT,
         "sharing_bestfit_reference_share": statistics.fmean(references) if references else None,
+        **_sharing_summary(inflation),
         "replayed_tasks": sum(t.duration is not None for t in tasks),
         "skipped_pending_tasks": sum(t.duration is None for t in tasks),
         "compression": COMPRESSION,
@@ -512,6 +475,44 @@ def summary(
         result[f"{layout}_never_started{suffix}"] = w.never_started
     result["assumptions"] = ASSUMPTIONS
     return result
+
+
+def _sharing_summary(inflation: Sequence[Inflated]) -> dict[str, object]:
+    """The sharing rows: composable + shares, static best fit, static FGD, side by side."""
+    shares = [r.composable_shares for r in inflation if r.composable_shares is not None]
+    fgds = [r.static_fgd for r in inflation if r.static_fgd is not None]
+    if not shares:
+        return {}
+    return {
+        "share_sizes": list(SHARE_SIZES),
+        "paper_static_fgd_share": PAPER_STATIC_FGD,
+        "sharing_static_fgd_share": statistics.fmean(fgds),
+        "sharing_static_fgd_share_by_seed": fgds,
+        "sharing_composable_asked_share": statistics.fmean(s.asked_share for s in shares),
+        "sharing_composable_held_share": statistics.fmean(s.held_share for s in shares),
+        "sharing_composable_attached_share": statistics.fmean(s.allocated_share for s in shares),
+        "sharing_composable_failed_tasks_mean": statistics.fmean(s.failed for s in shares),
+        "sharing_composable_asked_share_by_seed": [s.asked_share for s in shares],
+        "sharing_composable_held_share_by_seed": [s.held_share for s in shares],
+    }
+
+
+def _print_sharing(r: dict[str, Any]) -> None:
+    if "share_sizes" not in r:
+        return
+    print(f"    with sharing (demand in milli-GPUs; shares of {r['share_sizes']}):")
+    print(f"    {'':46}{'asked':>10}{'held':>8}{'attached':>10}")
+    print(
+        f"    {'composable + shares, placement.py':46}"
+        f"{r['sharing_composable_asked_share']:>10.2%}{r['sharing_composable_held_share']:>8.2%}"
+        f"{r['sharing_composable_attached_share']:>10.2%}"
+    )
+    for label, key in (("static best fit, any fraction", "sharing_bestfit_reference_share"),
+                       ("static FGD, any fraction", "sharing_static_fgd_share")):  # fmt: skip
+        print(f"    {label:46}{r[key]:>10.2%}")
+    for label, key in (("paper: static best fit", "paper_static_bestfit_share"),
+                       ("paper: static FGD", "paper_static_fgd_share")):  # fmt: skip
+        print(f"    {label:46}{r[key]:>10.1%}")
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -543,11 +544,7 @@ def print_table(r: dict[str, Any]) -> None:
     for label, share, failed in rows:
         left = (1 - share) * r["gpus"]
         print(f"    {label:46}{share:>10.2%}{left:>11,.1f}{failed:>14,.0f}")
-    paper = r["paper_static_bestfit_share"]
-    print(f"    {'paper (FGD, ATC23): static best fit, sharing':46}{paper:>10.1%}")
-    reference = r["sharing_bestfit_reference_share"]
-    if reference is not None:
-        print(f"    {'this method: static best fit, sharing (ref.)':46}{reference:>10.2%}")
+    _print_sharing(r)
     print()
     print(
         f"(b) trace timing: {r['replayed_tasks']:,} tasks that ran"
@@ -555,6 +552,8 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print(f"    {'':34}{'waited':>9}{'mean wait s':>13}{'of waiting s':>14}{'never ran':>11}")
     for suffix, label in (("", "as recorded"), ("_compressed", f"arrivals /{r['compression']:,}")):
+        if f"static_waiting_share{suffix}" not in r:
+            continue
         for layout in ("static", "composable"):
             print(
                 f"    {label + ', ' + layout:34}{r[f'{layout}_waiting_share{suffix}']:>9.2%}"

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import (
     alibaba_trace,
     course_storm,
+    fgd,
     hubload,
     ledger_claims,
     placement_speed,
@@ -129,6 +130,62 @@ def test_replay_makes_the_stranded_task_wait_only_on_static() -> None:
     assert (static.waited, static.mean_wait_of_waiting_s, static.never_started) == (1, 99, 0)
     assert 0 < static.waiting_share <= 1
     assert (composable.waited, composable.mean_wait_s) == (0, 0)
+
+
+def share_task(name: str, milli: int, cores: int = 1) -> Task:
+    return Task(name, cores * 1000, 1024, 1, milli, frozenset(), 0, 10)
+
+
+def test_share_sizes_round_a_task_up_to_the_next_share() -> None:
+    sizes = trace_replay.SHARE_SIZES
+    assert [trace_replay.share_for(share_task("t", m), sizes) for m in (250, 320, 470, 810)] == [
+        4, 3, 2, 1,
+    ]  # fmt: skip
+    assert trace_replay.share_for(task("whole", 1, 1), sizes) == 1
+
+
+def test_quarters_pack_onto_one_gpu_and_it_is_freed_by_the_last_holder() -> None:
+    cluster = Cluster(STRANDING_NODES, trace_replay.composable_zones(STRANDING_NODES), (2, 4))
+    quarters = [cluster.try_start(share_task(f"q{i}", 250)) for i in range(5)]
+    assert all(q is not None for q in quarters)
+    assert cluster.allocated_gpus == 2  # four quarters on one GPU, the fifth splits another
+    assert len({q.gpus[0].block_id for q in quarters[:4] if q}) == 1
+    assert (cluster.asked_milli, cluster.held_milli) == (1250, 1250)
+    for q in quarters:
+        assert q is not None
+        cluster.release(q)
+    assert (cluster.allocated_gpus, cluster.split, cluster.held_milli) == (0, {}, 0)
+    assert sum(len(p) for p in cluster.free_gpus.values()) == 4
+
+
+def test_fgd_and_best_fit_keep_the_books_on_a_slice() -> None:
+    nodes, tasks = trace_replay.load_nodes()[:24], trace_replay.load_tasks()[:400]
+    capacity = sum(n.gpus for n in nodes) * 1000
+    workload = trace_replay.inflated(
+        tasks, 1.3 * capacity, lambda t: t.gpu_demand_milli, random.Random(7)
+    )
+    for schedule in fgd.SCHEDULERS.values():
+        cluster = schedule(nodes, workload, random.Random(7))
+        assert min(min(g, default=0) for g in cluster.gpus) >= 0
+        assert min(cluster.cpu) >= 0
+        assert min(cluster.memory) >= 0
+        free = sum(sum(g) for g in cluster.gpus)
+        assert cluster.asked_milli + free == capacity
+        assert 0.5 < cluster.allocated_share <= 1
+    run = trace_replay.inflation_run(7, nodes, tasks[:200])
+    assert run.composable_shares is not None
+    assert run.static_fgd is not None
+    assert run.composable_shares.asked_share <= run.composable_shares.held_share <= 1
+
+
+def test_fgd_puts_a_share_where_fragmentation_grows_least() -> None:
+    nodes = (Node("half-used", 64000, 65536, 2, "T4"), Node("fresh", 64000, 65536, 2, "T4"))
+    types = [(fgd.TaskType(1000, 1000, 1, frozenset()), 0.5),
+             (fgd.TaskType(1000, 500, 1, frozenset()), 0.5)]  # fmt: skip
+    half, quarter = share_task("half", 500), share_task("quarter", 250)
+    cluster = fgd.fgd(nodes, [half, quarter], random.Random(1), types)
+    # The quarter goes beside the half: on the fresh node it would break a whole GPU.
+    assert sorted(cluster.gpus[0] + cluster.gpus[1]) in ([250, 1000, 1000, 1000],)
 
 
 def test_storm_fabric_has_a_host_and_a_catalog_t4_for_every_user() -> None:
