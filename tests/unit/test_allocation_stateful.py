@@ -56,7 +56,13 @@ from composespawner.domain.quotas import QuotaRule
 from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError
 from composespawner.ledger import HOLDING, STATES, TERMINAL, Actor, Ledger, can_transition
-from composespawner.ledger.models import HostRoomRow, MachineEventRow, MachineRow
+from composespawner.ledger.models import (
+    DeviceRow,
+    DeviceShareRow,
+    HostRoomRow,
+    MachineEventRow,
+    MachineRow,
+)
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.reconcile import Reconciler, ServerView
@@ -234,10 +240,20 @@ class CheckedFabric(FaultyFabric):
         mark = self.mark(system_id)
         holder = self.ledger.holders().get(block_id)
         machine = self.ledger.machine(holder) if holder else None
+        split = self.ledger.holds().split.get(block_id)
         if mark is None or mark.hub != HUB_ID:
             self.watch.misuse.append(f"attach({system_id}, {block_id}) to a host not marked ours")
+        elif split is not None:
+            # A GPU held in shares: split for this host, for a holder the mark lists.
+            if split.host_id != system_id or not self._share_holders(block_id) & _ids(mark):
+                self.watch.misuse.append(f"attach({system_id}, {block_id}) not split for it")
         elif machine is None or machine.host_id != system_id or machine.id not in _ids(mark):
             self.watch.misuse.append(f"attach({system_id}, {block_id}) before the ledger gave it")
+
+    def _share_holders(self, block_id: str) -> set[str]:
+        query = sa.select(DeviceShareRow.machine_id).where(DeviceShareRow.block_id == block_id)
+        with self.ledger.engine.connect() as connection:
+            return set(connection.scalars(query))
 
     def _check_detach(self, system_id: str, block_id: str) -> None:
         mark = self.mark(system_id)
@@ -285,9 +301,26 @@ class View:
     attached: dict[str, list[str]]  # host → device blocks attached, from the fabric
     marks: dict[str, HostMark]  # host → mark, every mark on the fabric
     rooms: dict[str, HostRoom]  # host → its room in the ledger
+    # GPUs held in shares: block → (size, its host, holders counted, the machines with a
+    # slot, leaving ones included: they hold it until they end)
+    split: dict[str, tuple[int, str, int, set[str]]] = field(default_factory=dict)
 
     def held(self, machine_id: str) -> set[str]:
+        """What a machine holds: whole blocks and its shares' GPUs."""
+        whole = {b for b, m in self.holders.items() if m == machine_id}
+        return whole | {b for b, (_, _, _, slots) in self.split.items() if machine_id in slots}
+
+    def held_whole(self, machine_id: str) -> set[str]:
         return {b for b, m in self.holders.items() if m == machine_id}
+
+    def holders_of(self, block: str) -> set[str]:
+        """Every machine holding ``block``: its one whole holder, or its shares' holders."""
+        whole = {self.holders[block]} if block in self.holders else set()
+        return whole | (self.split[block][3] if block in self.split else set())
+
+    def share_of(self, machine_id: str) -> float:
+        """The GPUs a machine's shares count for."""
+        return sum(1 / size for size, _, _, slots in self.split.values() if machine_id in slots)
 
     def ours(self) -> dict[str, HostMark]:
         return {h: t for h, t in self.marks.items() if t.hub == HUB_ID}
@@ -332,6 +365,17 @@ def read_view(ledger: Ledger, fabric: InProcessFabric) -> View:
         ).order_by(MachineEventRow.id)
         for machine_id, from_state, to_state in connection.execute(query):
             events.setdefault(machine_id, []).append((from_state, to_state))
+        split: dict[str, tuple[int, str, int, set[str]]] = {}
+        gpus_split = sa.select(
+            DeviceRow.block_id, DeviceRow.share_size, DeviceRow.share_host, DeviceRow.share_holders
+        ).where(DeviceRow.share_size.is_not(None))
+        for block, size, host, holders in connection.execute(gpus_split):
+            split[block] = (size, host, holders, set())
+        for block, machine_id in connection.execute(
+            sa.select(DeviceShareRow.block_id, DeviceShareRow.machine_id)
+        ):
+            assert block in split, f"{machine_id} holds a share of {block}, which is not split"
+            split[block][3].add(machine_id)
     hosts = [h.id for h in INVENTORY.hosts]
     marks = {h: t for h in hosts if (t := fabric.mark(h)) is not None}
     return View(
@@ -341,6 +385,7 @@ def read_view(ledger: Ledger, fabric: InProcessFabric) -> View:
         attached={h: list(fabric.state.attached(h)) for h in hosts},
         marks=marks,
         rooms=rooms,
+        split=split,
     )
 
 
@@ -363,6 +408,12 @@ def check_one_holder(view: View, state: FabricState) -> None:
             )
     for block, machine_id in view.holders.items():
         assert machine_id in view.machines, f"{block} held by unknown machine {machine_id}"
+    # Invariant 12: never whole and in shares; never more holders than slots.
+    for block, (size, _, counted, slots) in view.split.items():
+        assert block not in view.holders, f"{block} held whole and in shares"
+        assert 0 <= counted <= size, f"{block}: {counted} holders of {size} slots"
+        staying = {m for m in slots if view.machines[m].state not in ("stopping", *TERMINAL)}
+        assert len(staying) <= counted, f"{block}: {sorted(staying)} hold it, {counted} counted"
 
 
 def check_ours_attached(view: View) -> None:
@@ -387,7 +438,7 @@ def check_ours_attached(view: View) -> None:
             assert owner is not None, f"{host} marked for unknown machine {machine_id}"
             assert owner.state not in TERMINAL, f"{host} marked for {owner}"
             assert owner.host == host, f"{host} marked for {owner}, placed elsewhere"
-        strays = [b for b in view.attached[host] if view.holders.get(b) not in listed]
+        strays = [b for b in view.attached[host] if not view.holders_of(b) & listed]
         assert not strays, f"{host} ({mark}) has {strays} attached, not held by {listed}"
     for block, machine_id in view.holders.items():
         state = view.machines[machine_id].state
@@ -405,7 +456,8 @@ def check_host_room(view: View) -> None:
         held = (
             sum(m.cores or 0 for m in on_it),
             sum(m.memory_gib or 0 for m in on_it),
-            sum(len(device_blocks(view.held(m.id))) for m in on_it),
+            sum(len(device_blocks(view.held_whole(m.id))) for m in on_it)
+            + sum(1 for _, where, _, _ in view.split.values() if where == host),  # a slot each
             len(on_it),
         )
         assert held == (room.cores_held, room.memory_gib_held, room.slots_held, room.machines), (
@@ -423,10 +475,11 @@ def check_nothing_stray(view: View, foreign: Mapping[str, str]) -> None:
         for block in blocks:
             if foreign.get(block) == host:
                 continue
-            holder = view.machines.get(view.holders.get(block, ""))
-            assert holder is not None, f"{block} attached to {host}, held by nobody"
-            assert holder.host == host, f"{block} attached to {host}, held by {holder}"
-            assert holder.state not in TERMINAL, f"{block} attached to {host} for {holder}"
+            holders = [view.machines[m] for m in view.holders_of(block)]
+            assert holders, f"{block} attached to {host}, held by nobody"
+            for holder in holders:
+                assert holder.host == host, f"{block} attached to {host}, held by {holder}"
+                assert holder.state not in TERMINAL, f"{block} attached to {host} for {holder}"
 
 
 def check_colocated(view: View) -> None:
@@ -436,17 +489,20 @@ def check_colocated(view: View) -> None:
         assert group is None or group in GROUPS[user], f"{block} ({group}) held by {user}"
     for host in view.ours():
         for block in view.attached[host]:
-            holder = view.machines.get(view.holders.get(block, ""))
+            holders = [view.machines[m] for m in view.holders_of(block)]
             group = _owner(block)
-            assert holder is not None, f"{block} on our {host}, held by nobody"
-            assert group is None or group in GROUPS[holder.user], f"{block} on {holder}'s {host}"
+            assert holders, f"{block} on our {host}, held by nobody"
+            for holder in holders:
+                assert group is None or group in GROUPS[holder.user], f"{block} on {holder}"
 
 
 def check_quota(view: View, limits: Mapping[str, int | None]) -> None:
     """Invariant 4: a user's live GPUs never exceed their limit."""
     for user, limit in limits.items():
-        held = [b for m in view.live() if m.user == user for b in view.held(m.id)]
-        assert limit is None or gpus(held) <= limit, f"{user} holds {gpus(held)} > {limit}"
+        mine = [m for m in view.live() if m.user == user]
+        held = gpus(b for m in mine for b in view.held_whole(m.id))
+        held += sum(view.share_of(m.id) for m in mine)  # a quarter counts a quarter
+        assert limit is None or held <= limit, f"{user} holds {held} > {limit}"
 
 
 def check_lifecycle(view: View) -> None:
@@ -469,6 +525,10 @@ def check_agreement(view: View) -> None:
     if any(m.state == "stopping" for m in view.machines.values()):
         return
     in_ledger = {(b, m.host) for m in view.live() for b in device_blocks(view.held(m.id))}
+    for block, (_, host, counted, slots) in view.split.items():
+        assert slots, f"{block} split with no holder and no release pending"
+        assert counted == len(slots), f"{block}: {counted} counted, {sorted(slots)} hold it"
+        assert {view.machines[m].host for m in slots} == {host}, f"{block} split on {host}"
     on_fabric = {(b, host) for host in view.ours() for b in view.attached[host]}
     assert in_ledger == on_fabric, f"ledger {sorted(in_ledger)} vs fabric {sorted(on_fabric)}"
     machines_on_hosts: dict[str, set[str]] = {}
@@ -502,7 +562,17 @@ cpu_asks = st.builds(
     scratch_gb=st.just(0),
     size=st.sampled_from([s.id for s in CATALOG.sizes]),
 )
-asks = st.one_of(gpu_asks, cpu_asks)
+# A course's quarters and halves of a T4 (the demo catalog's shares).
+share_asks = st.builds(
+    MachineRequest,
+    gpu_model=st.just("t4"),
+    gpu_count=st.just(1),
+    network=st.just(CATALOG.networks[0].id),
+    scratch_gb=st.just(0),
+    size=st.sampled_from([s.id for s in CATALOG.sizes if not s.whole_host]),
+    gpu_share=st.sampled_from(next(m.shares for m in CATALOG.gpu_models if m.id == "t4")),
+)
+asks = st.one_of(gpu_asks, cpu_asks, share_asks)
 # (user, server, request, and whether the notebook then starts: composed → running)
 a_compose = st.tuples(st.sampled_from(USERS), st.sampled_from(SERVERS), asks, st.booleans())
 composes = st.lists(a_compose, min_size=1, max_size=3)
@@ -778,8 +848,11 @@ class AllocationMachine(RuleBasedStateMachine):
         shown = set(offer.free) & COLOCATED_MODELS
         owners = {CATALOG.owner_of_chassis(d.chassis) for d in INVENTORY.devices} - {None}
         assert not shown or owners & GROUPS[user], f"{user} was offered {shown}"
-        held = [b for m in self.live() if m.user == user for b in self.ledger.held_by(m.id)]
-        assert offer.gpus_in_use == gpus(held), (offer, held)
+        view = read_view(self.ledger, self.fabric_view)
+        mine = [m for m in view.live() if m.user == user]
+        held = gpus(b for m in mine for b in view.held_whole(m.id))
+        held += sum(view.share_of(m.id) for m in mine)  # a quarter counts a quarter
+        assert offer.gpus_in_use == held, (offer, held)
 
     # -- the fabric misbehaves ---------------------------------------------
 
