@@ -189,6 +189,8 @@ class Claims(ZonedLedgerPart):
             _take_devices(connection, machine_id, wanted, whole, now)
             opened = share is not None and take_share(connection, machine_id, share, now)
             changes: dict[str, Any] = {"host_id": host_id, "zone": zone, "cohort": cohort}
+            if share is not None:
+                changes["gpu_share"] = share.size
             if room is not None:
                 slots = device_slots(d.kind for d in whole) + opened
                 take_room(connection, room, slots, now)

@@ -115,6 +115,8 @@ class Machines(ZonedLedgerPart):
                 )
             held = held_by(connection, machine_id)
             record = moved(machine, at, now, held, **failure_values(failure))
+            if not machine.gpu_share:
+                return record
             return with_shares(record, shares_held(connection, [machine_id]).get(machine_id, ()))
 
     def release(

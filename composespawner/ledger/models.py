@@ -126,6 +126,9 @@ class MachineRow(Base):
     # before hosts were shared, which held its host's own block instead).
     cores: Mapped[int | None] = mapped_column(Integer)
     memory_gib: Mapped[int | None] = mapped_column(Integer)
+    # n: it holds a 1/n share of one GPU (device_shares); None: no share. On the row, so
+    # the steps every machine takes read shares only for machines that have one.
+    gpu_share: Mapped[int | None] = mapped_column(Integer)
 
 
 class HostRoomRow(Base):

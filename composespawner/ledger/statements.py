@@ -79,25 +79,20 @@ GPU_USE = (
         func.count(DEVICES.c.block_id),
         func.coalesce(MACHINES.c.cores, 0),
         func.coalesce(MACHINES.c.memory_gib, 0),
+        MACHINES.c.gpu_share,
     )
     .outerjoin(DEVICES, and_(DEVICES.c.machine_id == MACHINES.c.id, DEVICES.c.kind == "gpu"))
     .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
-    .group_by(MACHINES.c.id, MACHINES.c.server_name, MACHINES.c.cores, MACHINES.c.memory_gib)
+    .group_by(
+        MACHINES.c.id,
+        MACHINES.c.server_name,
+        MACHINES.c.cores,
+        MACHINES.c.memory_gib,
+        MACHINES.c.gpu_share,
+    )
     .order_by(MACHINES.c.server_name, MACHINES.c.id)
 )
 
-
-# A live machine's shares of split GPUs, per server: the GPUs they count for (1/n each).
-SHARE_USE = (
-    select(MACHINES.c.server_name, func.sum(1.0 / DEVICES.c.share_size))
-    .select_from(
-        SHARES.join(DEVICES, DEVICES.c.block_id == SHARES.c.block_id).join(
-            MACHINES, MACHINES.c.id == SHARES.c.machine_id
-        )
-    )
-    .where(MACHINES.c.user_name == bindparam("b_user"), MACHINES.c.state.not_in(TERMINAL))
-    .group_by(MACHINES.c.id, MACHINES.c.server_name)
-)
 
 # Each GPU's period of use that reaches past b_since, and the fraction of a GPU it
 # counts for: usage records of ended machines, then GPUs and shares held now (still

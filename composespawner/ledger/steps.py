@@ -41,7 +41,6 @@ from composespawner.ledger.statements import (
     MACHINE_BY_ID,
     MACHINES,
     MOVE_MACHINE,
-    SHARE_USE,
 )
 from composespawner.ledger.usage_sums import add_day_use
 
@@ -91,7 +90,7 @@ def machine_records(connection: Connection, rows: Sequence[Row[Any]]) -> list[Ma
     """Records of machines with what each holds now, in two reads however many."""
     ids = [row.id for row in rows]
     held = held_blocks(connection, ids)
-    shares = shares_held(connection, ids)
+    shares = shares_held(connection, [row.id for row in rows if row.gpu_share])
     return [
         with_shares(machine_record(row, held.get(row.id, ())), shares.get(row.id, ()))
         for row in rows
@@ -107,7 +106,7 @@ def with_shares(machine: Machine, shares: Sequence[tuple[str, int]]) -> Machine:
         machine,
         block_ids=tuple(sorted((*machine.block_ids, *shared))),
         shared=shared,
-        gpu_share=max(size for _, size in shares),
+        gpu_share=max(size for _, size in shares),  # one GPU, one size: it is its only share
     )
 
 
@@ -161,7 +160,8 @@ def end_machine(
     """Enter a terminal state: free every device held and record who used it."""
     ended: dict[str, Any] = {"ended_at": now, **failure_values(failure)}
     move(connection, machine, to, now, message, **ended)
-    end_shares(connection, machine, now, zone)
+    if machine.gpu_share:
+        end_shares(connection, machine, now, zone)
     held = connection.execute(DEVICES_HELD_BY, {"b_machine_id": machine.id}).all()
     if held:
         connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in held])
@@ -185,15 +185,13 @@ def gpu_hours_since(connection: Connection, user: str, since: datetime, now: dat
 def gpu_use(connection: Connection, user: str) -> list[ServerUse]:
     """What each of ``user``'s live servers holds: GPUs, cores and memory."""
     servers: dict[str, ServerUse] = {}
-    for server, gpus, cores, memory in connection.execute(GPU_USE, {"b_user": user}):
+    for server, gpus, cores, memory, share in connection.execute(GPU_USE, {"b_user": user}):
         # A server's machine that is ending and its next one both hold until the first ends.
         was = servers.get(server, ServerUse(server, 0))
+        held = gpus + (1 / share if share else 0)  # a share of 1/n counts 1/n
         servers[server] = ServerUse(
-            server, was.gpus + gpus, was.cores + cores, was.memory_gib + memory
+            server, was.gpus + held, was.cores + cores, was.memory_gib + memory
         )
-    for server, fraction in connection.execute(SHARE_USE, {"b_user": user}):
-        was = servers.get(server, ServerUse(server, 0))
-        servers[server] = dataclasses.replace(was, gpus=was.gpus + fraction)
     return list(servers.values())
 
 
@@ -311,4 +309,11 @@ def usage_values(machine: Row[Any], device: Row[Any], now: datetime) -> dict[str
 def machine_record(row: Row[Any], block_ids: tuple[str, ...]) -> Machine:
     # The tables' column names are the records' field names.
     columns = row._mapping
-    return Machine(**{**columns, "request": copy.deepcopy(columns["request"])}, block_ids=block_ids)
+    return Machine(
+        **{
+            **columns,
+            "request": copy.deepcopy(columns["request"]),
+            "gpu_share": row.gpu_share or 1,
+        },
+        block_ids=block_ids,
+    )

@@ -51,6 +51,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("block_id", "machine_id", name="pk_device_shares"),
     )
     op.create_index("ix_device_shares_machine_id", "device_shares", ["machine_id"])
+    op.add_column("machines", sa.Column("gpu_share", sa.Integer(), nullable=True))
     # Records from before are of whole devices.
     op.add_column(
         "usage_records",
@@ -67,6 +68,8 @@ def downgrade() -> None:
         batch.drop_column("reserved_share")
     with op.batch_alter_table("usage_records") as batch:
         batch.drop_column("fraction")
+    with op.batch_alter_table("machines") as batch:
+        batch.drop_column("gpu_share")
     op.drop_index("ix_device_shares_machine_id", table_name="device_shares")
     op.drop_table("device_shares")
     with op.batch_alter_table("devices") as batch:
