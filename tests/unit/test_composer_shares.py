@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.domain.catalog import Catalog
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MachineRequest
-from composespawner.ledger import Ledger
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
-from harness.paths import HUB_CONFIG
+from tests.support.composers import demo_composer
 from tests.support.faulty import FaultyFabric
 
 pytestmark = pytest.mark.timeout(30)
@@ -27,15 +25,7 @@ QUARTER = MachineRequest(
 
 @pytest.fixture
 async def composer(tmp_path: Path) -> AsyncIterator[Composer]:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.upgrade()
-    composer = Composer(
-        ledger=ledger,
-        fabric=FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"),
-        catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
-        hub_id="test-hub",
-        snapshot_ttl=0,
-    )
+    composer = demo_composer(tmp_path)
     yield composer
     await composer.close()
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from composespawner.domain.catalog import Catalog
 from composespawner.domain.quotas import QuotaRule
 from composespawner.domain.request import MachineRequest
 from composespawner.fabric.base import FabricError
@@ -18,7 +17,7 @@ from composespawner.services.claiming import CLAIM_ATTEMPTS
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.resize import FABRIC_FAILED, MoreGpus
-from harness.paths import HUB_CONFIG
+from tests.support.composers import demo_composer
 from tests.support.faulty import FaultyFabric
 
 pytestmark = pytest.mark.timeout(30)
@@ -37,15 +36,7 @@ class RacedLedger(Ledger):
 
 
 async def _composer(tmp_path: Path, ledger_class: type[Ledger] = Ledger) -> Composer:
-    ledger = ledger_class(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.upgrade()
-    return Composer(
-        ledger=ledger,
-        fabric=FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"),
-        catalog=Catalog.from_file(HUB_CONFIG / "catalog.toml"),
-        hub_id="test-hub",
-        snapshot_ttl=0,
-    )
+    return demo_composer(tmp_path, ledger_class)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from composespawner.domain.hardware import Device
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MAX_OPTIONS_BYTES
 from composespawner.launchers.base import SpawnRefused
-from composespawner.ledger import Ledger
 from composespawner.services.admission import Admission
 from composespawner.services.composer import Composer
 from composespawner.spawners.options import (
@@ -30,7 +29,7 @@ from composespawner.spawners.progress import StartProgress, step_percent
 from composespawner.spawners.refusals import options_to_store
 from composespawner.spawners.state import ComposeState, restored_state, saved_state
 from harness.paths import HUB_CONFIG
-from tests.support.faulty import FaultyFabric
+from tests.support.composers import demo_composer
 
 CATALOG = Catalog.from_file(HUB_CONFIG / "catalog.toml")
 GPU = Device("b1", "gpu", "NVIDIA T4 16GB", frozenset({"r1"}), "c1", "attached", uuid="u-1")
@@ -127,15 +126,7 @@ def test_options_not_stored_are_logged_naming_the_server(caplog: pytest.LogCaptu
 
 @pytest.fixture
 async def composer(tmp_path: Path) -> AsyncIterator[Composer]:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.upgrade()
-    composer = Composer(
-        ledger=ledger,
-        fabric=FaultyFabric.from_inventory(HUB_CONFIG / "fabric_inventory.toml"),
-        catalog=CATALOG,
-        hub_id="test-hub",
-        snapshot_ttl=0,
-    )
+    composer = demo_composer(tmp_path)
     yield composer
     await composer.close()
 
