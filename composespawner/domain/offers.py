@@ -84,7 +84,7 @@ def availability(
     ]
     most = min(max(per_zone, default=0), per_machine_cap)
     # Whole GPUs only: a quota with a quarter left has none to give whole.
-    to_ask = most if quota_left is None else max(min(most, int(quota_left)), 0)
+    to_ask = most if quota_left is None else max(min(most, int(quota_left + 1e-9)), 0)
     return Availability(
         free=len(reachable),
         most_per_machine=most,

@@ -280,6 +280,12 @@ def _place_share(pool: Pool, ask: DeviceAsk) -> Plan | NoFit:
     opened = place(pool, replace(ask, gpu_share=1))
     if isinstance(opened, NoFit):
         return opened
+    if not opened.host.shareable:
+        # A host composed whole for one machine would hold the GPU for one holder only.
+        return NoFit(
+            f"No host that can be shared has room for a share of a {ask.label} right now:"
+            " ask for a whole GPU, or try again when a server stops."
+        )
     return replace(opened, gpu_share=ask.gpu_share)
 
 

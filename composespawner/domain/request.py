@@ -179,16 +179,31 @@ def parse_options(
     kit = _kit(options.get("kit"), catalog)
     count = _gpu_count(options.get("gpu_count"), catalog)
     model = _gpu_model(options.get("gpu_model"), count, catalog, visible_models)
+    share = _gpu_share(options.get("gpu_share"), count, model, catalog, visible_models)
     return MachineRequest(
         gpu_model=model,
         gpu_count=count,
-        gpu_share=_gpu_share(options.get("gpu_share"), count, model, catalog, visible_models),
-        size=_size(options.get("size"), count, catalog),
+        gpu_share=share,
+        size=_shared_size(_size(options.get("size"), count, catalog), share, catalog),
         network=_network(options.get("network", catalog.networks[0].id), catalog),
         scratch_gb=_scratch(options.get("scratch_gb", 0), catalog),
         stack=_stack_for(kit, options.get("stack"), catalog),
         kit=kit,
     )
+
+
+def _shared_size(size: str, share: int, catalog: Catalog) -> str:
+    """A share's server runs in a share of a host: a whole host would keep the GPU's
+    other holders off it, for the price of a fraction."""
+    chosen = catalog.size(size)
+    if share > 1 and chosen is not None and chosen.whole_host:
+        sizes = ", ".join(s.id for s in catalog.sizes if not s.whole_host)
+        raise RequestError(
+            f"A share of a GPU runs in a share of a host, not in {chosen.label}: choose a"
+            f" size ({sizes}), or whole GPUs (gpu_share 1) for a whole host.",
+            "size",
+        )
+    return size
 
 
 def check_server_name(name: str) -> None:

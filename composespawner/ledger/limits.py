@@ -102,8 +102,9 @@ def check_use(
 
 def _check_gpus_held(user: str, quota: Quota, asked: float, use: Use) -> None:
     held = quota.gpus_held
-    # Shares sum in quarters and halves: exact in binary, so no tolerance is needed.
-    if held.value is None or use.gpus + asked <= held.value:
+    # Shares sum as floats: nine ninths make 1.0000000000000002. A real excess is at least
+    # 1/720720 (sizes up to 16), far above the tolerance.
+    if held.value is None or use.gpus + asked <= held.value + 1e-9:
         return
     you_asked = f"You asked for {gpus(asked)}"
     if held.value == 0:

@@ -38,7 +38,7 @@ from sqlalchemy import (
 from composespawner.domain.shares import SplitGpu
 from composespawner.ledger.errors import DevicesTaken
 from composespawner.ledger.rooms import give_slots
-from composespawner.ledger.statements import DEVICES, INSERT_USAGE, SHARES
+from composespawner.ledger.statements import DEVICES, INSERT_USAGE, MACHINES, SHARES
 from composespawner.ledger.usage_sums import add_day_use
 
 _D = DEVICES.c
@@ -71,10 +71,13 @@ _SPLIT = (
         _D.kind == "gpu",
         _D.machine_id.is_(None),
         _D.share_size.is_(None),
+        _D.share_closer.is_(None),
     )
     .values(share_size=bindparam("b_size"), share_host=bindparam("b_host"), share_holders=1)
 )
-_MINE = select(SHARES).where(SHARES.c.machine_id == bindparam("b_machine_id"))
+# Locked: two leaves of one machine (a hub's retry and the reconciler's, in two
+# processes) must not both count it out (PostgreSQL; SQLite's write lock serializes).
+_MINE = select(SHARES).where(SHARES.c.machine_id == bindparam("b_machine_id")).with_for_update()
 _LEAVE = (
     update(SHARES)
     .where(SHARES.c.machine_id == bindparam("b_machine_id"), SHARES.c.leaving.is_(False))
@@ -89,6 +92,7 @@ _CLOSE_IF_EMPTY = (
     update(DEVICES)
     .where(
         _D.block_id.in_(bindparam("b_blocks", expanding=True)),
+        _D.share_size.is_not(None),
         _D.share_holders == 0,
         _D.share_closer.is_(None),
     )
@@ -97,12 +101,17 @@ _CLOSE_IF_EMPTY = (
 _CLOSED_BY = select(DEVICES).where(_D.share_closer == bindparam("b_machine_id"))
 _UNSPLIT = (
     update(DEVICES)
-    .where(_D.block_id.in_(bindparam("b_blocks", expanding=True)))
+    .where(
+        _D.block_id.in_(bindparam("b_blocks", expanding=True)),
+        _D.share_closer == bindparam("b_machine_id"),
+    )
     .values(share_size=None, share_host=None, share_closer=None, share_holders=0)
 )
+# The size is the machine's (machines.gpu_share): the GPU's own may be another by now,
+# or none, once the machine has left it.
 _SHARES_HELD = (
-    select(SHARES.c.machine_id, SHARES.c.block_id, _D.share_size)
-    .join(DEVICES, _D.block_id == SHARES.c.block_id)
+    select(SHARES.c.machine_id, SHARES.c.block_id, MACHINES.c.gpu_share)
+    .join(MACHINES, MACHINES.c.id == SHARES.c.machine_id)
     .where(SHARES.c.machine_id.in_(bindparam("b_machines", expanding=True)))
     .order_by(SHARES.c.block_id)
 )
@@ -140,8 +149,9 @@ def leave_shares(connection: Connection, machine_id: str) -> tuple[str, ...]:
     if staying:
         connection.execute(_ONE_FEWER, [{"b_block": block} for block in staying])
         connection.execute(_LEAVE, {"b_machine_id": machine_id})
-    blocks = [row.block_id for row in rows]
-    connection.execute(_CLOSE_IF_EMPTY, {"b_blocks": blocks, "b_machine_id": machine_id})
+        # Only a GPU this very leave emptied is this machine's to close: one it left
+        # before may be free by now, held whole, or split again for others.
+        connection.execute(_CLOSE_IF_EMPTY, {"b_blocks": staying, "b_machine_id": machine_id})
     closed = connection.execute(_CLOSED_BY, {"b_machine_id": machine_id})
     return tuple(sorted(row.block_id for row in closed))
 
@@ -155,20 +165,22 @@ def end_shares(
     it, and the reconciler detaches what no holder explains."""
     leave_shares(connection, machine.id)
     rows = connection.execute(
-        select(SHARES.c.block_id, SHARES.c.held_since, _D.kind, _D.model, _D.share_size)
+        select(SHARES.c.block_id, SHARES.c.held_since, _D.kind, _D.model)
         .join(DEVICES, _D.block_id == SHARES.c.block_id)
         .where(SHARES.c.machine_id == machine.id)
     ).all()
     if not rows:
         return
+    fraction = 1 / machine.gpu_share  # the machine's size: the GPU may be split anew by now
     if used:
-        connection.execute(INSERT_USAGE, [_usage(machine, row, now) for row in rows])
-        held = [_Held(r.kind, r.model, r.held_since, 1 / r.share_size) for r in rows]
+        connection.execute(INSERT_USAGE, [_usage(machine, row, now, fraction) for row in rows])
+        held = [_Held(r.kind, r.model, r.held_since, fraction) for r in rows]
         add_day_use(connection, machine.user_name, held, now, zone)
     connection.execute(delete(SHARES).where(SHARES.c.machine_id == machine.id))
     closed = connection.execute(_CLOSED_BY, {"b_machine_id": machine.id}).all()
     if closed:
-        connection.execute(_UNSPLIT, {"b_blocks": [row.block_id for row in closed]})
+        blocks = [row.block_id for row in closed]
+        connection.execute(_UNSPLIT, {"b_blocks": blocks, "b_machine_id": machine.id})
         for row in closed:
             give_slots(connection, cast(str, row.share_host), 1, now)
 
@@ -211,7 +223,7 @@ def _rowcount(result: Any) -> int:
     return cast(CursorResult[Any], result).rowcount
 
 
-def _usage(machine: Any, row: Any, now: datetime) -> dict[str, Any]:
+def _usage(machine: Any, row: Any, now: datetime, fraction: float) -> dict[str, Any]:
     return {
         "machine_id": machine.id,
         "user_name": machine.user_name,
@@ -221,5 +233,5 @@ def _usage(machine: Any, row: Any, now: datetime) -> dict[str, Any]:
         "model": row.model,
         "started_at": row.held_since,
         "ended_at": now,
-        "fraction": 1 / row.share_size,
+        "fraction": fraction,
     }

@@ -437,7 +437,7 @@ def _shares_offered(
     return {
         m.id: {
             size: shares_free(pool, m.fabric_models, size)
-            if quota_left is None or quota_left >= 1 / size
+            if quota_left is None or quota_left + 1e-9 >= 1 / size
             else 0
             for size in m.shares
         }

@@ -138,6 +138,22 @@ class Releaser:
             # We mark a host before attaching anything, so a host without our mark
             # holds nothing we attached; what is on it belongs to someone else.
             self.log.info("Host %s has no mark of %s: nothing of ours on it", host, machine.id)
+            # But a shared GPU's last holder detaches what its first holder attached,
+            # whether or not it got as far as the host's mark itself.
+            await self._detach_closing(host, closing)
+
+    async def _detach_closing(self, host: str, closing: Sequence[str]) -> None:
+        """Detach the shared GPUs a release closes from their host. The ledger holds them
+        there for this hub until the detach is confirmed, so they are ours to detach even
+        where the mark went with the host's last machine; never from a host another hub
+        marked."""
+        if not closing:
+            return
+        mark, linked = await self.fabric.host_mark(host)
+        if mark is not None and mark.hub != self.hub_id:
+            return
+        for block in sorted(set(closing) & set(linked)):
+            await self.fabric.detach(host, block)
 
     def tag(self, machine_id: str, machine: Machine | None = None) -> CompositionTag:
         """The mark this hub wrote on the machine's host (the owner only when known)."""

@@ -207,3 +207,47 @@ def test_racing_quarters_fill_a_gpu_and_no_more(
     assert names["Machine"] == 3, names
     assert set(names) <= {"Machine", "DevicesTaken"}, names
     assert split(ledger) == {gpus[0]: SplitGpu(HOST, 4, 4)}
+
+
+def test_holders_stopping_together_close_the_gpu_once_and_leave_a_new_holder_alone(
+    ledger: Ledger, gpus: list[str]
+) -> None:
+    """A left first, then B left, detached and ended while A's detach was still out: A's
+    end (or a retry of its leave) must not close the GPU again, whoever has it by then."""
+    a, b = (claim_share(ledger, u, gpus[0]) for u in ("ada", "bob"))
+    for machine in (a, b):
+        run(ledger, machine.id)
+        ledger.transition(machine.id, "stopping", "stopped")
+    assert ledger.leave_shares(a.id) == ()
+    assert ledger.leave_shares(b.id) == (gpus[0],)
+    ledger.release(b.id)
+    assert split(ledger) == {}
+
+    taker = ledger.request_machine("cy", "", {})
+    ledger.claim(taker, host_id=HOST, zone="rack-1", block_ids=[gpus[0]], room=room())
+    assert ledger.leave_shares(a.id) == ()  # a retry: not A's to detach, it is cy's now
+    ledger.release(a.id)
+    assert ledger.holders() == {gpus[0]: taker}
+    assert split(ledger) == {}
+    [usage] = ledger.usage("ada")
+    assert usage.fraction == 0.25
+    released = ledger.machine(a.id)
+    assert released is not None
+    assert released.state == "released"
+
+
+def test_nine_ninths_fit_a_one_gpu_limit(ledger: Ledger, gpus: list[str]) -> None:
+    """Fractions sum as floats (nine ninths are 1.0000000000000002): never refused for it."""
+    quota = Quota(gpus_held=Limit(1, "site"))
+    for i in range(9):
+        machine_id = ledger.request_machine("ada", f"s{i}", {})
+        ledger.claim(
+            machine_id,
+            host_id=HOST,
+            zone="rack-1",
+            block_ids=[],
+            room=room(),
+            share=ShareClaim(gpus[0], 9, HOST),
+            quota=quota,
+        )
+    assert sum(u.gpus for u in ledger.gpu_use("ada")) == pytest.approx(1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from composespawner.domain.hardware import CompositionTag
 from composespawner.domain.machine import ComposedMachine
 from composespawner.domain.request import MachineRequest
 from composespawner.services.composer import Composer
@@ -104,3 +105,22 @@ async def test_a_share_neither_grows_nor_shrinks(composer: Composer) -> None:
 
     assert await composer.running_machine("ada", "") == before
     assert machine.gpus[0].block_id in fabric(composer).state.attached(machine.host)
+
+
+async def test_the_last_holder_detaches_the_gpu_even_if_it_never_reached_the_mark(
+    composer: Composer,
+) -> None:
+    ada = await quarter(composer, "ada")
+    bob = await quarter(composer, "bob")
+    gpu = ada.gpus[0].block_id
+    # As if ada's compose had stopped before it joined the host's mark.
+    tag = CompositionTag(hub=composer.hub_id, machine=ada.machine_id, owner="ada/")
+    await composer.fabric.leave_host(ada.host, tag)
+    await stop(composer, bob)
+    assert gpu in fabric(composer).state.attached(ada.host)
+
+    await stop(composer, ada)  # the last holder: it closes the GPU, with no mark of its own
+
+    assert gpu not in fabric(composer).state.attached(ada.host)
+    assert composer.ledger.holds().split == {}
+    assert gpu in composer.ledger.free_blocks()

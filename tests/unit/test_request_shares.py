@@ -166,3 +166,11 @@ def test_shares_are_named_for_people(size: int, label: str, word: str, words: st
 )
 def test_a_share_names_its_model_with_its_article(label: str, phrase: str) -> None:
     assert share_phrase(4, label) == phrase
+
+
+def test_a_share_on_a_whole_host_is_refused_naming_the_sizes() -> None:
+    """A whole host would keep the GPU's other holders off it, for the price of a share."""
+    with pytest.raises(RequestError) as refused:
+        parse_options({**QUARTER_T4, "size": "whole"}, CATALOG, PUBLIC)
+    assert (refused.value.field, refused.value.status) == ("size", 400)
+    assert "choose a size (small, medium, large, xlarge)" in str(refused.value)
