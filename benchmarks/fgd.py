@@ -22,9 +22,12 @@ accepts, and the GPUs.
   first, until they cover 95% of its tasks (their artifact's settings:
   CPU-only tasks included, popularity threshold 95, step 1), renormalised.
 
-Ties go at random (the simulator picks at random among equal scores). Unlike
-the simulator, scores are compared exactly: it rounds them to integers 0..100
-first (for FGD ``sigmoid(-delta / 1000) x 100``).
+FGD scores as the artifact does: the growth rounded down to an integer 0..100
+(``sigmoid(-delta / 1000) x 100``), ties to the node first by name (its vendored
+kube-scheduler's ``selectHost`` is patched to keep the smallest name among equal
+scores, not to pick at random). Both matter on seed 42: 0.9533 so (published
+0.9529), 0.9437 with exact scores and ties by name, 0.899 with ties at random.
+Best fit still breaks ties at random: it already matches (0.9318, published 0.9313).
 """
 
 from __future__ import annotations
@@ -197,7 +200,8 @@ def fgd(
     workload: Sequence[Task],
     rng: random.Random,
     types: Sequence[tuple[TaskType, float]] | None = None,
-    rounded: bool = False,
+    rounded: bool = True,
+    by_name: bool = True,
 ) -> SharedNodes:
     """Each task where fragmentation grows least; what fits nowhere fails."""
     cluster = SharedNodes(nodes)
@@ -219,7 +223,12 @@ def fgd(
             elif delta <= best_delta + EXACT:
                 best.append((i, gpu))
         if best:
-            i, gpu = rng.choice(best)
+            # Ties: the node first by name, as the artifact's scheduler (its vendored
+            # kube-scheduler's selectHost keeps the smallest name among equal scores).
+            if by_name:
+                i, gpu = min(best, key=lambda move: nodes[move[0]].name)
+            else:
+                i, gpu = rng.choice(best)
             cluster.take(i, task, gpu)
             now[i] = frag(nodes[i].model, cluster.cpu[i], cluster.gpus[i])
             moves[i].clear()
