@@ -46,8 +46,9 @@ from typing import Any
 from benchmarks import fgd
 from benchmarks.alibaba_trace import POD_LIST, Node, Task, load_nodes, load_tasks
 from benchmarks.trace_timing import Waits, replay
-from composespawner.domain.hardware import Device, Host, Inventory
+from composespawner.domain.hardware import Device, Host, Inventory, Share
 from composespawner.domain.placement import DeviceAsk, NoFit, Plan, place, pool_for
+from composespawner.domain.rooms import NO_USE, HostUse
 from composespawner.domain.shares import SplitGpu
 
 RESULTS = Path(__file__).with_name("results")
@@ -119,6 +120,9 @@ class Cluster:
     nodes: Sequence[Node]
     zone_of: dict[str, str]
     share_sizes: tuple[int, ...] = ()  # empty: a GPU-sharing task takes a whole GPU
+    # True: asks carry the task's CPU and memory and pool_for gets each host's use (packing
+    # hosts by best fit); False: every host is offered empty, a task asks a whole one.
+    sized: bool = False
     hosts: dict[str, Host] = field(init=False)
     members: dict[str, list[Node]] = field(init=False)  # zone -> its nodes
     free_gpus: dict[str, dict[str, Device]] = field(init=False)  # zone -> block id -> GPU
@@ -131,6 +135,7 @@ class Cluster:
     joinable: dict[str, dict[str, Device]] = field(init=False)  # zone -> split, slot free
     asked_milli: int = field(init=False, default=0)  # what placed tasks asked for
     held_milli: float = field(init=False, default=0.0)  # what they hold: 1000/n a share
+    use: dict[str, HostUse] = field(init=False, default_factory=dict)  # node -> held (sized)
 
     def __post_init__(self) -> None:
         self.hosts, self.members, self.free_gpus = {}, {}, {}
@@ -138,19 +143,28 @@ class Cluster:
         for node in self.nodes:
             zone = self.zone_of[node.name]
             zones = frozenset({zone})
-            self.hosts[node.name] = Host(
-                node.name, f"{node.name}/host", zones, node.cpu_milli // 1000,
-                node.memory_mib // 1024, "enabled",
-            )  # fmt: skip
+            self.hosts[node.name] = self._host(node, zones)
             self.members.setdefault(zone, []).append(node)
             pool = self.free_gpus.setdefault(zone, {})
             for i in range(node.gpus):
-                gpu = Device(f"{node.name}/gpu{i}", "gpu", node.model, zones, node.name, "free")
+                name = f"{node.name}/gpu{i}"
+                # A UUID: placement gives a machine on a shared host only GPUs it can name.
+                gpu = Device(name, "gpu", node.model, zones, node.name, "free", uuid=name)
                 pool[gpu.block_id] = gpu
         self.free_cpu = {n.name: n.cpu_milli for n in self.nodes}
         self.free_memory = {n.name: n.memory_mib for n in self.nodes}
         self.models = frozenset(n.model for n in self.nodes)
         self.placed = [(n.name, self.zone_of[n.name], self.hosts[n.name]) for n in self.nodes]
+
+    def _host(self, node: Node, zones: frozenset[str]) -> Host:
+        name = f"{node.name}/host"
+        if not self.sized:
+            return Host(node.name, name, zones, node.cpu_milli // 1000, node.memory_mib // 1024,
+                        "enabled")  # fmt: skip
+        # Sized: cores in milli-cores, "GiB" in MiB (exact); slots: the node's GPUs (seed 42:
+        # twice as many held 2.6% less GPU, unsized 2.2% less: shares' slots stranded).
+        return Host(node.name, name, zones, node.cpu_milli, node.memory_mib, "enabled",
+                    max_devices=max(node.gpus, 1))  # fmt: skip
 
     @property
     def total_gpus(self) -> int:
@@ -194,11 +208,12 @@ class Cluster:
     def decide(self, task: Task) -> Plan | NoFit:
         view = self.view(task)
         held = [d.block_id for d in view.devices if d.block_id in self.split]
-        pool = pool_for(view, held=held, owners={}, groups=(), split=self.split)
+        # self.use stays empty unless sized: every host then looks empty, as before.
+        pool = pool_for(view, held=held, owners={}, groups=(), split=self.split, use=self.use)
         models = task.gpu_spec or self.models
-        share = share_for(task, self.share_sizes)
-        return place(pool, DeviceAsk(models, task.whole_gpus, "/".join(sorted(models)),
-                                     gpu_share=share))  # fmt: skip
+        room = Share(task.cpu_milli, task.memory_mib) if self.sized else None
+        return place(pool, DeviceAsk(models, task.whole_gpus, "/".join(sorted(models)), share=room,
+                                     gpu_share=share_for(task, self.share_sizes)))  # fmt: skip
 
     def allocate(self, task: Task, plan: Plan) -> Allocation:
         """Take what the plan names, checking first that all of it is still free."""
@@ -225,6 +240,7 @@ class Cluster:
                 self.joinable[zone][gpu.block_id] = gpu
         self.free_cpu[node] -= task.cpu_milli
         self.free_memory[node] -= task.memory_mib
+        self._hold(node, task, 0 if plan.joins else len(plan.gpus), 1)
         self.asked_milli += task.gpu_demand_milli
         self.held_milli += 1000 / share if share > 1 else 1000 * task.num_gpu
         return Allocation(node, zone, plan.gpus, task, share)
@@ -238,20 +254,34 @@ class Cluster:
         if where.holders == where.size:
             del self.joinable[plan.zone][gpu.block_id]
 
+    def _hold(self, node: str, task: Task, slots: int, machines: int) -> None:
+        """What ``node`` holds grows by ``task`` (negative ``machines``: shrinks)."""
+        if not self.sized:
+            return
+        was, sign = self.use.get(node, NO_USE), 1 if machines > 0 else -1
+        now = HostUse(was.cores + sign * task.cpu_milli, was.memory_gib + sign * task.memory_mib,
+                      was.slots + slots, was.machines + machines)  # fmt: skip
+        self.use[node] = now
+        if not now.machines:
+            del self.use[node]
+
     def release(self, allocation: Allocation) -> None:
         task, zone = allocation.task, allocation.zone
+        detached = 0
         for gpu in allocation.gpus:
             where = self.split.get(gpu.block_id)
             if where is not None and where.holders > 1:  # others still hold it
                 self.split[gpu.block_id] = replace(where, holders=where.holders - 1)
                 self.joinable[zone][gpu.block_id] = gpu
                 continue
+            detached += 1
             self.split.pop(gpu.block_id, None)
             self.joinable[zone].pop(gpu.block_id, None)
             self.in_use.remove(gpu.block_id)
             self.free_gpus[zone][gpu.block_id] = gpu
         self.free_cpu[allocation.node] += task.cpu_milli
         self.free_memory[allocation.node] += task.memory_mib
+        self._hold(allocation.node, task, -detached, -1)
         self.asked_milli -= task.gpu_demand_milli
         share = allocation.share
         self.held_milli -= 1000 / share if share > 1 else 1000 * task.num_gpu
@@ -359,7 +389,7 @@ def inflation_run(
     milli = inflated(tasks, INFLATION * capacity * 1000, lambda t: t.gpu_demand_milli, rng)
     best = sharing_best_fit(nodes, milli, rng)
     by_fgd = fgd.fgd(nodes, milli, random.Random(seed)).allocated_share
-    shares = fill(Cluster(nodes, composable_zones(nodes), SHARE_SIZES), milli)
+    shares = fill(Cluster(nodes, composable_zones(nodes), SHARE_SIZES, sized=True), milli)
     return Inflated(seed, static, composable, best, by_fgd, shares)
 
 
@@ -408,7 +438,9 @@ ASSUMPTIONS = [
     "Sharing rows: demand in milli-GPUs as the paper (same workload for all three per seed)."
     f" Composable + shares: a sharing task asks DeviceAsk(gpu_share=n), n the largest of"
     f" {SHARE_SIZES} with 1/n >= gpu_milli/1000 (none above 500: a whole GPU); split GPUs are"
-    " passed to pool_for as split=. Static best fit and FGD (benchmarks/fgd.py, NOT"
+    " passed to pool_for as split=; every ask carries the task's CPU and memory (share=) and"
+    " pool_for each host's use (use=), so placement packs hosts by best fit; a host takes as"
+    " many devices as its node has GPUs. Static best fit and FGD (benchmarks/fgd.py, NOT"
     " composespawner code): any gpu_milli on one GPU of the task's node, as the paper's"
     " simulator. Reported: asked = gpu_milli of placed tasks / all GPU (the paper's measure),"
     " held = what shares hold (1/n) / all GPU, attached = GPUs whole or split / all.",

@@ -25,6 +25,7 @@ from benchmarks.gates import unmet
 from benchmarks.trace_replay import Cluster, DoubleAllocation
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.placement import Plan
+from composespawner.domain.rooms import HostUse
 from composespawner.domain.usage import Period
 from composespawner.ledger import Ledger
 from fabricsim.inventory import parse_inventory
@@ -156,6 +157,22 @@ def test_quarters_pack_onto_one_gpu_and_it_is_freed_by_the_last_holder() -> None
         cluster.release(q)
     assert (cluster.allocated_gpus, cluster.split, cluster.held_milli) == (0, {}, 0)
     assert sum(len(p) for p in cluster.free_gpus.values()) == 4
+
+
+def test_sized_shares_join_only_on_a_host_with_room_and_the_books_clear() -> None:
+    zones = trace_replay.composable_zones(STRANDING_NODES)
+    cluster = Cluster(STRANDING_NODES, zones, (4,), sized=True)
+    held = [cluster.try_start(share_task(f"q{i}", 250, cores=2)) for i in range(3)]
+    # Best fit puts the first quarter on the short host; the second joins it and takes
+    # its last cores; the third cannot join there, so it splits a GPU on the other host.
+    assert [a.node if a else None for a in held] == ["node-a", "node-a", "node-b"]
+    assert cluster.allocated_gpus == 2
+    assert cluster.use["node-a"] == HostUse(4000, 2048, 1, 2)
+    assert cluster.use["node-b"] == HostUse(2000, 1024, 1, 1)
+    for allocation in held:
+        assert allocation is not None
+        cluster.release(allocation)
+    assert (cluster.use, cluster.split, cluster.allocated_gpus) == ({}, {}, 0)
 
 
 def test_fgd_and_best_fit_keep_the_books_on_a_slice() -> None:
