@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from composespawner.domain.quotas import Limit, Quota
+from composespawner.domain.quotas import NO_QUOTA, Limit, Quota
 from composespawner.domain.rooms import HostUse, Room
 from composespawner.domain.shares import SplitGpu
 from composespawner.ledger import (
@@ -36,7 +36,13 @@ def room(host: str = HOST) -> RoomClaim:
 
 
 def claim_share(
-    ledger: Ledger, user: str, gpu: str, size: int = 4, host: str = HOST, server: str = ""
+    ledger: Ledger,
+    user: str,
+    gpu: str,
+    size: int = 4,
+    host: str = HOST,
+    server: str = "",
+    quota: Quota = NO_QUOTA,
 ) -> Machine:
     machine_id = ledger.request_machine(user, server, {})
     return ledger.claim(
@@ -46,6 +52,7 @@ def claim_share(
         block_ids=[],
         room=room(host),
         share=ShareClaim(gpu, size, host),
+        quota=quota,
     )
 
 
@@ -134,17 +141,8 @@ def test_a_share_counts_its_fraction_against_the_quota(ledger: Ledger, gpus: lis
     take("b", gpus[1], 4)
     take("c", gpus[2], 4)
     assert sorted(u.gpus for u in ledger.gpu_use("ada")) == [0.25, 0.25, 0.5]
-    machine_id = ledger.request_machine("ada", "d", {})
     with pytest.raises(QuotaExceeded, match=r"1 GPU at once.*and 1 is in use"):
-        ledger.claim(
-            machine_id,
-            host_id=HOST,
-            zone="rack-1",
-            block_ids=[],
-            room=room(),
-            share=ShareClaim(gpus[3], 4, HOST),
-            quota=quota,
-        )
+        claim_share(ledger, "ada", gpus[3], server="d", quota=quota)
 
 
 def test_usage_and_gpu_hours_count_a_quarter_as_a_quarter(
@@ -240,14 +238,5 @@ def test_nine_ninths_fit_a_one_gpu_limit(ledger: Ledger, gpus: list[str]) -> Non
     """Fractions sum as floats (nine ninths are 1.0000000000000002): never refused for it."""
     quota = Quota(gpus_held=Limit(1, "site"))
     for i in range(9):
-        machine_id = ledger.request_machine("ada", f"s{i}", {})
-        ledger.claim(
-            machine_id,
-            host_id=HOST,
-            zone="rack-1",
-            block_ids=[],
-            room=room(),
-            share=ShareClaim(gpus[0], 9, HOST),
-            quota=quota,
-        )
+        claim_share(ledger, "ada", gpus[0], size=9, server=f"s{i}", quota=quota)
     assert sum(u.gpus for u in ledger.gpu_use("ada")) == pytest.approx(1)
