@@ -1,0 +1,56 @@
+"""What a GPU was doing when last read: pure values shared by the activity sources and the
+reclaim policy.
+
+A source (DCGM exporter, NVML) turns what it read into an ``ActivityReading``; the policy
+folds readings into its watch. Everything keys by ``gpu_uuid``: the UUID nvidia-smi shows,
+without its "GPU-" prefix, lower-cased, so both sources and the inventory agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_UUID_PREFIX = "gpu-"
+
+
+def gpu_uuid(text: str) -> str:
+    """The key a GPU is known by: ``text`` without an optional "GPU-" prefix, lower-cased."""
+    key = text.strip().lower()
+    if key.startswith(_UUID_PREFIX):
+        key = key[len(_UUID_PREFIX) :]
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """One reading of one GPU, by the UUID nvidia-smi shows (without the "GPU-" prefix,
+    lower-case)."""
+
+    uuid: str
+    utilization: float  # percent of the sample period a kernel ran, 0..100
+    memory_used_mib: float  # framebuffer in use
+    processes: int | None  # compute processes holding a context; None: the source cannot tell
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityReading:
+    """What one source said about one compute host at one moment."""
+
+    host_id: str
+    at: float  # time.time() of the read
+    gpus: Mapping[str, GpuActivity]  # uuid -> activity; a GPU not listed is UNKNOWN, never idle
+
+
+def holds_context(gpu: GpuActivity, memory_floor_mib: float) -> bool:
+    """Whether something holds the GPU: a compute process when the source counts them, else
+    framebuffer above the floor (a CUDA context takes hundreds of MiB; a GPU nobody holds
+    shows a few)."""
+    if gpu.processes is not None:
+        return gpu.processes > 0
+    return gpu.memory_used_mib > memory_floor_mib
+
+
+def did_work(gpu: GpuActivity, busy_percent: float) -> bool:
+    """Whether a kernel ran for more than ``busy_percent`` of the sample period."""
+    return gpu.utilization > busy_percent
