@@ -49,6 +49,7 @@ setup(
         "yarl>=1.9",
         "Jinja2>=3.1",
         "plotly>=6",  # the portal serves its plotly.min.js for usage charts: no CDN
+        "nvidia-ml-py>=12",  # pynvml: GPU activity on the local host (imported lazily)
     ],
     extras_require={
         "postgres": ["psycopg[binary]>=3.2"],
