@@ -79,12 +79,13 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
     """
 
     form_fabric_timeout = Float(
-        1.5,
+        1.0,
         config=True,
         help="""Seconds the spawn form waits for a fresh fabric inventory. A slower read
         goes on in the background while the form shows the last inventory with its age
-        (or, with none read yet, says the fabric is not answering). Raise it only if
-        your fabric's inventory read regularly takes longer.""",
+        (or, with none read yet, says the fabric is not answering). The default keeps
+        the form within 2 s with time left for login, redirects and a loaded hub.
+        Raise it only if your fabric's inventory read regularly takes longer.""",
     )
 
     portal_url = Unicode(
