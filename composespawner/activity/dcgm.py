@@ -51,12 +51,19 @@ def parse_dcgm(
     :class:`ActivityUnreadable` when the text is not Prometheus text, has neither
     field, has fields but no UUIDs, gives a GPU one field without the other, or a
     value that cannot be true (NaN, negative, utilisation over 100, DCGM's blank).
+    Both fields declared (``# TYPE``) with no sample is a host without GPUs: an empty
+    reading, which says nothing is idle.
     """
-    samples = _samples(text, host_id, where)
-    if not samples:
+    declared, samples = _samples(text, host_id, where)
+    if not declared:
         raise ActivityUnreadable(
             host_id, where, f"neither {UTILIZATION} nor {MEMORY_USED} in its answer"
         )
+    if not samples:
+        if len(declared) < 2:
+            only = declared.pop()
+            raise ActivityUnreadable(host_id, where, f"only {only} declared, and no samples")
+        return ActivityReading(host_id, at, {})  # the exporter sees no GPU on this host
     labelled = [s for s in samples if s.uuid]
     if not labelled:
         raise ActivityUnreadable(
@@ -69,11 +76,17 @@ def parse_dcgm(
     return ActivityReading(host_id, at, _per_gpu(labelled, host_id, where))
 
 
-def _samples(text: str, host_id: str, where: str) -> list[_Sample]:
-    """The two fields' samples; the parser reads lazily, so every error surfaces here."""
+def _samples(text: str, host_id: str, where: str) -> tuple[set[str], list[_Sample]]:
+    """The two fields' families declared, and their samples.
+
+    The parser reads lazily, so every error of the text surfaces here.
+    """
+    declared: set[str] = set()
     found = []
     try:
         for family in text_string_to_metric_families(text):
+            if family.name in (UTILIZATION, MEMORY_USED):
+                declared.add(family.name)
             for sample in family.samples:
                 if sample.name not in (UTILIZATION, MEMORY_USED):
                     continue
@@ -82,7 +95,7 @@ def _samples(text: str, host_id: str, where: str) -> list[_Sample]:
                 found.append(_Sample(sample.name, gpu_uuid(uuid), instance, float(sample.value)))
     except (ValueError, IndexError, KeyError, TypeError) as err:
         raise ActivityUnreadable(host_id, where, f"not Prometheus text: {err}") from err
-    return found
+    return declared, found
 
 
 def _implausible(sample: _Sample) -> str | None:

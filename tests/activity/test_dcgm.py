@@ -80,6 +80,14 @@ def test_series_repeated_per_pod_are_not_added_up() -> None:
     assert (activity.utilization, activity.memory_used_mib) == (20.0, 2048.0)
 
 
+def test_both_fields_declared_without_samples_is_a_host_without_gpus() -> None:
+    text = "".join(
+        f"# HELP {field} help\n# TYPE {field} gauge\n"
+        for field in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
+    )
+    assert dict(parse_dcgm(text, "h", 1.0).gpus) == {}  # nothing listed: nothing idle
+
+
 def test_other_exporters_lines_are_ignored() -> None:
     text = "go_goroutines 42\n" + gpu(1, 2)
     assert set(parse_dcgm(text, "h", 1.0).gpus) == {"aaaa"}
@@ -92,6 +100,7 @@ def test_other_exporters_lines_are_ignored() -> None:
         ("hello world\n", "not Prometheus text"),
         ("", "neither DCGM_FI_DEV_GPU_UTIL nor DCGM_FI_DEV_FB_USED"),
         ("go_goroutines 42\n", "neither"),
+        ("# TYPE DCGM_FI_DEV_FB_USED gauge\n", "only DCGM_FI_DEV_FB_USED declared"),
         (gpu(1, 2, None), "no UUID label"),
         (series("DCGM_FI_DEV_GPU_UTIL", 3), "has no DCGM_FI_DEV_FB_USED"),
         (series("DCGM_FI_DEV_FB_USED", 3), "has no DCGM_FI_DEV_GPU_UTIL"),
