@@ -13,6 +13,7 @@ from typing import Any
 import tornado.web
 
 from . import uris
+from .handlers.activity import ActivityFaultsHandler, ActivityHandler, DcgmMetricsHandler
 from .handlers.service import (
     MetadataHandler,
     NotFoundHandler,
@@ -49,7 +50,13 @@ def make_app(simulator: Simulator) -> tornado.web.Application:
         (r"/redfish/v1(/.*)?", ResourceHandler, args),
     ]
     if simulator.config.faults_api:
-        routes += [(r"/sim/faults", FaultsHandler, args), (r"/sim/state", StateHandler, args)]
+        routes += [
+            (r"/sim/faults", FaultsHandler, args),
+            (r"/sim/state", StateHandler, args),
+            (r"/sim/activity", ActivityHandler, args),
+            (r"/sim/activity/faults", ActivityFaultsHandler, args),
+            (r"/dcgm/([^/]+)/metrics", DcgmMetricsHandler, args),
+        ]
     return tornado.web.Application(
         routes,
         default_handler_class=NotFoundHandler,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import resources, uris
+from .activity import ActivityBoard
 from .commands import Stanza
 from .errors import InternalError, SimulatorError
 from .faults import FaultSwitch
@@ -42,7 +43,7 @@ class SimulatorConfig:
     password: str = "fabric-password"
     async_tasks: bool = False  # answer writes of blocks and systems with 202 + task monitor
     task_duration_s: float = 0.2
-    faults_api: bool = False  # serve /sim/faults and /sim/state
+    faults_api: bool = False  # serve /sim/faults, /sim/state, /sim/activity and /dcgm
     session_timeout_s: int = 1800
     quirks: ServiceQuirks = NO_QUIRKS  # answer like an older or looser service
 
@@ -63,6 +64,7 @@ class Simulator:
         self.sessions = SessionStore(timeout_s=config.session_timeout_s)
         self.tasks = TaskStore()
         self.faults = FaultSwitch()
+        self.activity = ActivityBoard()  # what the GPUs do, as the hosts' DCGM exporters say
         self._next_save: asyncio.Future[None] | None = None
 
     @property

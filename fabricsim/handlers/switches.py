@@ -63,9 +63,10 @@ class StateHandler(SimHandler):
         )
 
     async def delete(self) -> None:
-        """Detach everything and clear tags (tests share one simulator)."""
+        """Detach everything, clear tags, faults and GPU activity (tests share one simulator)."""
         self.sim.state.reset()
         self.sim.faults.replace(FaultSettings())
+        self.sim.activity.reset()
         await self.sim.saved()
         self.set_status(204)
         self.finish()
