@@ -50,7 +50,8 @@ def parse_dcgm(
     A sample without a ``UUID`` label is left out (that GPU is unknown). Raises
     :class:`ActivityUnreadable` when the text is not Prometheus text, has neither
     field, has fields but no UUIDs, gives a GPU one field without the other, or a
-    value that cannot be true (NaN, negative, utilisation over 100, DCGM's blank).
+    value that cannot be true (NaN, negative, utilisation over 100). A GPU with a
+    field DCGM left blank is left out (unknown).
     Both fields declared (``# TYPE``) with no sample is a host without GPUs: an empty
     reading, which says nothing is idle.
     """
@@ -73,7 +74,11 @@ def parse_dcgm(
         problem = _implausible(sample)
         if problem:
             raise ActivityUnreadable(host_id, where, problem)
-    return ActivityReading(host_id, at, _per_gpu(labelled, host_id, where))
+    # DCGM has no value for these GPUs (a field it cannot read on them, as GPU_UTIL under
+    # MIG): each is left out, unknown, and the host's other GPUs are still read.
+    blank = {s.uuid for s in labelled if s.value >= DCGM_BLANK_FLOOR}
+    known = [s for s in labelled if s.uuid not in blank]
+    return ActivityReading(host_id, at, _per_gpu(known, host_id, where))
 
 
 def _samples(text: str, host_id: str, where: str) -> tuple[set[str], list[_Sample]]:
@@ -104,7 +109,7 @@ def _implausible(sample: _Sample) -> str | None:
     if math.isnan(value) or math.isinf(value) or value < 0:
         return f"{sample.field} of {gpu} is {value}"
     if value >= DCGM_BLANK_FLOOR:
-        return f"{sample.field} of {gpu} is blank (DCGM has no value for it)"
+        return None  # not a figure at all: the GPU is left out (parse_dcgm)
     if sample.field == UTILIZATION and value > 100:
         return f"{UTILIZATION} of {gpu} is {value}, over 100 percent"
     return None

@@ -88,6 +88,12 @@ def test_both_fields_declared_without_samples_is_a_host_without_gpus() -> None:
     assert dict(parse_dcgm(text, "h", 1.0).gpus) == {}  # nothing listed: nothing idle
 
 
+def test_a_gpu_dcgm_left_blank_is_left_out() -> None:
+    """DCGM prints its "no value" as the top of the int64 range (as in NVIDIA's README)."""
+    text = gpu(9223372036854775794, 4000, "GPU-AAAA") + gpu(12, 300, "GPU-BBBB", gpu="1")
+    assert set(parse_dcgm(text, "h", 1.0).gpus) == {"bbbb"}  # aaaa: unknown, never idle
+
+
 def test_other_exporters_lines_are_ignored() -> None:
     text = "go_goroutines 42\n" + gpu(1, 2)
     assert set(parse_dcgm(text, "h", 1.0).gpus) == {"aaaa"}
@@ -109,7 +115,6 @@ def test_other_exporters_lines_are_ignored() -> None:
         (gpu(101, 2), "over 100 percent"),
         (gpu(0, "+Inf"), "is inf"),
         (gpu(0, -5), "is -5.0"),
-        (gpu(0, 9223372036854775794), "blank"),
         (gpu(3, 4, "GPU-AAAA") + series("DCGM_FI_DEV_GPU_UTIL", 1, "GPU-BBBB"), "GPU bbbb"),
     ],
 )
