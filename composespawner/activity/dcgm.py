@@ -206,7 +206,7 @@ class DcgmExporter:
         """Close the HTTP session this reader opened (not one it was given)."""
         if self._session is not None and self._owns_session:
             await self._session.close()
-        self._session = None
+            self._session = None  # a later read opens a new one
 
     async def __aenter__(self) -> DcgmExporter:
         return self

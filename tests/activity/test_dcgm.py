@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -210,3 +211,19 @@ async def test_reader_refuses_an_empty_answer(serve: Callable[[Handler], Awaitab
     async with DcgmExporter({"h": await serve(empty)}, timeout=2.0) as reader:
         with pytest.raises(ActivityUnreadable, match="neither"):
             await reader.read("h")
+
+
+async def test_reader_leaves_a_session_it_was_given_open(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=capture())
+
+    url = await serve(metrics)
+    async with aiohttp.ClientSession() as session:
+        reader = DcgmExporter({"h": url}, session=session)
+        await reader.close()
+        assert not session.closed
+        assert T4 in (await reader.read("h")).gpus  # still reads through the same session
+        await reader.close()
+        assert not session.closed
