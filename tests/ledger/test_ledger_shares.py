@@ -240,3 +240,31 @@ def test_nine_ninths_fit_a_one_gpu_limit(ledger: Ledger, gpus: list[str]) -> Non
     for i in range(9):
         claim_share(ledger, "ada", gpus[0], size=9, server=f"s{i}", quota=quota)
     assert sum(u.gpus for u in ledger.gpu_use("ada")) == pytest.approx(1)
+
+
+def test_the_inventory_shows_a_split_gpus_holders_and_no_whole_holder(
+    ledger: Ledger, gpus: list[str]
+) -> None:
+    ada = claim_share(ledger, "ada", gpus[0])
+    run(ledger, ada.id)
+    bob = claim_share(ledger, "bob", gpus[0], server="gpu")
+    by_block = {h.device.block_id: h for h in ledger.holdings()}
+
+    quartered = by_block[gpus[0]]
+    assert quartered.share_size == 4
+    assert quartered.machine_id is None  # held by nobody whole
+    assert quartered.user is None
+    assert sorted((s.user, s.server, s.state, s.host, s.leaving) for s in quartered.shares) == [
+        ("ada", "", "running", HOST, False),
+        ("bob", "gpu", "claimed", HOST, False),
+    ]
+    assert by_block[gpus[1]].share_size is None
+    assert by_block[gpus[1]].shares == ()
+    assert [h.device.block_id for h in ledger.holdings(held_only=True)] == [gpus[0]]
+
+    ledger.transition(bob.id, "stopping", "stopped")
+    assert ledger.leave_shares(bob.id) == ()  # ada holds it still
+    shares = next(h.shares for h in ledger.holdings() if h.device.block_id == gpus[0])
+    (leaving,) = [s for s in shares if s.user == "bob"]
+    assert leaving.leaving
+    assert leaving.state == "stopping"
