@@ -64,7 +64,11 @@ class ReclaimPolicy:
     keep_for: float = 3600.0  # seconds one Keep press holds off every step
     keeps_allowed: int | None = None  # presses per GPU per server start; None: any, 0: no Keep
     busy_percent: float = 1.0  # utilisation above which a reading counts as work
-    memory_floor_mib: float = 64.0  # framebuffer at or below it, processes unknown: unheld
+    # Framebuffer at or below it, processes unknown (DCGM): nobody holds the GPU. On an
+    # H100 a CUDA context costs 529 MiB and nvidia-smi shows 0 MiB with none
+    # (benchmarks/results/gpu_activity_check_h100.json); NVML's figure with none is
+    # 480 MiB, reserved memory, but NVML counts processes and never needs the floor.
+    memory_floor_mib: float = 256.0
     max_gap: float = 180.0  # seconds between readings beyond which the run starts again
 
     def __post_init__(self) -> None:

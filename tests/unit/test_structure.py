@@ -21,12 +21,13 @@ pytestmark = pytest.mark.timeout(60)
 TOP_LEVEL = ("composespawner", "fabricsim", "harness", "tests", "benchmarks")
 
 # What each part may import of ours, as docs/architecture.md's table says.
-BELOW_SERVICES = {"domain", "ledger", "fabric", "launchers", "client"}
+BELOW_SERVICES = {"domain", "ledger", "fabric", "launchers", "client", "activity"}
 MAY_IMPORT: dict[str, set[str]] = {
     "composespawner.client": set(),
     "composespawner.domain": set(),
     "composespawner.ledger": {"domain"},
     "composespawner.fabric": {"domain"},
+    "composespawner.activity": {"domain"},
     "composespawner.launchers": {"domain", "ledger", "client"},
     # The compute host's agent: a launcher's far end, built from the launchers' parts.
     "composespawner.hostagent": {"domain", "launchers", "client"},
