@@ -33,6 +33,7 @@ from composespawner.ledger.lifecycle import (
 )
 from composespawner.ledger.models import AppendOnlyViolation
 from composespawner.ledger.policy import Actor, AuditEntry, Policy, SpawnPolicy
+from composespawner.ledger.reclaims import GiveBack, Reclaims
 from composespawner.ledger.records import (
     HOLDABLE_KINDS,
     DeviceRecord,
@@ -67,6 +68,7 @@ __all__ = [
     "AuditEntry",
     "DeviceRecord",
     "DevicesTaken",
+    "GiveBack",
     "HoldableKind",
     "Holding",
     "Holds",
@@ -84,6 +86,7 @@ __all__ = [
     "NotRunning",
     "Policy",
     "QuotaExceeded",
+    "Reclaims",
     "ReservedForCohort",
     "RoomClaim",
     "RunManifest",

@@ -364,8 +364,56 @@ class CohortRow(Base):
     reserved_model: Mapped[str | None] = mapped_column(String(255))
     reserved_gpus: Mapped[int] = mapped_column(Integer)  # in shares of reserved_share
     reserved_share: Mapped[int] = mapped_column(Integer, server_default="1")  # 1: whole GPUs
+    # Its overrides of the site's reclaim policy (composespawner.domain.reclaim); None: none.
+    reclaim_policy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_by: Mapped[str] = mapped_column(String(255))
+
+
+class GpuWatchRow(Base):
+    """What the reclaimer remembers of one GPU on one machine (domain.reclaim.GpuWatch).
+
+    Times are epoch seconds, as the reclaimer's readings are. Machines are never deleted,
+    so rows of ended machines stay; the ledger reads only those of GPUs still held.
+    """
+
+    __tablename__ = "gpu_watches"
+
+    machine_id: Mapped[str] = mapped_column(
+        ForeignKey("machines.id", ondelete="CASCADE"), primary_key=True
+    )
+    block_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    since: Mapped[float | None] = mapped_column(Float)
+    last_at: Mapped[float] = mapped_column(Float)
+    last_work_at: Mapped[float | None] = mapped_column(Float)
+    last_held_at: Mapped[float | None] = mapped_column(Float)
+    utilization: Mapped[float] = mapped_column(Float, server_default="0")
+    memory_used_mib: Mapped[float] = mapped_column(Float, server_default="0")
+    warned_at: Mapped[float | None] = mapped_column(Float)
+    kept_until: Mapped[float | None] = mapped_column(Float)
+    keeps_used: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Seconds this GPU did work while this machine held it, summed by the reclaimer.
+    active_s: Mapped[float] = mapped_column(Float, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class GpuGiveBackRow(Base):
+    """An idle GPU the reclaimer detached (or reclaimed) from a running server. Append-only."""
+
+    __tablename__ = "gpu_givebacks"
+    __table_args__ = (CheckConstraint("action IN ('detach', 'reclaim')", name="action"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    user_name: Mapped[str] = mapped_column(String(255))
+    server_name: Mapped[str] = mapped_column(String(255))
+    cohort: Mapped[str | None] = mapped_column(String(255))
+    block_id: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(16))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON)  # the Decision's, and active_s
+    actor: Mapped[str] = mapped_column(String(255))  # who gave it back: 'reclaimer'
 
 
 class ColocatedRow(Base):

@@ -50,6 +50,7 @@ from composespawner.ledger.machines import Machines
 from composespawner.ledger.models import refuse_event_rewrites
 from composespawner.ledger.policy import Policy
 from composespawner.ledger.queries import Queries
+from composespawner.ledger.reclaims import Reclaims
 from composespawner.ledger.records import (
     DeviceRecord,
     Holding,
@@ -102,6 +103,7 @@ class Ledger:
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
         self.submissions = Submissions(self._engine, self._write, self._now)
+        self.reclaims = Reclaims(self._engine, self._write, self._now)
         self._claims = Claims(self._engine, self._write, self._now, usage_zone)
         self._machines = Machines(self._engine, self._write, self._now, usage_zone)
         self._queries = Queries(self._engine, self._write, self._now, usage_zone)
@@ -290,8 +292,7 @@ class Ledger:
         return self._queries.live_machines(user)
 
     def holdings(self, *, held_only: bool = False) -> list[Holding]:
-        """Every device the ledger knows (or only those held) and, where one holds it,
-        the machine: one read."""
+        """Every device the ledger knows (or only those held), with its holder: one read."""
         return self._queries.holdings(held_only=held_only)
 
     def gpu_use(self, user: str) -> list[ServerUse]:

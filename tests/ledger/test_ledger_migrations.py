@@ -35,6 +35,8 @@ TABLES = {
     "colocated",
     "quota_accounts",
     "reconcile_actions",
+    "gpu_watches",
+    "gpu_givebacks",
 }
 
 
@@ -63,7 +65,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0011"
+    assert empty.schema_revision() == head == "0012"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:
