@@ -24,6 +24,7 @@ from composespawner.domain.cohorts import (
 )
 from composespawner.domain.colocation import Registration
 from composespawner.domain.quotas import NO_QUOTA, Quota
+from composespawner.domain.request import share_word
 from composespawner.ledger import KeepFree, SpawnPolicy
 
 
@@ -98,8 +99,12 @@ class Admission:
         notes: dict[str, str] = {}
         for r in self.reservations:
             if r.model in kept and r.cohort not in groups:
+                # A reservation in shares says so: "... session (48 quarters reserved) ...".
+                unit = share_word(r.share, plural=True)
+                reserved = f" ({r.shares} {unit} reserved)" if r.shares else ""
                 notes[r.model] = (
-                    f"{kept[r.model]} kept for cohort {r.cohort}'s session until {_hhmm(r.until)}"
+                    f"{kept[r.model]} kept for cohort {r.cohort}'s session{reserved}"
+                    f" until {_hhmm(r.until)}"
                 )
         return notes
 

@@ -414,6 +414,18 @@ async def test_a_session_keeps_its_gpus_from_outsiders_and_gives_them_to_members
     await rig.compose("w", ask("t4", 1))
 
 
+async def test_a_session_reserved_in_quarters_keeps_whole_gpus_and_says_in_what(rig: Rig) -> None:
+    rig.composer.clock = lambda: MONDAY_10AM
+    quarters = replace(T4_COURSE, reserved_gpus=22, reserved_share=4)  # 5.5 GPUs: 6 kept
+    rig.ledger.policy.set_cohort(quarters, Actor("admin"))
+
+    offer = await rig.composer.offer("v", frozenset(), within=None)
+    assert offer.free["t4"].free == 2
+    assert offer.kept["t4"] == (
+        "6 kept for cohort cs-101's session (22 quarters reserved) until 11:00"
+    )
+
+
 async def test_no_fit_names_what_is_short_when_another_client_holds_a_device(rig: Rig) -> None:
     h100s = rig.model_blocks(H100_MODEL)
     assert len(h100s) == 4, "the inventory changed: this test needs exactly 4 H100"
