@@ -33,6 +33,7 @@ from sqlalchemy import (
     delete,
     exists,
     insert,
+    null,
     or_,
     select,
     update,
@@ -251,7 +252,9 @@ class Reclaims(LedgerPart):
             changed = connection.execute(
                 update(COHORTS)
                 .where(COHORTS.c.name == cohort)
-                .values(reclaim_policy=stored, updated_at=now, updated_by=by)
+                # SQL NULL, not JSON's null: "no overrides" is what the reads look for.
+                .values(reclaim_policy=null() if stored is None else stored)
+                .values(updated_at=now, updated_by=by)
             ).rowcount
             if changed:
                 detail = {"reclaim_policy": stored}
