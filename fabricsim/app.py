@@ -48,6 +48,9 @@ def make_app(simulator: Simulator) -> tornado.web.Application:
         (rf"{uris.SYSTEMS}/([^/]+)/?", SystemHandler, args),
         (rf"{uris.TASK_MONITORS}/([^/]+)/?", TaskMonitorHandler, args),
         (r"/redfish/v1(/.*)?", ResourceHandler, args),
+        # The hosts' DCGM exporters, always: read-only, as real hosts serve them, and
+        # what the demo's reclaimer reads. Setting what the GPUs do is the test switches'.
+        (r"/dcgm/([^/]+)/metrics", DcgmMetricsHandler, args),
     ]
     if simulator.config.faults_api:
         routes += [
@@ -55,7 +58,6 @@ def make_app(simulator: Simulator) -> tornado.web.Application:
             (r"/sim/state", StateHandler, args),
             (r"/sim/activity", ActivityHandler, args),
             (r"/sim/activity/faults", ActivityFaultsHandler, args),
-            (r"/dcgm/([^/]+)/metrics", DcgmMetricsHandler, args),
         ]
     return tornado.web.Application(
         routes,

@@ -23,6 +23,7 @@
 #                           starts it beside the hub); the hub starts no simulator
 #   COMPOSE_RECONCILE_EVERY seconds between reconciler passes      (60)
 #   COMPOSE_RECONCILE_GRACE seconds the reconciler leaves a fresh machine alone (60)
+#   COMPOSE_RECLAIM         0: no reclaimer (idle GPUs stay with their servers)   (1)
 #   COMPOSE_EXTRA_CONFIG    a further config file loaded last (local overrides)
 import os
 import sys
@@ -121,8 +122,9 @@ c.Spawner.http_timeout = 60
 upgrade_ledger(c.ComposeMixin.ledger_url)
 
 # --- hub-managed services --------------------------------------------------
-# The idle culler, the GPU portal and the reconciler, each ended by the kernel
-# when this hub process dies (composespawner.commands.hubconfig, shared with production).
+# The idle culler, the GPU portal and the reconciler (the reclaimer below), each ended
+# by the kernel when this hub process dies (composespawner.commands.hubconfig, shared
+# with production).
 SERVICES = Services(
     config_file=Path(__file__),
     portal_port=PORTAL_PORT,
@@ -132,6 +134,26 @@ SERVICES = Services(
     reconcile_grace=int(os.environ.get("COMPOSE_RECONCILE_GRACE", "60")),
 )
 c.JupyterHub.services = SERVICES.services()
+
+# --- giving idle GPUs back -------------------------------------------------
+# The reclaimer reads each host's GPU activity from the simulator's DCGM exporters
+# (set it with PATCH /sim/activity when the simulator runs with --faults-api) and gives
+# idle GPUs back. The demo's windows are minutes, not the site default's hour, so a
+# visitor sees each step: a GPU nothing holds goes after 2 minutes, one without work
+# is warned about after 5 and taken after 10. Off with COMPOSE_RECLAIM=0.
+RECLAIM = os.environ.get("COMPOSE_RECLAIM", "1") != "0"
+c.ReclaimerApp.interval = 15
+c.ReclaimerApp.activity_source = "dcgm"
+c.ReclaimerApp.dcgm_url_template = f"http://127.0.0.1:{FABRIC_PORT}/dcgm/{{host_id}}/metrics"
+c.ReclaimerApp.hub_url = f"http://127.0.0.1:{HUB_PORT}"
+c.ReclaimerApp.policy = {
+    "detach_after": 120,
+    "warn_after": 300,
+    "reclaim_after": 600,
+    "max_gap": 60,
+}
+if RECLAIM:
+    c.JupyterHub.services.append(SERVICES.reclaimer())
 # `composespawner demo` runs the simulator beside the hub (COMPOSE_FABRIC_EXTERNAL=1),
 # as a real fabric outlives its hub; run directly, the hub starts it as a service.
 if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
@@ -158,6 +180,7 @@ if os.environ.get("COMPOSE_FABRIC_EXTERNAL") != "1":
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 c.JupyterHub.load_roles = roles(
     admins={"users": ["admin"]},
+    reclaimer=RECLAIM,
     extra=[
         {
             # Course staff: they manage their own cohort in the portal, and nothing else.

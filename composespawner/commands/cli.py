@@ -3,10 +3,10 @@
 As ``jupyterhub`` does (``jupyterhub upgrade-db``, ``jupyterhub token``), the root
 names each subcommand's application and the words that describe it; the first
 argument picks one, and the rest are that application's own. The hub's services
-(``reconcile``, ``portal``) and the deploy steps (``upgrade-db``, ``build-stacks``)
-are traitlets applications reading the hub's config file; the others take their
-arguments whole: ``fabric-simulator`` is a package of its own with its own
-parser, ``demo`` hands its arguments to the hub, ``with-hub`` ends at ``--``.
+(``reconcile``, ``reclaimer``, ``portal``) and the deploy steps (``upgrade-db``,
+``build-stacks``) are traitlets applications reading the hub's config file; the
+others take their arguments whole: ``fabric-simulator`` is a package of its own with
+its own parser, ``demo`` hands its arguments to the hub, ``with-hub`` ends at ``--``.
 
 The hub's services are named by their import path and loaded only when chosen (as
 the commands of this module load what they run), so ``composespawner --help`` loads
@@ -118,8 +118,8 @@ class ComposeSpawnerCommand(Application):
 
     name = "composespawner"
     description = """composespawner's processes: the demo and its fabric simulator, the hub's
-    services (the GPU portal, the reconciler) and the deploy steps. Each subcommand's
-    --help says more: `composespawner reconcile --help`."""
+    services (the GPU portal, the reconciler, the reclaimer) and the deploy steps. Each
+    subcommand's --help says more: `composespawner reconcile --help`."""
     examples = """
 composespawner demo
 composespawner upgrade-db -f /etc/composespawner/jupyterhub_config.py
@@ -135,6 +135,10 @@ composespawner reconcile --once -f jupyterhub_config.py
         "reconcile": (
             "composespawner.services.reconcile.ReconcilerApp",
             "make ledger, fabric and hub servers agree",
+        ),
+        "reclaimer": (
+            "composespawner.commands.reclaim.ReclaimerApp",
+            "give idle GPUs back while their servers run on (-f the hub's config)",
         ),
         "upgrade-db": (
             "composespawner.services.application.UpgradeDB",

@@ -4,6 +4,7 @@ The embedded default (``hub_config/jupyterhub_config.py``) and the production
 config (``hub_config/production_config.py``) differ in who logs in, where state
 lives and how the hub is reached; the GPU portal, the reconciler and the idle
 culler, and what each may do, are the same. Each config passes its own values.
+The reclaimer runs where a config asks for it (the embedded default does).
 """
 
 from __future__ import annotations
@@ -89,13 +90,37 @@ class Services:
             },
         ]
 
+    def reclaimer(self) -> dict[str, Any]:
+        """The reclaimer: idle GPUs back to the pool while their servers run on. Where it
+        reads GPU activity, how often, its policy and the hub's public URL (for the
+        servers' kernels) are the config file's ``c.ReclaimerApp`` section. A config that
+        runs it passes ``roles(reclaimer=True)``."""
+        return {
+            "name": RECLAIMER,
+            "command": [
+                *self.with_hub(),
+                str(_bin() / "composespawner"),
+                "reclaimer",
+                f"--config={self.config_file.resolve()}",
+            ],
+            "environment": self.compose_env(),
+        }
+
+
+RECLAIMER = "compose-reclaimer"
+
 
 def roles(
-    *, admins: dict[str, list[str]] | None = None, extra: list[dict[str, Any]] | None = None
+    *,
+    admins: dict[str, list[str]] | None = None,
+    extra: list[dict[str, Any]] | None = None,
+    reclaimer: bool = False,
 ) -> list[dict[str, Any]]:
     """JupyterHub roles for users, notebooks, the services and the pool's admins.
 
     ``admins``: who holds ``compose-admin`` (``{"users": [...], "groups": [...]}``).
+    ``reclaimer``: the config runs ``Services.reclaimer()`` (the hub refuses a role
+    naming a service it does not have).
     """
     return [
         {
@@ -144,6 +169,20 @@ def roles(
             "scopes": ["list:users", "read:servers", "admin:server_state", "delete:servers"],
             "services": ["compose-reconciler"],
         },
+        *(
+            [
+                {
+                    # The kernels API of the server whose idle GPU it takes, to shut the
+                    # kernels down first. Machines and their GPUs it reads from the ledger
+                    # and changes through the fabric, so no scope to read or stop servers.
+                    "name": RECLAIMER,
+                    "scopes": ["access:servers"],
+                    "services": [RECLAIMER],
+                }
+            ]
+            if reclaimer
+            else []
+        ),
     ]
 
 

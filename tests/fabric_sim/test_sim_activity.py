@@ -201,7 +201,8 @@ async def test_a_composed_system_lists_its_gpus(start_simulator: StartSimulator)
     assert set(gpus) == expected
 
 
-def test_no_exporters_without_the_faults_api(start_simulator: StartSimulator) -> None:
-    plain = start_simulator()
-    assert plain.client.get("/dcgm/host-01/metrics", auth=False).status == 404
+def test_exporters_without_the_faults_api_but_no_switches(start_simulator: StartSimulator) -> None:
+    plain = start_simulator()  # as the demo runs it: its reclaimer reads the exporters
+    assert plain.client.get("/dcgm/host-01/metrics", auth=False).status == 200
     assert plain.client.get("/sim/activity", auth=False).status == 404
+    assert plain.client.get("/sim/activity/faults", auth=False).status == 404

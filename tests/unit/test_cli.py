@@ -18,6 +18,7 @@ from composespawner.commands.cli import ComposeSpawnerCommand
 COMMANDS = [
     "fabric-simulator",
     "reconcile",
+    "reclaimer",
     "upgrade-db",
     "build-stacks",
     "portal",

@@ -1,0 +1,170 @@
+"""``composespawner reclaimer``: the hub-managed service that gives idle GPUs back.
+
+It reads the hub's config file as the reconciler does (the ledger, the fabric and
+the catalog), and its own section, ``c.ReclaimerApp``: where each host's GPU activity
+is read, how often, and the site's reclaim policy. The pass itself is
+:class:`~composespawner.services.reclaimer.Reclaimer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+
+from traitlets import Bool, Dict, Enum, Float, Unicode, default
+
+from composespawner.activity import ActivitySource
+from composespawner.activity.dcgm import DcgmExporter
+from composespawner.activity.nvml import NvmlSource
+from composespawner.domain.reclaim import SITE_DEFAULT, InvalidPolicy, ReclaimPolicy, parse_policy
+from composespawner.services.application import ComposeApplication
+from composespawner.services.kernels import NotebookKernels
+from composespawner.services.reclaimer import Reclaimer
+from composespawner.services.settings import build_composer
+
+
+class ReclaimerApp(ComposeApplication):
+    """The reclaimer as a hub-managed service: ``composespawner reclaimer -f CONFIG``."""
+
+    name = "composespawner reclaimer"
+    description = """Give idle GPUs back to the pool while their servers run on: detach a
+    GPU nothing has held for a while, warn about one that does no work, and after the
+    warning shut down the server's kernels and take it. Reads the hub's config file for
+    the ledger, fabric and catalog; the hub's public URL (--hub-url) and
+    $JUPYTERHUB_API_TOKEN reach the notebook servers' kernels."""
+
+    interval = Float(
+        60.0,
+        config=True,
+        help="""Seconds between passes. Keep it well under the policy's max_gap (the
+        longest gap between readings a window may span), or no window ever fills.""",
+    )
+    activity_source = Enum(
+        ["dcgm", "nvml"],
+        "dcgm",
+        config=True,
+        help="""Where GPU activity is read: 'dcgm', each host's DCGM exporter over HTTP
+        (dcgm_url_template); 'nvml', this machine's own GPUs (a site of one host, where
+        the reclaimer runs beside its GPUs).""",
+    )
+    dcgm_url_template = Unicode(
+        "http://{host_id}:9400/metrics",
+        config=True,
+        help="""A host's DCGM exporter, {host_id} the host's ComputerSystem Id. The
+        default fits hosts whose system Ids are their names; the simulated fabric serves
+        one per system at http://<fabric>/dcgm/{host_id}/metrics.""",
+    )
+    activity_timeout = Float(
+        10.0,
+        config=True,
+        help="""Seconds one host's reading may take. A host that does not answer in time
+        counts as unknown (none of its GPUs is touched), never as idle.""",
+    )
+    policy = Dict(
+        config=True,
+        help="""The site's reclaim policy, any of: detach_after, warn_after, reclaim_after
+        (seconds; null turns that step off), keep_for (seconds), keeps_allowed (null: any),
+        busy_percent, memory_floor_mib, max_gap (seconds). Fields left out keep the
+        defaults (detach after 600 s unheld, warn after 1800 s and reclaim after 3600 s
+        without work); a cohort's own values, set in the portal, win for its members.""",
+    )
+    hub_url = Unicode(
+        "",
+        config=True,
+        help="""The hub's public URL (as users reach it: its proxy), where each server's
+        kernels API is. Empty: kernels cannot be shut down, so idle GPUs are warned about
+        but never reclaimed.""",
+    )
+    kernels_timeout = Float(10.0, config=True, help="Seconds for one call to a kernels API.")
+    once = Bool(False, config=True, help="Make one pass, print what it did as JSON, and exit.")
+    aliases = {
+        **ComposeApplication.aliases,
+        "interval": "ReclaimerApp.interval",
+        "activity-source": "ReclaimerApp.activity_source",
+        "dcgm-url-template": "ReclaimerApp.dcgm_url_template",
+        "hub-url": "ReclaimerApp.hub_url",
+    }
+    flags = {"once": ({"ReclaimerApp": {"once": True}}, once.help)}
+
+    @default("log_format")
+    def _default_log_format(self) -> str:
+        return "[%(levelname)1.1s %(asctime)s reclaimer] %(message)s"
+
+    def site_policy(self) -> ReclaimPolicy:
+        """The configured policy; a clear exit at start when it cannot be used."""
+        try:
+            policy = parse_policy(self.policy, over=SITE_DEFAULT)
+        except InvalidPolicy as e:
+            raise SystemExit(f"{self.name}: c.ReclaimerApp.policy cannot be used: {e}") from None
+        if self.interval >= policy.max_gap:
+            raise SystemExit(
+                f"{self.name}: interval ({self.interval:g} s) must be less than the policy's"
+                f" max_gap ({policy.max_gap:g} s): readings further apart never add up to a"
+                " window, so nothing would ever be given back"
+            )
+        return policy
+
+    def source(self) -> ActivitySource:
+        if self.activity_source == "nvml":
+            return NvmlSource(self.activity_timeout)
+        template = self.dcgm_url_template
+        if "{host_id}" not in template:
+            raise SystemExit(
+                f"{self.name}: dcgm_url_template {template!r} has no {{host_id}}: every host"
+                " would be read from one exporter"
+            )
+        return DcgmExporter(lambda host: template.format(host_id=host), self.activity_timeout)
+
+    def start(self) -> None:
+        policy, source = self.site_policy(), self.source()  # config errors before anything runs
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+            asyncio.run(self._run(policy, source))
+
+    async def _run(self, policy: ReclaimPolicy, source: ActivitySource) -> None:
+        # The hub stops its services with SIGINT, then SIGTERM: either way the pass in
+        # progress is cancelled and the clients closed.
+        main = asyncio.current_task()
+        assert main is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+        kernels = self._kernels()
+        composer = build_composer(self.settings, self.log, for_spawns=False)
+        reclaimer = Reclaimer(
+            composer,
+            source,
+            site_policy=policy,
+            kernels=kernels,
+            read_timeout=self.activity_timeout + 5.0,  # the source's own timeout fires first
+            log=self.log,
+        )
+        self.log.info(
+            "Reclaiming idle GPUs every %.0f s, activity from %s, policy %s",
+            self.interval,
+            self.activity_source,
+            json.dumps(policy.as_dict()),
+        )
+        try:
+            if self.once:
+                actions = await reclaimer.sweep(time.time())
+                print(json.dumps([a.summary() for a in actions], indent=1))
+            else:
+                await reclaimer.run_forever(self.interval)
+        finally:
+            if isinstance(source, DcgmExporter):
+                await source.close()
+            if kernels is not None:
+                await kernels.close()
+            await composer.close()
+
+    def _kernels(self) -> NotebookKernels | None:
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if not (self.hub_url and token):
+            self.log.warning(
+                "No hub URL or $JUPYTERHUB_API_TOKEN: idle GPUs are warned about and"
+                " detached when unheld, but never reclaimed from kernels"
+            )
+            return None
+        return NotebookKernels(self.hub_url, token, self.kernels_timeout)

@@ -1,0 +1,469 @@
+"""The reclaimer's pass: a real SQLite ledger, the real composer on the strict in-process
+fabric, scripted GPU activity and a strict fake of the servers' kernels API.
+
+Time is the ``now`` each sweep is given: a pass every 30 s, as the service would make
+them, under a policy of minutes (the demo's).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from composespawner.commands import hubconfig
+from composespawner.commands.reclaim import ReclaimerApp
+from composespawner.domain.activity import GpuActivity
+from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy
+from composespawner.domain.request import MachineRequest
+from composespawner.ledger import GiveBack, Machine
+from composespawner.services.composer import Composer
+from composespawner.services.kernels import KernelsUnavailable, NotebookKernels, server_prefix
+from composespawner.services.reclaimer import (
+    Action,
+    Reclaimer,
+    active_seconds,
+    cohort_policy,
+    gpus_by_host,
+    judge,
+)
+from tests.support.activity_fakes import (
+    TOKEN,
+    FakeKernels,
+    FakeKernelsServer,
+    ScriptedActivity,
+    busy,
+    idle,
+)
+from tests.support.composers import demo_composer
+from tests.support.faulty import FaultyFabric
+
+pytestmark = pytest.mark.timeout(60)
+
+POLICY = ReclaimPolicy(detach_after=120, warn_after=300, reclaim_after=600, max_gap=60)
+EVERY = 30.0  # seconds between passes
+ONE_T4 = MachineRequest(gpu_model="t4", gpu_count=1, network="shared", scratch_gb=0)
+
+
+@dataclass
+class Scene:
+    """One running server with one GPU, and what the reclaimer works with."""
+
+    composer: Composer
+    source: ScriptedActivity
+    kernels: FakeKernels
+    reclaimer: Reclaimer
+    machine: Machine
+    block: str
+    uuid: str
+
+    @property
+    def host(self) -> str:
+        return self.machine.host_id or ""
+
+    def fabric(self) -> FaultyFabric:
+        assert isinstance(self.composer.fabric, FaultyFabric)
+        return self.composer.fabric
+
+    def attached(self) -> bool:
+        return self.block in self.fabric().state.attached(self.host)
+
+    def held(self) -> bool:
+        return self.composer.ledger.holders().get(self.block) == self.machine.id
+
+    def givebacks(self) -> list[GiveBack]:
+        now = datetime.now().astimezone()
+        return self.composer.ledger.reclaims.givebacks(now - timedelta(days=1), now + timedelta(1))
+
+    async def sweeps(self, start: float, end: float) -> dict[float, list[Action]]:
+        """A pass every EVERY seconds from ``start`` to ``end`` included: what each did."""
+        done: dict[float, list[Action]] = {}
+        at = start
+        while at <= end:
+            done[at] = await self.reclaimer.sweep(at)
+            at += EVERY
+        return done
+
+
+async def _running(composer: Composer, user: str = "u", server: str = "") -> Machine:
+    composed = await composer.compose(
+        user=user,
+        groups=frozenset(),
+        server=server,
+        request=ONE_T4,
+        progress=lambda message: None,
+        then=("launching", "starting notebook"),
+    )
+    await composer.record(composed.machine_id, "running", "notebook up")
+    return await composer.running_machine(user, server)
+
+
+@pytest.fixture
+async def kernels_server() -> AsyncIterator[FakeKernelsServer]:
+    server = FakeKernelsServer(FakeKernels())
+    server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def scene(tmp_path: Path, kernels_server: FakeKernelsServer) -> AsyncIterator[Scene]:
+    composer = demo_composer(tmp_path)
+    client = NotebookKernels(kernels_server.url, TOKEN, timeout=5.0)
+    try:
+        machine = await _running(composer)
+        inventory = await composer.pool.known_inventory()
+        [block] = [b for b in machine.block_ids if (d := inventory.device(b)) and d.kind == "gpu"]
+        device = inventory.device(block)
+        assert device is not None
+        assert device.uuid
+        source = ScriptedActivity()
+        reclaimer = Reclaimer(composer, source, site_policy=POLICY, kernels=client)
+        yield Scene(
+            composer, source, kernels_server.fake, reclaimer, machine, block, device.uuid.lower()
+        )
+    finally:
+        await client.close()
+        await composer.close()
+
+
+def _kinds(done: dict[float, list[Action]]) -> dict[float, list[tuple[str, str]]]:
+    """The passes that did anything: the actions' kinds and outcomes."""
+    return {at: [(a.kind, a.outcome) for a in actions] for at, actions in done.items() if actions}
+
+
+# -- the pass, end to end ---------------------------------------------------------------
+
+
+async def test_a_gpu_nothing_holds_is_detached_after_detach_after_and_recorded(
+    scene: Scene,
+) -> None:
+    scene.source.set(scene.host, idle(scene.uuid))
+
+    done = await scene.sweeps(0, 120)
+
+    assert _kinds(done) == {120: [("detach", "done")]}
+    assert not scene.attached()
+    assert not scene.held()
+    [record] = scene.givebacks()
+    assert (record.machine_id, record.block_id, record.action) == (
+        scene.machine.id,
+        scene.block,
+        "detach",
+    )
+    assert record.figures["unheld_s"] == 120
+    assert scene.composer.ledger.reclaims.watches() == {}
+    assert scene.kernels.requests == []  # a GPU nothing holds needs no kernel shut down
+
+
+async def test_a_busy_gpu_is_never_touched(scene: Scene) -> None:
+    scene.source.set(scene.host, busy(scene.uuid))
+
+    done = await scene.sweeps(0, 1800)
+
+    assert _kinds(done) == {}
+    assert scene.attached()
+    assert scene.held()
+    watch = scene.composer.ledger.reclaims.watches()[(scene.machine.id, scene.block)]
+    assert (watch.since, watch.last_work_at) == (0, 1800)
+
+
+async def test_an_unreadable_host_is_unknown_never_idle_and_its_outage_logged_once(
+    scene: Scene, caplog: pytest.LogCaptureFixture
+) -> None:
+    scene.source.fail(scene.host)
+
+    with caplog.at_level(logging.INFO):
+        done = await scene.sweeps(0, 1800)
+        scene.source.set(scene.host, idle(scene.uuid))
+        again = await scene.sweeps(1830, 1830)
+
+    assert _kinds(done) == {}
+    assert _kinds(again) == {}
+    assert scene.attached()
+    assert scene.held()
+    assert scene.source.reads[scene.host] == 62
+    outage = [r for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(outage) == 1
+    assert outage[0].levelno == logging.WARNING
+    assert sum("readable again" in r.getMessage() for r in caplog.records) == 1
+    watch = scene.composer.ledger.reclaims.watches()[(scene.machine.id, scene.block)]
+    assert watch.since == 1830  # the run starts at the first reading seen
+
+
+async def test_a_gpu_the_source_does_not_list_is_unknown(scene: Scene) -> None:
+    scene.source.set(scene.host)  # the exporter answers, without this GPU
+
+    done = await scene.sweeps(0, 1800)
+
+    assert _kinds(done) == {}
+    assert scene.attached()
+    assert scene.held()
+
+
+async def test_an_idle_held_gpu_is_warned_then_reclaimed_only_after_the_wait(
+    scene: Scene,
+) -> None:
+    scene.kernels.run("u", "", "k1", "k2")
+    scene.source.set(scene.host, idle(scene.uuid, held=True))
+
+    done = await scene.sweeps(0, 570)
+
+    assert _kinds(done) == {300: [("warn", "done")]}
+    watch = scene.composer.ledger.reclaims.watches()[(scene.machine.id, scene.block)]
+    assert watch.warned_at == 300
+    assert scene.kernels.requests == []
+    assert scene.attached()
+
+    [reclaim] = (await scene.sweeps(600, 600))[600]
+
+    assert (reclaim.kind, reclaim.outcome) == ("reclaim", "done")
+    assert "2 kernel(s)" in reclaim.detail
+    assert sorted(scene.kernels.deletes()) == ["/user/u/api/kernels/k1", "/user/u/api/kernels/k2"]
+    assert scene.kernels.kernel_ids("u", "") == []
+    assert not scene.attached()
+    assert not scene.held()
+    [record] = scene.givebacks()
+    assert record.action == "reclaim"
+    assert record.figures["warned_at"] == 300
+
+
+async def test_a_keep_holds_off_the_detach(scene: Scene) -> None:
+    scene.source.set(scene.host, idle(scene.uuid))
+    await scene.sweeps(0, 90)
+    scene.composer.ledger.reclaims.keep("u", "", scene.block, POLICY, 100.0)
+
+    done = await scene.sweeps(120, 600)
+
+    assert _kinds(done) == {}
+    assert scene.attached()
+    assert scene.held()
+
+
+async def test_a_failing_shrink_records_nothing_and_the_next_pass_tries_again(
+    scene: Scene,
+) -> None:
+    scene.source.set(scene.host, idle(scene.uuid))
+    await scene.sweeps(0, 90)
+    scene.fabric().faults.unreachable = True
+
+    [failed] = (await scene.sweeps(120, 120))[120]
+
+    assert (failed.kind, failed.outcome) == ("detach", "failed")
+    assert scene.held()
+    assert scene.givebacks() == []
+    assert (scene.machine.id, scene.block) in scene.composer.ledger.reclaims.watches()
+
+    scene.fabric().faults.heal()
+    [done] = (await scene.sweeps(150, 150))[150]
+
+    assert (done.kind, done.outcome) == ("detach", "done")
+    assert not scene.attached()
+    assert not scene.held()
+    assert [r.action for r in scene.givebacks()] == ["detach"]
+
+
+async def test_kernels_that_cannot_be_shut_down_leave_the_gpu_attached(scene: Scene) -> None:
+    scene.kernels.run("u", "", "k1")
+    scene.kernels.answer_all = 503
+    scene.source.set(scene.host, idle(scene.uuid, held=True))
+
+    done = await scene.sweeps(0, 600)
+
+    assert _kinds(done) == {300: [("warn", "done")], 600: [("reclaim", "failed")]}
+    assert scene.attached()
+    assert scene.held()
+    assert scene.givebacks() == []
+
+
+async def test_a_stopped_servers_gpu_is_no_longer_watched(scene: Scene) -> None:
+    scene.source.set(scene.host, idle(scene.uuid))
+    await scene.sweeps(0, 90)
+    await scene.composer.release(scene.machine.id, reason="stopped")
+
+    done = await scene.sweeps(120, 240)
+
+    assert _kinds(done) == {}  # no running machine holds a GPU: nothing is read
+    assert scene.givebacks() == []
+
+
+# -- deciding, pure ---------------------------------------------------------------------
+
+
+def _machine(**fields: object) -> Machine:
+    now = datetime(2026, 11, 27)
+    values: dict[str, object] = {
+        "id": "m1",
+        "user_name": "u",
+        "server_name": "",
+        "state": "running",
+        "host_id": "host-01",
+        "zone": "z",
+        "request": {},
+        "failure": None,
+        "created_at": now,
+        "updated_at": now,
+        "ended_at": None,
+        "block_ids": ("gpu-a", "gpu-b", "nic-1"),
+    }
+    return Machine(**{**values, **fields})  # type: ignore[arg-type]
+
+
+async def test_only_whole_gpus_of_running_machines_are_watched(scene: Scene) -> None:
+    inventory = await scene.composer.pool.known_inventory()
+    gpus = sorted(d.block_id for d in inventory.devices if d.kind == "gpu")[:2]
+    nics = [d.block_id for d in inventory.devices if d.kind == "nic"][:1]
+    running = _machine(block_ids=(*gpus, *nics))
+    sharing = _machine(id="m2", block_ids=(gpus[0],), shared=(gpus[0],), gpu_share=4)
+    launching = _machine(id="m3", state="launching")
+
+    by_host = gpus_by_host([running, sharing, launching], inventory)
+
+    assert [(g.machine.id, g.block_id) for g in by_host["host-01"]] == [("m1", b) for b in gpus]
+    assert all(g.uuid and g.uuid == g.uuid.lower() for g in by_host["host-01"])
+
+
+def test_active_seconds_count_only_intervals_seen_at_both_ends_that_did_work() -> None:
+    first = judge(None, busy("a"), 0.0, POLICY)
+    worked = judge(first.watch, busy("a"), 30.0, POLICY)
+    rested = judge(worked.watch, idle("a", held=True), 60.0, POLICY)
+    after_gap = judge(rested.watch, busy("a"), 200.0, POLICY)  # past max_gap: unseen
+    after_unknown = judge(
+        judge(after_gap.watch, None, 230.0, POLICY).watch, busy("a"), 260.0, POLICY
+    )
+
+    assert [first.active_s, worked.active_s, rested.active_s] == [0.0, 30.0, 0.0]
+    assert (after_gap.active_s, after_unknown.active_s) == (0.0, 0.0)
+    nonsense = GpuActivity("a", float("nan"), 1.0, None)
+    assert judge(worked.watch, nonsense, 60.0, POLICY).active_s == 0.0
+    assert active_seconds(None, worked.watch, 30.0) == 0.0
+
+
+def test_a_warning_is_recorded_in_the_watch_it_is_decided_in() -> None:
+    watch = GpuWatch(since=0.0, last_at=270.0, last_held_at=270.0)
+
+    judged = judge(watch, idle("a", held=True), 300.0, POLICY)
+
+    assert judged.decision.action == "warn"
+    assert judged.watch.warned_at == 300.0
+
+
+def test_a_cohort_policy_that_no_longer_fits_falls_back_to_the_sites() -> None:
+    assert cohort_policy(POLICY, None) == (POLICY, None)
+    shorter, problem = cohort_policy(POLICY, {"detach_after": 90})
+    assert (shorter.detach_after, problem) == (90, None)
+    site, problem = cohort_policy(POLICY, {"warn_after": 900})  # past the site's reclaim_after
+    assert site == POLICY
+    assert problem
+    assert "warn_after" in problem
+
+
+# -- the kernels client -----------------------------------------------------------------
+
+
+async def test_the_kernels_client_lists_and_shuts_down_kernels_of_named_servers(
+    kernels_server: FakeKernelsServer,
+) -> None:
+    kernels_server.fake.run("ann@lab", "thesis run", "k1")
+    client = NotebookKernels(kernels_server.url, TOKEN, timeout=5.0)
+    try:
+        [kernel] = await client.kernels("ann@lab", "thesis run")
+        await client.shut_down("ann@lab", "thesis run", "k1")
+        await client.shut_down("ann@lab", "thesis run", "k1")  # already gone: done
+
+        assert (kernel.id, kernel.execution_state) == ("k1", "idle")
+        assert kernels_server.fake.kernel_ids("ann@lab", "thesis run") == []
+        assert kernels_server.fake.deletes()[0] == "/user/ann@lab/thesis%20run/api/kernels/k1"
+        with pytest.raises(KernelsUnavailable, match="424"):
+            await client.kernels("ann@lab", "other")
+    finally:
+        await client.close()
+
+
+async def test_the_kernels_client_takes_no_refusal_for_an_answer(
+    kernels_server: FakeKernelsServer,
+) -> None:
+    kernels_server.fake.run("u", "", "k1")
+    wrong = NotebookKernels(kernels_server.url, "not-the-token", timeout=5.0)
+    try:
+        with pytest.raises(KernelsUnavailable, match="403"):
+            await wrong.kernels("u", "")
+    finally:
+        await wrong.close()
+    assert server_prefix("a/b", "") == "/user/a%2Fb/"
+
+
+# -- the service's configuration ---------------------------------------------------------
+
+
+def _app(tmp_path: Path, config: str) -> ReclaimerApp:
+    config_file = tmp_path / "jupyterhub_config.py"
+    config_file.write_text("c = get_config()\n" + config)
+    app = ReclaimerApp()
+    app.initialize(["-f", str(config_file)])
+    return app
+
+
+@pytest.fixture(autouse=True)
+def _no_app_left() -> object:
+    yield
+    ReclaimerApp.clear_instance()
+
+
+def test_the_service_reads_its_policy_and_source_from_the_hubs_config(tmp_path: Path) -> None:
+    app = _app(
+        tmp_path,
+        "c.ReclaimerApp.policy = {'detach_after': 120, 'max_gap': 60}\n"
+        "c.ReclaimerApp.interval = 15\n"
+        "c.ReclaimerApp.dcgm_url_template = 'http://fabric/dcgm/{host_id}/metrics'\n",
+    )
+
+    policy = app.site_policy()
+
+    assert (policy.detach_after, policy.max_gap, policy.warn_after) == (120, 60, 1800.0)
+    assert app.source().url("host-01") == "http://fabric/dcgm/host-01/metrics"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("c.ReclaimerApp.policy = {'detach_after': -1}\n", "detach_after must be a number"),
+        ("c.ReclaimerApp.policy = {'max_gap': 60}\nc.ReclaimerApp.interval = 60\n", "max_gap"),
+        ("c.ReclaimerApp.dcgm_url_template = 'http://one/metrics'\n", "has no {host_id}"),
+    ],
+)
+def test_a_policy_or_source_that_cannot_work_stops_the_service_at_start(
+    tmp_path: Path, config: str, said: str
+) -> None:
+    app = _app(tmp_path, config)
+
+    with pytest.raises(SystemExit, match=re.escape(said)):
+        _checked_at_start(app)
+
+
+def _checked_at_start(app: ReclaimerApp) -> None:
+    """What ``start`` checks before it runs anything."""
+    app.site_policy()
+    app.source()
+
+
+def test_the_reclaimers_role_may_reach_servers_and_nothing_more(tmp_path: Path) -> None:
+    services = hubconfig.Services(config_file=tmp_path / "c.py", portal_port=1)
+
+    without = {r["name"] for r in hubconfig.roles()}
+    [role] = [r for r in hubconfig.roles(reclaimer=True) if r["name"] == "compose-reclaimer"]
+
+    assert "compose-reclaimer" not in without
+    assert role == {
+        "name": "compose-reclaimer",
+        "scopes": ["access:servers"],
+        "services": ["compose-reclaimer"],
+    }
+    service = services.reclaimer()
+    assert service["name"] == "compose-reclaimer"
+    assert service["command"][-2:] == ["reclaimer", f"--config={(tmp_path / 'c.py').resolve()}"]
