@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,7 +18,7 @@ import pytest
 
 from composespawner.commands import hubconfig
 from composespawner.commands.reclaim import ReclaimerApp
-from composespawner.domain.activity import GpuActivity
+from composespawner.domain.activity import ActivityReading, GpuActivity
 from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy
 from composespawner.domain.request import MachineRequest
 from composespawner.ledger import GiveBack, Machine
@@ -26,6 +26,7 @@ from composespawner.services.composer import Composer
 from composespawner.services.kernels import KernelsUnavailable, NotebookKernels, server_prefix
 from composespawner.services.reclaimer import (
     Action,
+    Key,
     Reclaimer,
     active_seconds,
     cohort_policy,
@@ -243,6 +244,68 @@ async def test_a_keep_holds_off_the_detach(scene: Scene) -> None:
     assert _kinds(done) == {}
     assert scene.attached()
     assert scene.held()
+
+
+async def test_a_keep_pressed_while_the_pass_decided_wins_over_its_detach(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scene.source.set(scene.host, idle(scene.uuid))
+    await scene.sweeps(0, 90)
+    reclaims = scene.composer.ledger.reclaims
+    save = reclaims.save_watches
+
+    def saved_then_kept(changes: Mapping[Key, GpuWatch], active: Mapping[Key, float]) -> None:
+        save(changes, active)
+        reclaims.keep("u", "", scene.block, POLICY, 119.0)  # the user, a moment later
+
+    monkeypatch.setattr(reclaims, "save_watches", saved_then_kept)
+    [skipped] = (await scene.sweeps(120, 120))[120]
+
+    assert (skipped.kind, skipped.outcome, skipped.detail) == (
+        "detach",
+        "skipped",
+        "its user pressed Keep",
+    )
+    assert scene.attached()
+    assert scene.held()
+
+
+class _Restarting(ScriptedActivity):
+    """A source during whose read the server is stopped and started again."""
+
+    restart: Callable[[], Awaitable[None]] | None = None
+
+    async def read(self, host_id: str) -> ActivityReading:
+        if self.restart is not None:
+            restart, self.restart = self.restart, None
+            await restart()
+        return await super().read(host_id)
+
+
+async def test_a_server_started_again_during_the_pass_keeps_its_new_gpu(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _Restarting()
+    scene.reclaimer.source = source
+    source.set(scene.host, idle(scene.uuid))
+    await scene.sweeps(0, 90)
+    # The pass read the watches before the restart (the ledger forgets an ended machine's).
+    before = scene.composer.ledger.reclaims.watches()
+    monkeypatch.setattr(scene.composer.ledger.reclaims, "watches", lambda: before)
+    started: list[Machine] = []
+
+    async def restart() -> None:
+        await scene.composer.release(scene.machine.id, reason="stopped")
+        started.append(await _running(scene.composer))
+
+    source.restart = restart
+    [skipped] = (await scene.sweeps(120, 120))[120]
+
+    [again] = started
+    assert (skipped.kind, skipped.outcome) == ("detach", "skipped")
+    assert "moved on" in skipped.detail
+    assert set(again.block_ids) <= set(scene.composer.ledger.holders())
+    assert scene.givebacks() == []
 
 
 async def test_a_failing_shrink_records_nothing_and_the_next_pass_tries_again(
