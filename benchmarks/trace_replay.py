@@ -478,7 +478,7 @@ def summary(
         "composable_zones": len(set(composable_zones(nodes).values())),
         "rack_size": RACK_SIZE,
         "sharing_tasks": sum(t.sharing for t in tasks),
-        "sharing_policy": "one whole GPU per GPU-sharing task",
+        "sharing_policy": "whole rows: a GPU each; sharing: 1/n composable, any fraction static",
         "seeds": [r.seed for r in inflation],
         "inflation": INFLATION,
         "inflated_tasks_mean": statistics.fmean(r.static.tasks for r in inflation),
@@ -558,8 +558,8 @@ def print_table(r: dict[str, Any]) -> None:
         " GPUs pooled per rack, hosts keep their own CPU and memory"
     )
     print(
-        f"GPU-sharing tasks (gpu_milli < 1000): {r['sharing_tasks']:,}, each given one whole"
-        " GPU (placement hands out whole devices)"
+        f"GPU-sharing tasks (gpu_milli < 1000): {r['sharing_tasks']:,}: a whole GPU each in the"
+        " whole-GPU rows, a share (1/n of one) in the sharing rows"
     )
     print()
     print(

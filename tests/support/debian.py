@@ -3,6 +3,13 @@
 Both are built once and kept under ~/.cache/composespawner, keyed by what they
 are made of: the root as a tarball (about a minute to make, 270 MB), the tools
 as a venv from ansible/requirements.txt. Each test unpacks a fresh root.
+
+What a converge downloads into the root (Debian packages, wheels, npm packages)
+is kept there too, as a site's local mirror or proxy would keep it: the root's
+download caches are bind mounts of folders under ~/.cache, so the second run
+installs the same packages without fetching them again. Each package manager
+still checks what it installs (apt's signed indexes and hashes, pip's
+constraints, npm's integrity), and the root itself is new each time.
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ MIRROR = "http://deb.debian.org/debian"
 INCLUDE = ("python3", "ca-certificates")
 BUILD_TIMEOUT = 900  # seconds: debootstrap, or installing the Ansible tools
 REQUIREMENTS = ROOT / "ansible" / "requirements.txt"
+# Inside the root -> kept under CACHE. apt keeps .debs unless told to clean, and
+# checks them against the indexes it fetches anew; pip and npm key by hash.
+DOWNLOAD_CACHES = {
+    "var/cache/apt/archives": f"debian-{SUITE}-apt-archives",
+    "root/.cache/pip": "debian-pip-cache",
+    "root/.npm": "debian-npm-cache",
+}
 
 
 def _key(*parts: str) -> str:
@@ -97,13 +111,26 @@ def debian_root(folder: Path) -> Iterator[Path]:
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
-    subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True, timeout=30)
+    mounted: list[Path] = []
     try:
+        for inside, kept in DOWNLOAD_CACHES.items():
+            mounted.append(_bind(CACHE / kept, root / inside))
+        subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True, timeout=30)
+        mounted.append(root / "proc")
         yield root
     finally:
         _kill_processes_in(root)
-        subprocess.run(["umount", "--lazy", str(root / "proc")], check=True, timeout=30)
+        for point in reversed(mounted):
+            subprocess.run(["umount", "--lazy", str(point)], check=True, timeout=30)
+        # Only once nothing is mounted: removing the root must never reach into ~/.cache.
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _bind(source: Path, target: Path) -> Path:
+    source.mkdir(parents=True, exist_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(source), str(target)], check=True, timeout=30)
+    return target
 
 
 def _kill_processes_in(root: Path) -> None:
