@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks kube-apiserver clean
+.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks labextension kube-apiserver clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,7 +69,7 @@ $(OIDC_PROVIDER): tests/support/oidc_provider/package.json tests/support/oidc_pr
 
 install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(DEBOOTSTRAP) $(SSHD) $(OIDC_PROVIDER) notebook-account
 
-demo: install notebook-account
+demo: install notebook-account labextension
 	$(BIN)/composespawner demo
 
 lint: $(VENV)/.installed-test
@@ -91,7 +91,13 @@ stacks: $(VENV)/.installed
 kube-apiserver:
 	bash ../shared/tools/kube-apiserver/build.sh >/dev/null
 
-pytest: install-test stacks kube-apiserver
+# The JupyterLab extension every stack's notebooks get (labextension/build.sh): npm ci,
+# tsc and JupyterLab's builder the first time (a minute or two), cached in
+# ~/.cache/composespawner/labextension-<hash of lock and sources> and instant after.
+labextension: $(VENV)/.installed
+	bash labextension/build.sh $(VENV)
+
+pytest: install-test labextension stacks kube-apiserver
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

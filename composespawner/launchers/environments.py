@@ -35,6 +35,12 @@ _PIP_FILE_LINES = ("Collecting ", "Processing ", "Obtaining ")
 # composespawner's notebook side, standard library only: in every stack, so that
 # ``from composespawner import client`` works in any kernel (the hub's package is not there).
 CLIENT = Path(client.__file__)
+# The JupyterLab extension (composespawner-lab), built by `make labextension` in this
+# checkout: its server side goes to site-packages, its prebuilt frontend to the env's
+# share/jupyter/labextensions, and a config file switches the server side on.
+LAB_PACKAGE = CLIENT.parents[1] / "labextension" / "composespawner_lab"
+LAB_EXTENSION = "composespawner-lab"
+LAB_SERVER_CONFIG = b'{"ServerApp": {"jpserver_extensions": {"composespawner_lab": true}}}\n'
 
 
 def default_root() -> Path:
@@ -87,6 +93,54 @@ def requirement_count(lock_text: str) -> int:
 def pip_percent(files_seen: int, total: int) -> int:
     """Build progress while pip fetches: venv 0-5%, files 5-80%, install 80-95%."""
     return 5 + min(75, 75 * files_seen // max(total, 1))
+
+
+def install_lab_extension(prefix: Path, site_packages: Path, package: Path = LAB_PACKAGE) -> bool:
+    """composespawner-lab into the environment at ``prefix``, each part replaced whole.
+
+    False, and nothing changed, when the extension is not built: a notebook runs
+    without it rather than not at all.
+    """
+    built = package / "labextension"
+    if not (built / "package.json").is_file():
+        return False
+    _replace_tree(package, site_packages / "composespawner_lab", "*.py")
+    _replace_tree(built, prefix / "share" / "jupyter" / "labextensions" / LAB_EXTENSION, "*")
+    config = prefix / "etc" / "jupyter" / "jupyter_server_config.d" / "composespawner_lab.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    if not config.is_file() or config.read_bytes() != LAB_SERVER_CONFIG:
+        partial = config.with_name(f".{config.name}.partial")
+        partial.write_bytes(LAB_SERVER_CONFIG)
+        partial.chmod(0o644)
+        os.replace(partial, config)
+    return True
+
+
+def _tree(folder: Path, pattern: str) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(folder)): f.read_bytes() for f in folder.rglob(pattern) if f.is_file()
+    }
+
+
+def _replace_tree(source: Path, target: Path, pattern: str) -> None:
+    """``source``'s files matching ``pattern`` as ``target``, swapped in by renames: a
+    notebook server starting meanwhile sees the old folder or the new, never half of one."""
+    files = _tree(source, pattern)
+    if target.is_dir() and _tree(target, pattern) == files:  # a __pycache__ is no change
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial, old = (target.with_name(f".{target.name}.{end}") for end in ("partial", "old"))
+    for leftover in (partial, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for name, content in files.items():
+        (partial / name).parent.mkdir(parents=True, exist_ok=True)
+        (partial / name).write_bytes(content)
+    for made in (partial, *partial.rglob("*")):
+        made.chmod(0o755 if made.is_dir() else 0o644)
+    if target.exists():
+        target.rename(old)
+    partial.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class StackEnvironments:
@@ -271,6 +325,12 @@ class StackEnvironments:
                 partial.write_bytes(content)
                 partial.chmod(0o644)
                 os.replace(partial, target)
+        if not install_lab_extension(environment.path, site_packages):
+            self.log.warning(
+                "The JupyterLab extension is not built (make labextension):"
+                " notebooks on %s run without it",
+                environment.path,
+            )
         self._current.add(environment.path)
 
     async def _run(
