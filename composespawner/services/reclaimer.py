@@ -53,6 +53,7 @@ from composespawner.services.failures import ComposeFailed, ComposeRefused
 from composespawner.services.kernels import Kernel, KernelsUnavailable
 
 BY = "reclaimer"  # who gave a GPU back, in the ledger's record and audit log
+FABRIC = ""  # the fabric's inventory, among the hosts' outages (no host id is empty)
 READ_TIMEOUT = 30.0  # seconds for one host's reading, beyond the source's own timeout
 
 Outcome = Literal["done", "failed", "skipped"]
@@ -200,7 +201,7 @@ class Reclaimer:
         self.kernels = kernels
         self.read_timeout = read_timeout
         self.log = log or logging.getLogger(__name__)
-        self._outages: dict[str, str] = {}  # host -> why, while its activity is unreadable
+        self._outages: dict[str, str] = {}  # host (or FABRIC) -> why, while unreadable
         self._said: set[str] = set()  # warnings given once, not every pass
 
     async def sweep(self, now: float) -> list[Action]:
@@ -245,7 +246,14 @@ class Reclaimer:
         if not any(m.state == "running" for m in machines):
             return {}
         # Kinds and UUIDs never change: any inventory read so far tells them.
-        gpus = gpus_by_host(machines, await self.composer.pool.known_inventory())
+        try:
+            inventory = await self.composer.pool.known_inventory()
+        except FabricError as e:
+            # None read yet and the fabric down: no UUIDs, so nothing can be read or taken.
+            self._unreadable(FABRIC, f"The fabric's inventory is unreadable ({e})")
+            return {}
+        self._readable(FABRIC)
+        gpus = gpus_by_host(machines, inventory)
         for gpu in (g for held in gpus.values() for g in held if g.uuid is None):
             self._once(
                 f"uuid:{gpu.block_id}",
@@ -260,17 +268,22 @@ class Reclaimer:
         try:
             reading = await asyncio.wait_for(self.source.read(host), self.read_timeout)
         except (ActivityUnreadable, TimeoutError) as e:
-            why = str(e) or f"no reading within {self.read_timeout:g} s"
-            if host not in self._outages:
-                self.log.warning(
-                    "%s; its GPUs count as unknown and none is reclaimed until it reads again",
-                    why,
-                )
-            self._outages[host] = why
+            self._unreadable(host, str(e) or f"no reading of {host} within {self.read_timeout:g} s")
             return None
-        if self._outages.pop(host, None) is not None:
-            self.log.info("GPU activity of %s readable again", host)
+        self._readable(host)
         return reading
+
+    def _unreadable(self, what: str, why: str) -> None:
+        """Log an outage when it starts, not every pass."""
+        if what not in self._outages:
+            self.log.warning(
+                "%s; the GPUs count as unknown and none is reclaimed until it reads again", why
+            )
+        self._outages[what] = why
+
+    def _readable(self, what: str) -> None:
+        if self._outages.pop(what, None) is not None:
+            self.log.info("%s readable again", "The fabric" if what == FABRIC else what)
 
     async def _policies(self, cohorts: set[str | None]) -> dict[str | None, ReclaimPolicy]:
         policies: dict[str | None, ReclaimPolicy] = {None: self.site_policy}

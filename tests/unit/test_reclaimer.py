@@ -21,7 +21,7 @@ from composespawner.commands.reclaim import ReclaimerApp
 from composespawner.domain.activity import ActivityReading, GpuActivity
 from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy
 from composespawner.domain.request import MachineRequest
-from composespawner.ledger import GiveBack, Machine
+from composespawner.ledger import GiveBack, Ledger, Machine
 from composespawner.services.composer import Composer
 from composespawner.services.kernels import KernelsUnavailable, NotebookKernels, server_prefix
 from composespawner.services.reclaimer import (
@@ -42,7 +42,7 @@ from tests.support.activity_fakes import (
     idle,
 )
 from tests.support.composers import demo_composer
-from tests.support.faulty import FaultyFabric
+from tests.support.faulty import Faults, FaultyFabric
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,9 +192,37 @@ async def test_an_unreadable_host_is_unknown_never_idle_and_its_outage_logged_on
     outage = [r for r in caplog.records if "unreadable" in r.getMessage()]
     assert len(outage) == 1
     assert outage[0].levelno == logging.WARNING
-    assert sum("readable again" in r.getMessage() for r in caplog.records) == 1
+    assert [r.getMessage() for r in caplog.records if "readable again" in r.getMessage()] == [
+        f"{scene.host} readable again"
+    ]
     watch = scene.composer.ledger.reclaims.watches()[(scene.machine.id, scene.block)]
     assert watch.since == 1830  # the run starts at the first reading seen
+
+
+async def test_a_fabric_never_read_leaves_every_gpu_alone_and_is_logged_once(
+    scene: Scene, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A reclaimer started while the fabric is down: no inventory read yet, so no UUIDs.
+    down = FaultyFabric(scene.fabric().state, Faults(unreachable=True))
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    composer = Composer(ledger=ledger, fabric=down, catalog=scene.composer.catalog, hub_id="h")
+    scene.source.set(scene.host, idle(scene.uuid))
+    reclaimer = Reclaimer(composer, scene.source, site_policy=POLICY)
+    try:
+        with caplog.at_level(logging.INFO):
+            passes = [await reclaimer.sweep(at) for at in range(0, 300, 30)]
+            down.faults.heal()
+            healed = await reclaimer.sweep(300)
+    finally:
+        await composer.close()
+
+    assert passes == [[]] * 10
+    assert healed == []  # the first readable pass only starts the run
+    assert scene.source.reads[scene.host] == 1
+    said = [r.getMessage() for r in caplog.records if "fabric" in r.getMessage().lower()]
+    assert len([m for m in said if "unreadable" in m]) == 1
+    assert "The fabric readable again" in said
+    assert scene.attached()
 
 
 async def test_a_gpu_the_source_does_not_list_is_unknown(scene: Scene) -> None:
