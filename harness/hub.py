@@ -326,6 +326,9 @@ def running_hub(
         "COMPOSE_FABRIC_USERNAME": FABRIC_AUTH[0],
         "COMPOSE_FABRIC_PASSWORD": FABRIC_AUTH[1],
         "COMPOSE_POLL_INTERVAL": "2",
+        # The demo's reclaimer takes a GPU nothing holds after 2 minutes, and every
+        # simulated GPU is held by nothing: a test of the reclaimer turns it on.
+        "COMPOSE_RECLAIM": "0",
         "COMPOSE_EXTRA_CONFIG": str(extra),
         "PYTHONWARNINGS": "ignore",
         **env_overrides,
