@@ -219,7 +219,9 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds an asynchronous task runs (default 0.2)",
     )
     parser.add_argument(
-        "--faults-api", action="store_true", help="serve the test-only /sim/faults and /sim/state"
+        "--faults-api",
+        action="store_true",
+        help="serve the test-only /sim/faults, /sim/state and /sim/activity",
     )
     parser.add_argument("--tls-cert", help="PEM certificate (chain) to serve https with")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")

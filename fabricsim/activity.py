@@ -1,7 +1,7 @@
 """What the simulated GPUs are doing, and a DCGM exporter's text saying so (pure).
 
 A real site runs NVIDIA's DCGM exporter on each compute host; the simulator serves
-one per system at ``/dcgm/<system_id>/metrics`` (with ``--faults-api``), listing the
+one per system at ``/dcgm/<system_id>/metrics`` (always served), listing the
 GPUs attached to that system now. Tests set each GPU's figures through
 ``/sim/activity``; a GPU nobody set is attached and idle: no kernel ran, a few MiB of
 framebuffer used, as a GPU with no process shows.

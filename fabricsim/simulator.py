@@ -43,7 +43,7 @@ class SimulatorConfig:
     password: str = "fabric-password"
     async_tasks: bool = False  # answer writes of blocks and systems with 202 + task monitor
     task_duration_s: float = 0.2
-    faults_api: bool = False  # serve /sim/faults, /sim/state, /sim/activity and /dcgm
+    faults_api: bool = False  # serve /sim/faults, /sim/state and /sim/activity
     session_timeout_s: int = 1800
     quirks: ServiceQuirks = NO_QUIRKS  # answer like an older or looser service
 

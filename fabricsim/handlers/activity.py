@@ -1,5 +1,5 @@
 """The hosts' DCGM exporters (``/dcgm/<system>/metrics``) and the test switches that set
-what their GPUs are doing (``/sim/activity``), served with ``--faults-api``."""
+what their GPUs are doing (``/sim/activity``, only with ``--faults-api``)."""
 
 from __future__ import annotations
 
