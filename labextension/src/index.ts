@@ -132,8 +132,8 @@ class MachineWatch {
     for (const gpu of this.machine.gpus) {
       if (!held.has(gpu.id) && !this.givenBack.delete(gpu.id)) {
         Notification.info(
-          `Your ${gpu.model} (${gpu.id}) went back to the pool after it sat idle. Your ` +
-            'server, files and other kernels are as they were; Add a GPU gets one again.',
+          `Your idle ${gpu.model} (${gpu.id}) went back to the pool; your server, files ` +
+            'and other kernels are as they were. Add a GPU gets one again.',
           { autoClose: false }
         );
       }

@@ -140,20 +140,21 @@ export function whenText(at: Date | null, now: Date): string {
   return `at ${clock} (in ${minutes} min)`;
 }
 
-/** The notification for one warned GPU: when it goes and how to keep it. */
+/**
+ * The notification for one warned GPU: when it goes and how to keep it, first, as
+ * JupyterLab's toasts show only a message's first 140 characters (the notification
+ * centre shows it all).
+ */
 export function warningText(gpu: IGpu, now: Date): string {
   const warning = gpu.warning;
   if (warning === null) {
     return '';
   }
-  const keep = warning.keepAllowed
-    ? 'use it, or press Keep'
-    : 'use it (your site allows no more Keep presses for it)';
+  const keep = warning.keepAllowed ? 'use it or press Keep' : 'use it (no Keep presses left)';
   const said = warning.message !== null ? ` ${warning.message}` : '';
   return (
-    `Your ${gpu.model} (${gpu.id}) has been idle and will go back to the pool ` +
-    `${whenText(warning.reclaimAt, now)}; the kernels using it will be shut down. ` +
-    `To keep it, ${keep}.${said}`
+    `Idle ${gpu.model} (${gpu.id}) goes back to the pool ${whenText(warning.reclaimAt, now)}. ` +
+    `To keep it, ${keep}. Kernels using it will be shut down.${said}`
   );
 }
 
