@@ -36,6 +36,11 @@ TABLES = (
     "cohorts",
     "colocated",
     "host_rooms",
+    "device_shares",
+    "run_manifests",
+    "kit_submissions",
+    "gpu_watches",
+    "gpu_givebacks",
 )
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -38,15 +38,6 @@ WATCH = GpuWatch(
 DETACH = Decision("detach", "nothing held it for 700 s", {"unheld_s": 700.0, "idle_s": 700.0})
 
 
-@pytest.fixture(autouse=True)
-def _no_watches_left(ledger: Ledger) -> None:
-    """The shared PostgreSQL database is emptied of the other tables' rows between tests,
-    not of these (tests/ledger/conftest.py's TABLES predates them)."""
-    with ledger.engine.begin() as connection:
-        connection.exec_driver_sql("DELETE FROM gpu_watches")
-        connection.exec_driver_sql("DELETE FROM gpu_givebacks")
-
-
 @pytest.fixture
 def running(machine_in: MachineMaker, gpus: list[str]) -> str:
     """alice's server 'lab', running on the first two GPUs."""
