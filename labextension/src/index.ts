@@ -30,6 +30,7 @@ class MachineWatch {
   private busy = false;
   private problem: string | null = null;
   private readonly warned = new Set<string>();
+  private readonly toasts = new Map<string, string>(); // warning key -> notification id
   private readonly givenBack = new Set<string>(); // by the user here: not news to them
   private timer: number | undefined;
 
@@ -119,7 +120,16 @@ class MachineWatch {
       const actions = gpu.warning.keepAllowed
         ? [{ label: 'Keep', caption: 'Keep this GPU', callback: () => void this.keep(gpu) }]
         : [];
-      Notification.warning(warningText(gpu, new Date()), { autoClose: false, actions });
+      const id = Notification.warning(warningText(gpu, new Date()), { autoClose: false, actions });
+      this.toasts.set(warningKey(gpu), id);
+    }
+    // A warning the portal no longer gives (kept, used again, taken) is no longer true.
+    const current = new Set(machine.gpus.filter(g => g.warning !== null).map(warningKey));
+    for (const [key, id] of this.toasts) {
+      if (!current.has(key)) {
+        Notification.dismiss(id);
+        this.toasts.delete(key);
+      }
     }
   }
 

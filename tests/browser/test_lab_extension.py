@@ -190,6 +190,7 @@ def test_warning_shows_once_and_keep_reaches_the_portal(lab: Lab, page: Page) ->
     wait_for(lambda: _calls(lab, "POST", "/gpus/gpu-0/keep"), 10, "the Keep at the portal")
     expect(page.get_by_text("Kept T4 (gpu-0) for another hour.").first).to_be_visible()
     expect(keep).to_have_count(0, timeout=SECONDS)  # the portal lifted the warning
+    expect(warning).to_have_count(0, timeout=SECONDS)  # and its notification went with it
     shot(page, "lab-extension-keep")
     assert lab.portal.refused() == []
 
