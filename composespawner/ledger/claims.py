@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, delete, func, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.domain.quotas import NO_QUOTA, Quota
@@ -47,7 +47,6 @@ from composespawner.ledger.statements import (
     COLOCATED,
     DEVICES,
     DEVICES_HELD_BY,
-    GPU_WATCHES,
     INSERT_EVENT,
     INSERT_USAGE,
     MACHINE_BY_ID,
@@ -78,11 +77,6 @@ _FREE_THESE_OF = (
         DEVICES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
     )
     .values(machine_id=None, held_since=None)
-)
-# A GPU given back starts afresh if it comes back: no old Keep presses or active time.
-_FORGET_WATCHES = delete(GPU_WATCHES).where(
-    GPU_WATCHES.c.machine_id == bindparam("b_machine_id"),
-    GPU_WATCHES.c.block_id.in_(bindparam("b_blocks", expanding=True)),
 )
 # Sorted: two claims wanting overlapping blocks lock them in the same order.
 _LOCK_DEVICES = (
@@ -272,9 +266,10 @@ class Claims(ZonedLedgerPart):
                 if used:
                     connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in mine])
                     add_day_use(connection, machine.user_name, mine, now, self._usage_zone)
-                these = {"b_machine_id": machine_id, "b_blocks": [d.block_id for d in mine]}
-                connection.execute(_FREE_THESE_OF, these)
-                connection.execute(_FORGET_WATCHES, these)
+                connection.execute(
+                    _FREE_THESE_OF,
+                    {"b_machine_id": machine_id, "b_blocks": [d.block_id for d in mine]},
+                )
                 give_room(
                     connection, machine, device_slots(d.kind for d in mine), now, ending=False
                 )

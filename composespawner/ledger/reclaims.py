@@ -45,11 +45,11 @@ from composespawner.domain.reclaim import keep as keep_watch
 from composespawner.ledger.database import LedgerPart
 from composespawner.ledger.errors import UnknownDevices, UnknownMachine
 from composespawner.ledger.lifecycle import TERMINAL
-from composespawner.ledger.models import GpuGiveBackRow
+from composespawner.ledger.models import GpuGiveBackRow, GpuWatchRow
 from composespawner.ledger.policy import Actor, _audit
-from composespawner.ledger.statements import COHORTS, DEVICES, GPU_WATCHES, MACHINES, SHARES
+from composespawner.ledger.statements import COHORTS, DEVICES, MACHINES, SHARES
 
-WATCHES = GPU_WATCHES
+WATCHES = cast(Table, GpuWatchRow.__table__)
 GIVEBACKS = cast(Table, GpuGiveBackRow.__table__)
 WATCH_FIELDS = tuple(f.name for f in fields(GpuWatch))
 KEEP_FIELDS = ("kept_until", "keeps_used", "warned_at")

@@ -29,7 +29,6 @@ from composespawner.ledger.models import (
     ColocatedRow,
     DeviceRow,
     DeviceShareRow,
-    GpuWatchRow,
     MachineEventRow,
     MachineRow,
     QuotaAccountRow,
@@ -43,7 +42,6 @@ COHORTS = cast(Table, CohortRow.__table__)
 COLOCATED = cast(Table, ColocatedRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 SHARES = cast(Table, DeviceShareRow.__table__)  # holders of split GPUs' slots
-GPU_WATCHES = cast(Table, GpuWatchRow.__table__)  # the reclaimer's memory of each GPU
 EVENTS = cast(Table, MachineEventRow.__table__)
 USAGE = cast(Table, UsageRecordRow.__table__)
 QUOTA_ACCOUNTS = cast(Table, QuotaAccountRow.__table__)

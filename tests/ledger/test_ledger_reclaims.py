@@ -277,12 +277,3 @@ def test_a_gpu_given_back_otherwise_is_not_watched(
     assert set(ledger.reclaims.watches()) == {(running, gpus[0])}
     ledger.reclaims.save_watches({(running, gpus[1]): WATCH})
     assert set(ledger.reclaims.watches()) == {(running, gpus[0])}
-
-
-def test_a_gpu_its_user_gives_back_forgets_its_watch(
-    ledger: Ledger, running: str, gpus: list[str]
-) -> None:
-    ledger.reclaims.save_watches({(running, gpus[0]): WATCH, (running, gpus[1]): WATCH}, {})
-    ledger.give_back(running, [gpus[0]], "given back by its user")
-    # Had it come back to this machine, old Keep presses and active time would count.
-    assert set(active_s(ledger)) == {(running, gpus[1])}
