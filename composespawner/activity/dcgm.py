@@ -134,13 +134,18 @@ def _per_gpu(samples: Iterable[_Sample], host_id: str, where: str) -> dict[str, 
     )
     for (uuid, instance, field), value in series.items():
         fields[uuid][field].append((instance, value))
-    gpus = {}
+    gpus, lacking = {}, []
     for uuid, by_field in sorted(fields.items()):
         missing = [f for f in (UTILIZATION, MEMORY_USED) if f not in by_field]
         if missing:
-            raise ActivityUnreadable(host_id, where, f"GPU {uuid} has no {missing[0]}")
+            # This GPU is unknown (as a MIG GPU without GPU_UTIL is); the others still
+            # count. Only an exporter that gives no GPU both figures is unreadable.
+            lacking.append(f"GPU {uuid} has no {missing[0]}")
+            continue
         utilization = max(value for _, value in by_field[UTILIZATION])
         gpus[uuid] = GpuActivity(uuid, utilization, _memory(by_field[MEMORY_USED]), None)
+    if lacking and not gpus:
+        raise ActivityUnreadable(host_id, where, "; ".join(lacking))
     return gpus
 
 

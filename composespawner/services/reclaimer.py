@@ -133,6 +133,30 @@ def gpus_by_host(machines: Iterable[Machine], inventory: Inventory) -> dict[str,
     return by_host
 
 
+def spare_other_gpus(
+    acting: list[tuple[HeldGpu, Decision]], held: Iterable[HeldGpu]
+) -> list[tuple[HeldGpu, Decision]]:
+    """``acting`` without the reclaims that would end kernels using another GPU.
+
+    A reclaim shuts down every kernel of the server (which kernel holds which GPU
+    cannot be told), so it goes ahead only when every GPU the machine holds whole is
+    reclaimed in the same pass; otherwise a kernel training on one GPU would die for
+    another that sat idle. The warning stands: the user can still give it back.
+    """
+    reclaiming: dict[str, set[str]] = {}
+    for gpu, decision in acting:
+        if decision.action == "reclaim":
+            reclaiming.setdefault(gpu.machine.id, set()).add(gpu.block_id)
+    whole: dict[str, set[str]] = {}
+    for gpu in held:
+        whole.setdefault(gpu.machine.id, set()).add(gpu.block_id)
+    return [
+        (gpu, decision)
+        for gpu, decision in acting
+        if decision.action != "reclaim" or reclaiming[gpu.machine.id] >= whole[gpu.machine.id]
+    ]
+
+
 def judge(
     before: GpuWatch | None, gpu: GpuActivity | None, now: float, policy: ReclaimPolicy
 ) -> Judgement:
@@ -206,6 +230,7 @@ class Reclaimer:
 
     async def sweep(self, now: float) -> list[Action]:
         """One pass at ``now`` (seconds, as ``time.time()``): what it did."""
+        started = time.monotonic()
         gpus = await self._held_gpus()
         if not gpus:
             return []
@@ -217,6 +242,16 @@ class Reclaimer:
         for host, held in gpus.items():
             for gpu in held:
                 activity = _activity(readings[host], gpu)
+                if activity is None and readings[host] is not None and gpu.uuid is not None:
+                    self._once(
+                        f"unlisted:{host}:{gpu.uuid}",
+                        "Host %s's activity source does not list GPU %s (UUID %s): it is never"
+                        " reclaimed. A DCGM exporter lists the GPUs it found at its start:"
+                        " restart it after GPUs are attached",
+                        host,
+                        gpu.block_id,
+                        gpu.uuid,
+                    )
                 policy = policies[gpu.machine.cohort]
                 judged.append((gpu, judge(watches.get(gpu.key), activity, now, policy)))
         await self.composer.runner.run(
@@ -225,8 +260,11 @@ class Reclaimer:
             {gpu.key: j.active_s for gpu, j in judged if j.active_s > 0},
         )
         acting = [(gpu, j.decision) for gpu, j in judged if j.decision.action != "none"]
-        kept = await self._kept_since(acting, now)
-        return [await self._act(gpu, decision, kept) for gpu, decision in acting]
+        acting = spare_other_gpus(acting, (g for held in gpus.values() for g in held))
+        # A decision is only as fresh as its reading: one acted on later than max_gap
+        # after it (a long pass) is left for the next pass's reading.
+        fresh_until = {gpu.key: started + policies[gpu.machine.cohort].max_gap for gpu, _ in acting}
+        return [await self._act(gpu, d, now, fresh_until[gpu.key]) for gpu, d in acting]
 
     async def run_forever(self, interval: float, clock: Callable[[], float] = time.time) -> None:
         while True:
@@ -306,19 +344,22 @@ class Reclaimer:
 
     # -- acting ------------------------------------------------------------------
 
-    async def _kept_since(self, acting: list[tuple[HeldGpu, Decision]], now: float) -> set[Key]:
-        """The GPUs about to be taken whose user pressed *Keep* since the watches were read
-        (the ledger keeps that press over this pass's save): they are left alone."""
-        if not any(decision.action in ("detach", "reclaim") for _, decision in acting):
-            return set()
+    async def _may_take(self, gpu: HeldGpu, now: float, fresh_until: float) -> None:
+        """Raise _MovedOn unless the GPU may be taken now: its reading is still fresh,
+        the server still runs the watched machine holding it, and its user has not
+        pressed *Keep* since the reading (the ledger keeps that press over this pass's
+        save). Asked right before each step that cannot be undone."""
+        if time.monotonic() > fresh_until:
+            raise _MovedOn("its reading is older than max_gap: the next pass reads it again")
+        await self._still_watched(gpu)
         watches = await self.composer.runner.run(self.composer.ledger.reclaims.watches)
-        return {
-            key
-            for key, watch in watches.items()
-            if watch.kept_until is not None and now < watch.kept_until
-        }
+        watch = watches.get(gpu.key)
+        if watch is not None and watch.kept_until is not None and now < watch.kept_until:
+            raise _MovedOn("its user pressed Keep")
 
-    async def _act(self, gpu: HeldGpu, decision: Decision, kept: set[Key]) -> Action:
+    async def _act(
+        self, gpu: HeldGpu, decision: Decision, now: float, fresh_until: float
+    ) -> Action:
         kind = decision.action
         assert kind != "none"
         machine = gpu.machine
@@ -346,8 +387,6 @@ class Reclaimer:
 
         if kind == "warn":
             return action("done")
-        if gpu.key in kept:
-            return action("skipped", "its user pressed Keep")
         if kind == "reclaim" and self.kernels is None:
             self._once(
                 "no-kernels",
@@ -356,16 +395,19 @@ class Reclaimer:
             )
             return action("skipped", "no kernels API")
         try:
-            await self._still_watched(gpu)
-            shut = await self._shut_down_kernels(gpu) if kind == "reclaim" else 0
+            await self._may_take(gpu, now, fresh_until)
+            shut = 0
+            if kind == "reclaim":
+                shut = await self._shut_down_kernels(gpu)
+                await self._may_take(gpu, now, fresh_until)  # the shutdown took a while
             await self.composer.shrink(machine.user_name, machine.server_name, [gpu.block_id])
-        except (ComposeFailed, KernelsUnavailable, FabricError) as e:
+        except (ComposeFailed, KernelsUnavailable, FabricError, LedgerError) as e:
             self.log.warning(
                 "Reclaimer: %s of GPU %s failed, next pass tries again: %s", kind, gpu.block_id, e
             )
             return action("failed", str(e))
-        except (ComposeRefused, LedgerError, _MovedOn) as e:
-            # The machine moved on (stopped, shrunk by its user): nothing to give back.
+        except (ComposeRefused, _MovedOn) as e:
+            # The machine moved on (stopped, shrunk by its user, kept): nothing to give back.
             self.log.info("Reclaimer: %s of GPU %s skipped: %s", kind, gpu.block_id, e)
             return action("skipped", str(e))
         return await self._record(gpu, decision, action("done", _kernels_said(kind, shut)))

@@ -95,6 +95,11 @@ def test_a_gpu_dcgm_left_blank_is_left_out() -> None:
     assert set(parse_dcgm(text, "h", 1.0).gpus) == {"bbbb"}  # aaaa: unknown, never idle
 
 
+def test_a_gpu_lacking_a_figure_is_unknown_and_its_neighbours_still_count() -> None:
+    text = gpu(3, 4, "GPU-AAAA") + series("DCGM_FI_DEV_GPU_UTIL", 1, "GPU-BBBB")
+    assert set(parse_dcgm(text, "h", 1.0).gpus) == {"aaaa"}  # bbbb: unknown, never idle
+
+
 def test_other_exporters_lines_are_ignored() -> None:
     text = "go_goroutines 42\n" + gpu(1, 2)
     assert set(parse_dcgm(text, "h", 1.0).gpus) == {"aaaa"}
@@ -116,7 +121,6 @@ def test_other_exporters_lines_are_ignored() -> None:
         (gpu(101, 2), "over 100 percent"),
         (gpu(0, "+Inf"), "is inf"),
         (gpu(0, -5), "is -5.0"),
-        (gpu(3, 4, "GPU-AAAA") + series("DCGM_FI_DEV_GPU_UTIL", 1, "GPU-BBBB"), "GPU bbbb"),
     ],
 )
 def test_garbage_is_unreadable_never_idle(text: str, said: str) -> None:
