@@ -31,6 +31,7 @@ if [ ! -f "$cache/package.json" ]; then
   mkdir -p "$(dirname "$cache")"
   partial="$(mktemp -d "$cache.partial.XXXXXX")"
   cp -r "$out/." "$partial/"
+  chmod -R a+rX "$partial"  # mktemp -d makes it 0700
   # Another build may have finished first: theirs is as good as ours.
   mv -T "$partial" "$cache" 2>/dev/null || rm -rf "$partial"
   echo "composespawner-lab built in $((SECONDS - started)) s, cached in $cache"
@@ -39,3 +40,5 @@ if ! diff -rq "$cache" "$out" >/dev/null 2>&1; then
   rm -rf "$out"
   cp -r "$cache" "$out"
 fi
+# Readable by all: a compute host's agent copies it into a stack as its build account.
+chmod -R a+rX "$out"
