@@ -50,34 +50,34 @@ class MachineHandler(ComposeHandler):
         await self.answer(portal.machine)
 
 
-class GrowHandler(ComposeHandler):
+class PortalPostHandler(ComposeHandler):
+    """A POST whose JSON body names the one argument of one portal call."""
+
+    read: Callable[[object], object]  # the body -> the argument; ValueError: a 400
+    call: Callable[[Any], dict[str, Any]]
+
     @web.authenticated
     async def post(self) -> None:
         try:
-            count = portal.grow_count(self.json_body())
+            argument = type(self).read(self.json_body())
         except ValueError as e:
             return self.refuse(e)
-        await self.answer(portal.grow, count)
+        await self.answer(type(self).call, argument)
 
 
-class GiveBackHandler(ComposeHandler):
-    @web.authenticated
-    async def post(self) -> None:
-        try:
-            gpu = portal.gpu_named(self.json_body())
-        except ValueError as e:
-            return self.refuse(e)
-        await self.answer(portal.give_back, gpu)
+class GrowHandler(PortalPostHandler):
+    read = staticmethod(portal.grow_count)
+    call = staticmethod(portal.grow)
 
 
-class KeepHandler(ComposeHandler):
-    @web.authenticated
-    async def post(self) -> None:
-        try:
-            gpu = portal.gpu_named(self.json_body())
-        except ValueError as e:
-            return self.refuse(e)
-        await self.answer(portal.keep, gpu)
+class GiveBackHandler(PortalPostHandler):
+    read = staticmethod(portal.gpu_named)
+    call = staticmethod(portal.give_back)
+
+
+class KeepHandler(PortalPostHandler):
+    read = staticmethod(portal.gpu_named)
+    call = staticmethod(portal.keep)
 
 
 def poll_seconds(value: str | None) -> float | None:
