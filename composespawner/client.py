@@ -1,6 +1,7 @@
 """Your composed machine, from inside its notebook: ``from composespawner import client``.
 
-    client.machine()          # this server's host, zone, GPUs and devices
+    client.machine()          # this server's host, zone, GPUs and devices; idle GPUs' warnings
+    client.keep()             # keep the GPUs you were warned about (or name one: keep("gpu-id"))
     client.quota()            # your effective quota: each limit, and where it comes from
     client.use()              # what you hold now, and your GPU-hours in the last 7 days
     client.quota_left()       # GPUs, servers and GPU-hours your quota leaves you now
@@ -22,7 +23,8 @@ with ``source ~/.composespawner/default.env``, and a kernel, which counts its
 GPUs only as it starts, after a restart and :func:`apply` before importing its
 framework. Standard library only, so it imports in any kernel.
 
-Also a command: ``python -m composespawner.client [machine|quota|use|grow N|shrink [ID]|manifest]``.
+Also a command: ``python -m composespawner.client
+[machine|quota|use|grow N|shrink [ID]|keep [ID]|manifest]``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,29 @@ class PortalError(Exception):
 class Gpu:
     id: str
     model: str
+    # Seconds it has done no work, as the pool's reclaimer last saw (None: not known).
+    idle_s: float | None = None
+    # Set when it will be given back to the pool if it stays idle: what, when, and how to
+    # keep it (use it, or keep()).
+    warning: str | None = None
+    reclaim_at: str | None = None
+    kept_until: str | None = None  # a Keep holds it off until then
+
+
+def _gpu(data: dict[str, Any]) -> Gpu:
+    """One GPU of the portal's answer; fields an older portal lacks are None."""
+    warning = data.get("warning") if isinstance(data.get("warning"), dict) else None
+    idle = data.get("idle_s")
+    return Gpu(
+        data["id"],
+        data["model"],
+        idle_s=float(idle)
+        if isinstance(idle, int | float) and not isinstance(idle, bool)
+        else None,
+        warning=warning.get("message") if warning else None,
+        reclaim_at=warning.get("reclaim_at") if warning else None,
+        kept_until=data.get("kept_until") if isinstance(data.get("kept_until"), str) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,11 @@ class Machine:
         """The part of its GPU's memory a share may fairly use (None: whole GPUs)."""
         return 1 / self.gpu_share if self.gpu_share > 1 else None
 
+    @property
+    def warnings(self) -> list[str]:
+        """What you are told of idle GPUs that will be given back unless used or kept."""
+        return [g.warning for g in self.gpus if g.warning]
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Machine:
         share = data.get("gpu_share")
@@ -90,7 +120,7 @@ class Machine:
             host=data["host"],
             zone=data["zone"],
             since=data["since"],
-            gpus=tuple(Gpu(g["id"], g["model"]) for g in data["gpus"]),
+            gpus=tuple(_gpu(g) for g in data["gpus"]),
             devices=tuple(data["devices"]),
             gpu_share=share,
         )
@@ -111,6 +141,23 @@ class Resized:
 def machine() -> Machine:
     """This server's machine."""
     return _resized(_call("GET", _gpus_path())).machine
+
+
+def machine_json(timeout: float = TIMEOUT) -> dict[str, Any]:
+    """The portal's whole answer for this server, every field (newer ones too), as JSON."""
+    return _call("GET", _gpus_path(), timeout=timeout)
+
+
+def keep(gpu: str | None = None) -> str:
+    """Press *Keep* on ``gpu`` (its id), or on every GPU you were warned about: it is not
+    given back for the policy's while, used or not. What the portal said."""
+    if gpu is None:
+        warned = [g.id for g in machine().gpus if g.warning]
+        if not warned:
+            return "No GPU of this server has a warning: nothing to keep."
+        return "\n".join(keep(g) for g in warned)
+    path = f"{_gpus_path()}/{urllib.parse.quote(gpu, safe='')}/keep"
+    return str(_call("POST", path, {})["message"])
 
 
 def quota() -> dict[str, Any]:
@@ -365,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (args[0], args[1:]) if args else ("machine", [])
     try:
         if command == "machine":
-            print(json.dumps(_call("GET", _gpus_path()), indent=2))
+            print(json.dumps(machine_json(), indent=2))
         elif command == "quota":
             print(json.dumps(quota(), indent=2))
         elif command == "use":
@@ -374,12 +421,14 @@ def main(argv: list[str] | None = None) -> int:
             print(grow(int(rest[0]) if rest else 1))
         elif command == "shrink":
             print(shrink(rest[0] if rest else None))
+        elif command == "keep":
+            print(keep(rest[0] if rest else None))
         elif command == "manifest":
             print(json.dumps(manifest(), indent=2))
         else:
             print(
                 "usage: python -m composespawner.client"
-                " [machine|quota|use|grow N|shrink [ID]|manifest]"
+                " [machine|quota|use|grow N|shrink [ID]|keep [ID]|manifest]"
             )
             return 2
     except PortalError as e:

@@ -139,19 +139,21 @@ c.JupyterHub.services = SERVICES.services()
 # The reclaimer reads each host's GPU activity from the simulator's DCGM exporters
 # (set it with PATCH /sim/activity when the simulator runs with --faults-api) and gives
 # idle GPUs back. The demo's windows are minutes, not the site default's hour: a GPU
-# nothing holds goes after 2 minutes. Warning and taking a GPU a kernel holds (warn_after,
-# reclaim_after) stay off until the portal and JupyterLab show the warning and its Keep:
-# a reclaim nobody was told about would be a kernel lost without notice.
-# Off with COMPOSE_RECLAIM=0.
+# nothing holds goes after 2 minutes; one a kernel holds without working is warned about
+# after 5 (in JupyterLab, on "my machine", in client.machine()) and taken after 10 with
+# the kernels holding it, unless its user presses Keep (10 more minutes, twice).
+# The portal reads the same policy to tell users. Off with COMPOSE_RECLAIM=0.
 RECLAIM = os.environ.get("COMPOSE_RECLAIM", "1") != "0"
 c.ReclaimerApp.interval = 15
 c.ReclaimerApp.activity_source = "dcgm"
 c.ReclaimerApp.dcgm_url_template = f"http://127.0.0.1:{FABRIC_PORT}/dcgm/{{host_id}}/metrics"
 c.ReclaimerApp.hub_url = f"http://127.0.0.1:{HUB_PORT}"
-c.ReclaimerApp.policy = {
+c.ComposeSettings.reclaim_policy = {
     "detach_after": 120,
-    "warn_after": None,
-    "reclaim_after": None,
+    "warn_after": 300,
+    "reclaim_after": 600,
+    "keep_for": 600,
+    "keeps_allowed": 2,
     "max_gap": 60,
 }
 if RECLAIM:

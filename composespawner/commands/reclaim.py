@@ -1,8 +1,9 @@
 """``composespawner reclaimer``: the hub-managed service that gives idle GPUs back.
 
 It reads the hub's config file as the reconciler does (the ledger, the fabric and
-the catalog), and its own section, ``c.ReclaimerApp``: where each host's GPU activity
-is read, how often, and the site's reclaim policy. The pass itself is
+the catalog, and the site's reclaim policy, ``c.ComposeSettings.reclaim_policy``, which the
+portal reads too), and its own section, ``c.ReclaimerApp``: where each host's GPU
+activity is read, and how often. The pass itself is
 :class:`~composespawner.services.reclaimer.Reclaimer`.
 """
 
@@ -15,12 +16,12 @@ import os
 import signal
 import time
 
-from traitlets import Bool, Dict, Enum, Float, Unicode, default
+from traitlets import Bool, Enum, Float, TraitError, Unicode, default
 
 from composespawner.activity import ActivitySource
 from composespawner.activity.dcgm import DcgmExporter
 from composespawner.activity.nvml import NvmlSource
-from composespawner.domain.reclaim import SITE_DEFAULT, InvalidPolicy, ReclaimPolicy, parse_policy
+from composespawner.domain.reclaim import ReclaimPolicy
 from composespawner.services.application import ComposeApplication
 from composespawner.services.kernels import NotebookKernels
 from composespawner.services.reclaimer import Reclaimer
@@ -64,14 +65,6 @@ class ReclaimerApp(ComposeApplication):
         help="""Seconds one host's reading may take. A host that does not answer in time
         counts as unknown (none of its GPUs is touched), never as idle.""",
     )
-    policy = Dict(
-        config=True,
-        help="""The site's reclaim policy, any of: detach_after, warn_after, reclaim_after
-        (seconds; null turns that step off), keep_for (seconds), keeps_allowed (null: any),
-        busy_percent, memory_floor_mib, max_gap (seconds). Fields left out keep the
-        defaults (detach after 600 s unheld, warn after 1800 s and reclaim after 3600 s
-        without work); a cohort's own values, set in the portal, win for its members.""",
-    )
     hub_url = Unicode(
         "",
         config=True,
@@ -97,9 +90,9 @@ class ReclaimerApp(ComposeApplication):
     def site_policy(self) -> ReclaimPolicy:
         """The configured policy; a clear exit at start when it cannot be used."""
         try:
-            policy = parse_policy(self.policy, over=SITE_DEFAULT)
-        except InvalidPolicy as e:
-            raise SystemExit(f"{self.name}: c.ReclaimerApp.policy cannot be used: {e}") from None
+            policy = self.settings.site_reclaim_policy()
+        except TraitError as e:
+            raise SystemExit(f"{self.name}: {e}") from None
         if self.interval >= policy.max_gap:
             raise SystemExit(
                 f"{self.name}: interval ({self.interval:g} s) must be less than the policy's"

@@ -21,7 +21,7 @@ for a GPU its machine no longer holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, cast
@@ -93,11 +93,13 @@ class Reclaims(LedgerPart):
 
     # -- the reclaimer's watches ------------------------------------------------------
 
-    def watches(self) -> dict[Key, GpuWatch]:
-        """(machine id, block id) → the watch of every GPU a live machine holds now."""
+    def watches(self, machines: Collection[str] | None = None) -> dict[Key, GpuWatch]:
+        """(machine id, block id) → the watch of every GPU a live machine holds now; only
+        those of ``machines`` when given (the portal's one user)."""
+        query = _WATCHES if machines is None else _WATCHES.where(_W.machine_id.in_(machines))
         with self._engine.begin() as connection:
             return {
-                (r.machine_id, r.block_id): _watch(r._mapping) for r in connection.execute(_WATCHES)
+                (r.machine_id, r.block_id): _watch(r._mapping) for r in connection.execute(query)
             }
 
     def save_watches(

@@ -21,6 +21,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application, StaticFileHandler
 from traitlets import Integer, Unicode, default
 
+from composespawner.domain.reclaim import SITE_DEFAULT, ReclaimPolicy
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.environments import default_root
 from composespawner.launchers.jupyterhub_internals import hub_templates
@@ -104,6 +105,7 @@ class PortalApp(ComposeApplication):
             composer=composer,
             hub=hub,
             timezone=ZoneInfo(settings.site_timezone),
+            reclaim_policy=settings.site_reclaim_policy(),
         )
         collecting = collect_on_a_timer(FULL_COLLECTION_EVERY)
         url = urlparse(self.service_url)
@@ -142,6 +144,7 @@ class PortalApp(ComposeApplication):
         composer: Composer,
         hub: HubClient,
         timezone: tzinfo,
+        reclaim_policy: ReclaimPolicy = SITE_DEFAULT,
     ) -> Application:
         prefix = self.service_prefix
         routes: list[Any] = [
@@ -174,6 +177,7 @@ class PortalApp(ComposeApplication):
                 composer=composer,
                 scorer=self._scorer(),
                 stack_environments=Path(self.stack_environments_dir),
+                reclaim_policy=reclaim_policy,
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )

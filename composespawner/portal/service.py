@@ -22,6 +22,7 @@ from composespawner.domain.colocation import Registration
 from composespawner.domain.machine import machine_env
 from composespawner.domain.manifest import NotRelaunchable, relaunch_options
 from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
+from composespawner.domain.reclaim import SITE_DEFAULT, ReclaimPolicy
 from composespawner.domain.request import RequestError, check_server_name
 from composespawner.domain.usage import DayUse, InvalidPeriod, Period, usage_report
 from composespawner.ledger import (
@@ -36,7 +37,7 @@ from composespawner.ledger import (
     UnknownDevices,
 )
 from composespawner.ledger.runner import LedgerRunner
-from composespawner.portal import machine_views, views
+from composespawner.portal import machine_views, reclaim_views, views
 from composespawner.portal.errors import (
     Conflict,
     Forbidden,
@@ -47,6 +48,7 @@ from composespawner.portal.errors import (
     Unavailable,
 )
 from composespawner.portal.leaderboards import Leaderboards
+from composespawner.portal.reclaims import ReclaimDesk
 from composespawner.portal.scoring import Scorer
 from composespawner.services.composer import Composer
 from composespawner.services.failures import ComposeFailed, ComposeRefused
@@ -70,11 +72,14 @@ class Portal:
     composer: Composer | None = None  # grows and shrinks running machines (None: it cannot)
     scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
     stack_environments: Path | None = None  # where the stacks' environments are built
+    reclaim_policy: ReclaimPolicy = SITE_DEFAULT  # the site's, as the reclaimer's config
     runner: LedgerRunner = field(init=False)
     kits: Leaderboards = field(init=False)  # the starter kits' submissions and boards
+    reclaims: ReclaimDesk = field(init=False)  # idle GPUs: what users are told, Keep
 
     def __post_init__(self) -> None:
         self.runner = LedgerRunner(self.ledger)
+        self.reclaims = ReclaimDesk(self.ledger, self.runner, self.reclaim_policy, self.timezone)
         self.kits = Leaderboards(
             self.ledger, self.runner, self.catalog, self.scorer, self.stack_environments
         )
@@ -99,10 +104,11 @@ class Portal:
         devices = await self.devices_of(machines)
         hours = await self.runner.run(self.ledger.gpu_hours, user)
         mine = machine_views.my_machine(user, groups, quota, machines, devices, hours)
+        mine["servers"] = await self.reclaims.annotated(mine["servers"], machines, devices)
         mine["cohorts"] = await self.cohorts(groups)
         since = datetime.now(UTC) - NOTICES_FOR
         notices = await self.runner.run(self.ledger.policy.notices, user, since)
-        mine["notices"] = [views.notice_text(entry) for entry in notices]
+        mine["notices"] = [reclaim_views.notice(entry) for entry in notices]
         runs = await self.runner.run(self.ledger.run_manifests, user, RECENT_RUNS)
         mine["runs"] = [machine_views.run_json(run) for run in runs]
         return mine
@@ -120,7 +126,8 @@ class Portal:
             raise Unavailable(str(e)) from None
         devices = await self.devices_of([machine])
         composed = await self.composer.composed(machine)
-        return machine_views.resized(machine, devices, machine_env(composed))
+        resized = machine_views.resized(machine, devices, machine_env(composed))
+        return (await self.reclaims.annotated([resized], [machine], devices))[0]
 
     async def run_of(self, user: str, machine_id: str, *, sees_all: bool) -> RunManifest:
         """The run on ``machine_id``: its user's and (``sees_all``) the admins' alone; anyone

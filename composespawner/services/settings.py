@@ -22,11 +22,12 @@ from weakref import WeakSet
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from traitlets import Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Config, LoggingConfigurable
 
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.quotas import QuotaRule
+from composespawner.domain.reclaim import SITE_DEFAULT, ReclaimPolicy, parse_policy, policy_problems
 from composespawner.fabric.redfish import RedfishFabric, RedfishTimeouts
 from composespawner.ledger import Ledger
 from composespawner.services.composer import Composer
@@ -134,6 +135,30 @@ class ComposeSettings(LoggingConfigurable):
         config=True,
         help="How long the spawn form may show a fabric inventory before asking again.",
     )
+
+    reclaim_policy = Dict(
+        config=True,
+        help="""The site's policy for giving idle GPUs back while their servers run (the
+        reclaimer service acts on it; the portal and JupyterLab tell users about it), any
+        of: detach_after, warn_after, reclaim_after (seconds; null turns that step off),
+        keep_for (seconds one Keep press holds a warned GPU), keeps_allowed (presses per
+        GPU per server start; null: any, 0: none), busy_percent, memory_floor_mib, max_gap
+        (seconds between readings a window may span). Fields left out keep the defaults:
+        detach after 600 s with nothing holding the GPU, warn after 1800 s and reclaim
+        after 3600 s without work. A cohort's own values, set by admins in the portal,
+        win for its members.""",
+    )
+
+    @validate("reclaim_policy")
+    def _usable_policy(self, proposal: Any) -> dict[str, Any]:
+        problems = policy_problems(proposal["value"], over=SITE_DEFAULT)
+        if problems:
+            raise TraitError(f"reclaim_policy cannot be used: {'; '.join(problems.values())}")
+        return dict(proposal["value"])
+
+    def site_reclaim_policy(self) -> ReclaimPolicy:
+        """The site's reclaim policy: the defaults under ``reclaim_policy``'s values."""
+        return parse_policy(self.reclaim_policy, over=SITE_DEFAULT)
 
     @default("hub_id")
     def _default_hub_id(self) -> str:

@@ -2,8 +2,8 @@
 
 ``composespawner.client`` is in every stack (the launchers copy it there) and knows the
 portal's address (``$COMPOSE_PORTAL_URL``), this server's name and the token: each call
-goes through its ``_call`` so that authentication, timeouts and the portal's error
-messages are the client's own. Blocking (urllib): the handlers run these in a thread.
+is the client's, so that authentication, timeouts and the portal's error messages are
+its own. Blocking (urllib): the handlers run these in a thread.
 
 Portal endpoints, relative to ``$COMPOSE_PORTAL_URL`` (``{gpus}`` is
 ``api/me/servers/{server}/gpus``, or ``api/me/server/gpus`` for the default server):
@@ -12,25 +12,23 @@ Portal endpoints, relative to ``$COMPOSE_PORTAL_URL`` (``{gpus}`` is
   ``idle_s`` and ``warning`` {``reclaim_at``, ``message``, ``keep_allowed``} when present);
 - ``POST {gpus}`` ``{"count": n}``: grow (exists: ``client.grow``);
 - ``DELETE {gpus}/{gpu}``: give one GPU back (exists: ``client.shrink``);
-- ``POST {gpus}/{gpu}/keep``: *Keep* (new: the portal must serve it; 404 for a GPU the
-  server does not hold, 409 with a message when the policy allows no more presses).
+- ``POST {gpus}/{gpu}/keep``: *Keep* (``client.keep``; 404 for a GPU the server does not
+  hold, 409 with a message when the policy allows no more presses).
 """
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
 from composespawner import client
 
 MACHINE_TIMEOUT = 10.0  # seconds; polled every 30 s, so a slow answer is dropped, not queued
-KEEP_TIMEOUT = 30.0
 MOST_GPUS_AT_ONCE = 8  # one click adds one; more is a typing slip, and the portal's quota decides
 
 
 def machine() -> dict[str, Any]:
-    """The portal's whole answer for this server (the client's Machine drops its new fields)."""
-    return client._call("GET", client._gpus_path(), timeout=MACHINE_TIMEOUT)
+    """The portal's whole answer for this server, as the extension's frontend reads it."""
+    return client.machine_json(timeout=MACHINE_TIMEOUT)
 
 
 def grow(count: int) -> dict[str, Any]:
@@ -43,13 +41,9 @@ def give_back(gpu: str) -> dict[str, Any]:
     return _resized(client.shrink(gpu))
 
 
-def keep_path(gpu: str) -> str:
-    return f"{client._gpus_path()}/{urllib.parse.quote(gpu, safe='')}/keep"
-
-
 def keep(gpu: str) -> dict[str, Any]:
     """Press *Keep* for one warned GPU: the portal holds off its reclaim for a while."""
-    return client._call("POST", keep_path(gpu), {}, timeout=KEEP_TIMEOUT)
+    return {"message": client.keep(gpu)}
 
 
 def _resized(resized: client.Resized) -> dict[str, Any]:

@@ -30,7 +30,9 @@ LAB_TOKEN = "reclaim-test-lab-token-0123456789"
 # Seconds, not the demo's minutes; the reclaimer looks every second.
 SHORT_POLICY = f"""
 c.ReclaimerApp.interval = 1
-c.ReclaimerApp.policy = {{"detach_after": 6, "warn_after": 10, "reclaim_after": 20, "max_gap": 5}}
+c.ComposeSettings.reclaim_policy = {{
+    "detach_after": 6, "warn_after": 10, "reclaim_after": 20, "max_gap": 5
+}}
 c.JupyterHub.services.append({{"name": "test-lab", "api_token": "{LAB_TOKEN}"}})
 c.JupyterHub.load_roles.append(
     {{"name": "test-lab", "scopes": ["access:servers"], "services": ["test-lab"]}}

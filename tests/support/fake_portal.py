@@ -192,7 +192,11 @@ class FakePortal:
         with self.lock:
             for gpu in self.state.gpus:
                 if gpu.id == gpu_id:
-                    gpu.warning = {"reclaim_at": reclaim_at, "keep_allowed": keep_allowed}
+                    gpu.warning = {
+                        "reclaim_at": reclaim_at,
+                        "keep_allowed": keep_allowed,
+                        "message": f"Your {gpu.model} has done no work for 30 min.",
+                    }
 
     def reset(self, gpus: int = 1) -> None:
         """Back to ``gpus`` fresh GPUs, no calls seen."""

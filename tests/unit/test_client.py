@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from composespawner import client
+from tests.support.fake_portal import FakePortal
 
 RESIZED = client.Resized(
     client.Machine(
@@ -137,3 +138,29 @@ def test_the_machine_says_its_share_as_the_portal_or_else_its_start_told_it(
     monkeypatch.delenv("COMPOSE_GPU_SHARE")
     whole = client.Machine.from_json({**PORTAL_SERVER, "gpu_share": True})
     assert (whole.gpu_share, whole.gpu_memory_fraction) == (1, None)
+
+
+def test_the_machine_tells_idle_gpus_and_keep_keeps_the_warned_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with FakePortal("notebook-token", gpus=2) as portal:
+        monkeypatch.setenv("COMPOSE_PORTAL_URL", portal.url)
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "notebook-token")
+        monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", "")
+        portal.idle("gpu-1", 1900)
+        portal.warn("gpu-1", reclaim_at=1_800_000_000, keep_allowed=True)
+
+        machine = client.machine()
+
+        assert [(g.id, g.idle_s) for g in machine.gpus] == [("gpu-0", None), ("gpu-1", 1900.0)]
+        assert machine.warnings == ["Your T4 has done no work for 30 min."]
+        assert client.keep() == "Kept T4 (gpu-1) for another hour."
+        assert client.machine().warnings == []
+        assert client.keep() == "No GPU of this server has a warning: nothing to keep."
+        with pytest.raises(client.PortalError, match="holds no GPU nope") as refused:
+            client.keep("nope")
+        assert refused.value.status == 404
+        assert [(m, p) for m, p, _ in portal.calls() if m == "POST"] == [
+            ("POST", "/api/me/server/gpus/gpu-1/keep"),
+            ("POST", "/api/me/server/gpus/nope/keep"),
+        ]

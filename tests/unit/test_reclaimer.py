@@ -511,7 +511,7 @@ def _no_app_left() -> object:
 def test_the_service_reads_its_policy_and_source_from_the_hubs_config(tmp_path: Path) -> None:
     app = _app(
         tmp_path,
-        "c.ReclaimerApp.policy = {'detach_after': 120, 'max_gap': 60}\n"
+        "c.ComposeSettings.reclaim_policy = {'detach_after': 120, 'max_gap': 60}\n"
         "c.ReclaimerApp.interval = 15\n"
         "c.ReclaimerApp.dcgm_url_template = 'http://fabric/dcgm/{host_id}/metrics'\n",
     )
@@ -525,8 +525,14 @@ def test_the_service_reads_its_policy_and_source_from_the_hubs_config(tmp_path: 
 @pytest.mark.parametrize(
     ("config", "said"),
     [
-        ("c.ReclaimerApp.policy = {'detach_after': -1}\n", "detach_after must be a number"),
-        ("c.ReclaimerApp.policy = {'max_gap': 60}\nc.ReclaimerApp.interval = 60\n", "max_gap"),
+        (
+            "c.ComposeSettings.reclaim_policy = {'detach_after': -1}\n",
+            "detach_after must be a number",
+        ),
+        (
+            "c.ComposeSettings.reclaim_policy = {'max_gap': 60}\nc.ReclaimerApp.interval = 60\n",
+            "max_gap",
+        ),
         ("c.ReclaimerApp.dcgm_url_template = 'http://one/metrics'\n", "has no {host_id}"),
     ],
 )

@@ -11,7 +11,12 @@ from __future__ import annotations
 from tornado.web import RequestHandler
 
 from composespawner.portal.handlers.audit import AuditApi, AuditPage
-from composespawner.portal.handlers.cohorts import CohortApi, CohortsApi, CohortsPage
+from composespawner.portal.handlers.cohorts import (
+    CohortApi,
+    CohortReclaimPolicyApi,
+    CohortsApi,
+    CohortsPage,
+)
 from composespawner.portal.handlers.devices import (
     ColocatedApi,
     ColocatedPage,
@@ -23,6 +28,7 @@ from composespawner.portal.handlers.devices import (
 )
 from composespawner.portal.handlers.kits import KitSubmissionsApi, LeaderboardApi, LeaderboardsPage
 from composespawner.portal.handlers.me import (
+    KeepGpuApi,
     LaunchAgainApi,
     MeApi,
     MyGpuApi,
@@ -50,6 +56,8 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/me/servers/([^/]+)/gpus", MyGpusApi),
     (r"api/me/server()/gpus/([^/]+)", MyGpuApi),
     (r"api/me/servers/([^/]+)/gpus/([^/]+)", MyGpuApi),
+    (r"api/me/server()/gpus/([^/]+)/keep", KeepGpuApi),
+    (r"api/me/servers/([^/]+)/gpus/([^/]+)/keep", KeepGpuApi),
     ("api/quotas", QuotasApi),
     (r"api/quotas/(site)()", QuotaRuleApi),
     (r"api/quotas/(cohort|user)/([^/]+)", QuotaRuleApi),
@@ -67,6 +75,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"api/kits/([^/]+)/leaderboard", LeaderboardApi),
     ("api/cohorts", CohortsApi),
     (r"api/cohorts/([^/]+)", CohortApi),
+    (r"api/cohorts/([^/]+)/reclaim-policy", CohortReclaimPolicyApi),
 ]
 
 __all__ = ["ROUTES"]

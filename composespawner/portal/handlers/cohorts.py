@@ -48,6 +48,29 @@ class CohortApi(ApiHandler, CohortsMixin):
         self.no_content()
 
 
+class CohortReclaimPolicyApi(ApiHandler):
+    """``api/cohorts/NAME/reclaim-policy``: when the cohort's idle GPUs go back. Its staff
+    read it; admins set it (PUT the fields that differ from the site's, in seconds) or
+    give it back to the site's (DELETE): it decides how long others wait for GPUs."""
+
+    async def get(self, name: str) -> None:
+        name = unquote(name)
+        self.require_staff(name)
+        self.write_json(await self.portal.reclaims.cohort_policy(name))
+
+    async def put(self, name: str) -> None:
+        self.require_admin()
+        changed = await self.portal.reclaims.set_cohort_policy(
+            unquote(name), self.json_body(), self.actor
+        )
+        self.write_json(changed)
+
+    async def delete(self, name: str) -> None:
+        self.require_admin()
+        await self.portal.reclaims.set_cohort_policy(unquote(name), {}, self.actor)
+        self.no_content()
+
+
 class CohortsPage(FormPage, CohortsMixin):
     path = "cohorts"
     admins_only = False  # course staff manage their own; each action checks who may

@@ -37,7 +37,7 @@ class MyMachinePage(PageHandler):
             self.set_status(refused.status)
             await self._show(error=refused.message)
         else:
-            await self._show(changed=change["next_step"])
+            await self._show(changed=change.get("next_step") or change["message"])
 
     async def _change(
         self, name: str, groups: frozenset[str], form: dict[str, str]
@@ -53,13 +53,15 @@ class MyMachinePage(PageHandler):
         if action == "shrink":
             gpu = form.get("gpu", "")
             return await self.portal.resize(lambda r: r.shrink(name, server, [gpu]))
+        if action == "keep":
+            return await self.portal.reclaims.keep(name, server, form.get("gpu", ""))
         if action == "launch-again":
             machine, new = form.get("machine", ""), form.get("name", "").strip()
             started = await self.portal.launch_again(name, machine, new or None)
             server = started["server"]
             shown = f"Server {server!r}" if server else "Your default server"
             return {"next_step": f"{shown} is starting as that run did."}
-        raise InvalidInput("Choose to add a GPU, give one back or launch a run again.")
+        raise InvalidInput("Choose to add a GPU, give one back, keep one or launch a run again.")
 
     async def _show(self, **context: Any) -> None:
         mine = await self.portal.my_machine(self.user["name"], await self.groups())
@@ -101,6 +103,18 @@ class MyGpuApi(ApiHandler):
         self.write_json(
             await self.portal.resize(lambda composer: composer.shrink(name, server, [gpu]))
         )
+
+
+class KeepGpuApi(ApiHandler):
+    """``POST api/me/server/gpus/ID/keep`` (``{}`` or no body): *Keep*, so an idle GPU the
+    reclaimer warned about is not taken for the policy's ``keep_for``. 404 for a GPU the
+    server does not hold (another user's included), 409 when the policy allows no more."""
+
+    async def post(self, server: str, gpu: str) -> None:
+        if self.json_body() not in (None, {}):
+            raise InvalidInput("Keep takes no fields: send {} or no body.")
+        name, server, gpu = self.user["name"], unquote(server), unquote(gpu)
+        self.write_json(await self.portal.reclaims.keep(name, server, gpu))
 
 
 class RunManifestApi(ApiHandler):

@@ -1,0 +1,145 @@
+"""What the portal tells a user of their idle GPUs (issue 32). Pure: watches in, JSON out.
+
+The reclaimer stores one :class:`~composespawner.domain.reclaim.GpuWatch` per GPU a
+running machine holds. Each GPU of *my machine*, of ``GET {gpus}`` and so of
+``client.machine()`` and the JupyterLab extension carries what it says:
+
+- ``idle_s``: seconds without work, over readings the reclaimer actually saw (None
+  while it has no fresh reading: unknown is not idle, and a stale figure would mislead);
+- ``warning``: set once the reclaimer warned about the GPU, ``reclaim_at`` (when it
+  goes with the kernels that hold it, if it stays idle), a ``message`` for a person,
+  ``keep_allowed`` and ``keeps_left``;
+- ``kept_until``: while a *Keep* press holds every step off.
+
+The same :func:`~composespawner.domain.reclaim.decide` the reclaimer acts on computes
+the figures, so what a user is told is what will happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy, decide
+from composespawner.ledger import AuditEntry
+from composespawner.portal.views import notice_text
+
+GIVEN_BACK = {"gpu.detach", "gpu.reclaim"}
+
+
+def gpu_state(
+    watch: GpuWatch | None, policy: ReclaimPolicy, model: str, now: float, zone: tzinfo
+) -> dict[str, Any]:
+    """The reclaim fields of one GPU (see the module's docstring)."""
+    kept_until = watch.kept_until if watch is not None else None
+    if kept_until is not None and kept_until <= now:
+        kept_until = None  # a Keep that ran out
+    state: dict[str, Any] = {
+        "idle_s": None,
+        "utilization": None,
+        "memory_used_mib": None,
+        "warning": None,
+        "kept_until": None if kept_until is None else _at(kept_until, zone),
+        "keeps_left": keeps_left(watch, policy),
+    }
+    if watch is None or watch.since is None or not 0 <= now - watch.last_at <= policy.max_gap:
+        return state  # no fresh reading: the reclaimer is not acting on this GPU either
+    figures = decide(watch, policy, now).figures
+    state.update(
+        idle_s=round(figures["idle_s"]),
+        utilization=watch.utilization,
+        memory_used_mib=watch.memory_used_mib,
+    )
+    if "warned_at" in figures and kept_until is None:
+        state["warning"] = warning(figures, policy, model, state["keeps_left"], now, zone)
+    return state
+
+
+def with_states(
+    server: dict[str, Any], states: Mapping[str, dict[str, Any]], policy: ReclaimPolicy
+) -> dict[str, Any]:
+    """A server's JSON (``machine_views``) with each GPU's reclaim fields and its policy."""
+    gpus = [{**gpu, **states.get(gpu["id"], {})} for gpu in server["gpus"]]
+    return {**server, "gpus": gpus, "reclaim_policy": policy.as_dict()}
+
+
+def keeps_left(watch: GpuWatch | None, policy: ReclaimPolicy) -> int | None:
+    """*Keep* presses left on this GPU until its server starts again (None: no limit)."""
+    if policy.keeps_allowed is None:
+        return None
+    return max(policy.keeps_allowed - (watch.keeps_used if watch else 0), 0)
+
+
+def warning(
+    figures: Mapping[str, float],
+    policy: ReclaimPolicy,
+    model: str,
+    keeps: int | None,
+    now: float,
+    zone: tzinfo,
+) -> dict[str, Any]:
+    """The warning of a GPU the reclaimer warned about: when it goes, and how to keep it."""
+    reclaim_at = figures["reclaim_at"]
+    when = "any moment now" if reclaim_at <= now else f"at {_clock(reclaim_at, zone)}"
+    idle = round(figures["idle_s"] / 60)
+    allowed = keeps is None or keeps > 0
+    how = "use it"
+    if allowed:
+        left = "" if keeps is None else f", {keeps} press{'es' if keeps != 1 else ''} left"
+        how += f" or press Keep (holds it {_minutes(policy.keep_for)}{left})"
+    return {
+        "reclaim_at": _at(reclaim_at, zone),
+        "message": (
+            f"Your {model} has done no work for {idle} min. It goes back to the pool {when},"
+            f" with the kernels that hold it, unless you {how}. Your server, files and other"
+            " kernels stay; add a GPU again whenever you need one."
+        ),
+        "keep_allowed": allowed,
+        "keeps_left": keeps,
+    }
+
+
+def keep_answer(
+    gpu: str, model: str, kept: GpuWatch, policy: ReclaimPolicy, zone: tzinfo
+) -> dict[str, Any]:
+    """The answer to a *Keep* press that was taken."""
+    assert kept.kept_until is not None
+    left = keeps_left(kept, policy)
+    more = "" if left is None else f" Keep presses left on this GPU: {left}."
+    return {
+        "gpu": gpu,
+        "kept_until": _at(kept.kept_until, zone),
+        "keeps_left": left,
+        "message": (
+            f"Kept your {model} until {_clock(kept.kept_until, zone)}: it is not taken"
+            f" before then, used or not.{more}"
+        ),
+    }
+
+
+def notice(entry: AuditEntry) -> str:
+    """What a user reads on *my machine* of something done to their server."""
+    if entry.action not in GIVEN_BACK:
+        return notice_text(entry)
+    server = entry.detail.get("server") or ""
+    which = f"server '{server}'" if server else "default server"
+    why = entry.detail.get("why") or ""
+    return (
+        f"GPU {entry.detail.get('block')} of your {which} went back to the pool at"
+        f" {entry.at.isoformat(timespec='seconds')} ({why}). Your server ran on; add a GPU"
+        " again here or with client.grow()."
+    )
+
+
+def _at(seconds: float, zone: tzinfo) -> str:
+    return datetime.fromtimestamp(seconds, UTC).astimezone(zone).isoformat(timespec="seconds")
+
+
+def _clock(seconds: float, zone: tzinfo) -> str:
+    return datetime.fromtimestamp(seconds, UTC).astimezone(zone).strftime("%H:%M")
+
+
+def _minutes(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{seconds / 3600:g} h"
