@@ -14,6 +14,7 @@ the processes that are not spawners.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -279,12 +280,17 @@ def shared_composer(settings: ComposeSettings, log: logging.Logger) -> Composer:
     """
     register_pool_metrics()
     loop = asyncio.get_running_loop()
-    key = (loop, *(getattr(settings, name) for name in setting_names()))
+    key = (loop, *(_hashable(getattr(settings, name)) for name in setting_names()))
     if key not in _shared:
         composer = build_composer(settings, log)
         closer = loop.create_task(_close_at_shutdown(key, composer), name="close composer")
         _shared[key] = (composer, closer)
     return _shared[key][0]
+
+
+def _hashable(value: Any) -> Any:
+    """A setting as part of a key: a Dict setting (the reclaim policy) as its JSON."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
 
 async def _close_at_shutdown(key: tuple[Any, ...], composer: Composer) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
 from traitlets.config import Config
 
 from composespawner.ledger import Ledger, SchemaNotCurrent
@@ -56,7 +57,10 @@ async def test_one_composer_per_settings_closed_when_the_hub_cancels_its_tasks(
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     Ledger(url).upgrade()
     settings = ComposeSettings(
-        ledger_url=url, catalog_file=str(HUB_CONFIG / "catalog.toml"), fabric_password="a"
+        ledger_url=url,
+        catalog_file=str(HUB_CONFIG / "catalog.toml"),
+        fabric_password="a",
+        reclaim_policy={"detach_after": 120, "max_gap": 60},  # a Dict setting, in the key too
     )
     composer = shared_composer(settings, settings.log)
     assert shared_composer(settings, settings.log) is composer
@@ -119,3 +123,10 @@ def test_importing_registers_no_collector_and_registering_is_once_per_registry()
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_reclaim_policy_that_cannot_work_is_refused_with_the_fields_problem() -> None:
+    with pytest.raises(TraitError, match="reclaim_policy cannot be used: detach_after must be"):
+        ComposeSettings(reclaim_policy={"detach_after": -1})
+    policy = ComposeSettings(reclaim_policy={"warn_after": 600, "reclaim_after": 1200})
+    assert policy.site_reclaim_policy().reclaim_after == 1200
