@@ -18,6 +18,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from composespawner.domain.catalog import Catalog
+from composespawner.launchers.environments import LAB_EXTENSION, LAB_SERVER_CONFIG
 from harness.paths import HUB_CONFIG, ROOT
 
 IMAGES = ROOT / "images"
@@ -133,6 +134,12 @@ def test_dockerfile_rules(stack: str) -> None:
     copies = [i["value"] for i in instructions if i["instruction"] == "COPY"]
     assert any(f"images/{stack}/requirements-${{VARIANT}}.lock" in c for c in copies)
     assert any(c.startswith("composespawner/client.py ") for c in copies)
+    # composespawner-lab as the local launcher installs it (install_lab_extension).
+    assert any(c.startswith("labextension/composespawner_lab/*.py ") for c in copies)
+    labextensions = "/usr/local/share/jupyter/labextensions"  # the python image's prefix
+    built = "labextension/composespawner_lab/labextension"
+    assert f"{built} {labextensions}/{LAB_EXTENSION}" in copies
+    assert (IMAGES / "common" / "composespawner_lab.json").read_bytes() == LAB_SERVER_CONFIG
     args = {i["value"].split("=")[0]: i["value"] for i in instructions if i["instruction"] == "ARG"}
     assert args["VARIANT"] == "VARIANT=gpu"
 
