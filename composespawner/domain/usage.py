@@ -4,6 +4,19 @@ Pure: the ledger keeps GPU-seconds per day, user and model (written as each
 machine ends), and hands this module the sums for a date range; the portal
 shows the report as charts and tables and exports it as CSV.
 
+Three figures, each in GPU-hours:
+
+* **held**: a GPU held by a machine, from when it got it until it gave it up (a share of
+  1/n counts 1/n of each second);
+* **used**: the seconds the reclaimer saw a held GPU do work (``active_s``; the interval
+  between two readings that both saw work), counted on the day of the reclaimer's pass
+  that saw it. GPUs no reclaimer watches count none, so used is at most held only where
+  the reclaimer runs;
+* **given back**: a GPU the reclaimer took from a running server at ``at`` counts from
+  ``at`` to the end of that machine (now, while it runs): the time it would otherwise
+  still have held the GPU. A GPU got again later (``grow``) is held again: held and
+  given back then overlap, as given back is what the reclaimer freed, not what stayed free.
+
 A cohort's usage is that of its members (the hub group's users now), so a
 user in two cohorts counts in both; the site's total counts everyone once.
 """
@@ -15,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
+from typing import Literal
 
 MOST_DAYS = 366  # the longest range one report covers
 TOP_USERS = 50  # users listed by name in a report (the CSV has all)
@@ -76,14 +90,37 @@ def day_shares(start: datetime, end: datetime, zone: tzinfo = UTC) -> Iterator[t
         start = cut
 
 
+Figure = Literal["held", "used", "given_back"]
+FIGURES: tuple[Figure, ...] = ("held", "used", "given_back")
+
+
 @dataclass(frozen=True)
 class DayUse:
-    """GPU-seconds one user used of one model on one day."""
+    """GPU-seconds of one user and model on one day: held, used or given back."""
 
     day: date
     user: str
     model: str
     seconds: float
+    figure: Figure = "held"
+
+
+@dataclass(frozen=True)
+class DayUserSeconds:
+    """One figure's seconds in a period, summed per day (everyone) and per user (all days):
+    what the report needs of it, without a row per day and user."""
+
+    days: list[tuple[date, float]] = field(default_factory=list)
+    users: list[tuple[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, uses: Iterable[DayUse]) -> DayUserSeconds:
+        days: dict[date, float] = defaultdict(float)
+        users: dict[str, float] = defaultdict(float)
+        for use in uses:
+            days[use.day] += use.seconds
+            users[use.user] += use.seconds
+        return cls(sorted(days.items()), sorted(users.items()))
 
 
 @dataclass
@@ -95,10 +132,20 @@ class UsageReport:
     by_user: dict[str, float] = field(default_factory=dict)
     by_cohort: dict[str, float] = field(default_factory=dict)
     by_model: dict[str, float] = field(default_factory=dict)
+    # Used and given back (see the module's docstring): day → hours, cohort → hours.
+    used_by_day: dict[date, float] = field(default_factory=dict)
+    used_by_cohort: dict[str, float] = field(default_factory=dict)
+    used_total: float = 0.0
+    given_back_by_day: dict[date, float] = field(default_factory=dict)
+    given_back_by_cohort: dict[str, float] = field(default_factory=dict)
+    given_back_total: float = 0.0
 
     @property
     def total(self) -> float:
         return sum(self.by_model.values())
+
+    def held_on(self, day: date) -> float:
+        return sum(self.by_day.get(day, {}).values())
 
     def models(self) -> list[str]:
         return sorted(self.by_model)
@@ -114,9 +161,12 @@ def usage_report(
     users: Iterable[tuple[str, float]],
     live: Iterable[DayUse],
     members: Mapping[str, Iterable[str]],
+    used: DayUserSeconds | None = None,
+    given_back: DayUserSeconds | None = None,
 ) -> UsageReport:
     """The report for ``period`` from the ledger's sums of ended use (seconds per day
-    and model, and per user) and running machines' use so far; ``members``: cohort → users.
+    and model, and per user) and running machines' use so far; ``members``: cohort → users;
+    ``used`` and ``given_back``: those figures' seconds (none when not given).
     """
     by_day: dict[date, dict[str, float]] = {day: {} for day in period.days()}
     by_user: dict[str, float] = {user: seconds / 3600 for user, seconds in users}
@@ -134,8 +184,42 @@ def usage_report(
         if period.first <= use.day <= period.last:
             add_day(use.day, use.model, use.seconds / 3600)
             by_user[use.user] = by_user.get(use.user, 0.0) + use.seconds / 3600
-    by_cohort = {
-        cohort: sum(by_user.get(user, 0.0) for user in set(users))
-        for cohort, users in members.items()
+    cohorts = {cohort: set(users) for cohort, users in members.items()}
+    by_cohort = _by_cohort(by_user, cohorts)
+    used_by_day, used_by_cohort, used_total = _figure(period, used, cohorts)
+    back_by_day, back_by_cohort, back_total = _figure(period, given_back, cohorts)
+    return UsageReport(
+        period,
+        by_day,
+        dict(by_user),
+        by_cohort,
+        dict(by_model),
+        used_by_day=used_by_day,
+        used_by_cohort=used_by_cohort,
+        used_total=used_total,
+        given_back_by_day=back_by_day,
+        given_back_by_cohort=back_by_cohort,
+        given_back_total=back_total,
+    )
+
+
+def _by_cohort(by_user: Mapping[str, float], cohorts: Mapping[str, set[str]]) -> dict[str, float]:
+    return {
+        cohort: sum(by_user.get(user, 0.0) for user in users) for cohort, users in cohorts.items()
     }
-    return UsageReport(period, by_day, dict(by_user), by_cohort, dict(by_model))
+
+
+def _figure(
+    period: Period, sums: DayUserSeconds | None, cohorts: Mapping[str, set[str]]
+) -> tuple[dict[date, float], dict[str, float], float]:
+    """A figure's hours per day of ``period`` (every day, 0 where none), per cohort (its
+    members' sums), and in all. The per-user sums are the period's already."""
+    by_day = dict.fromkeys(period.days(), 0.0)
+    by_user: dict[str, float] = {}
+    if sums is not None:
+        for day, seconds in sums.days:
+            if day in by_day:
+                by_day[day] += seconds / 3600
+        for user, seconds in sums.users:
+            by_user[user] = by_user.get(user, 0.0) + seconds / 3600
+    return by_day, _by_cohort(by_user, cohorts), sum(by_day.values())

@@ -302,6 +302,22 @@ class UsageModelDayRow(Base):
     gpu_seconds: Mapped[float] = mapped_column(Float)
 
 
+class UsageActiveDayRow(Base):
+    """GPU-seconds of work the reclaimer saw per day (in the site's time zone), user and
+    model: the usage page's *used* figure.
+
+    Added in the transaction that adds the same seconds to the watches' ``active_s``, on
+    the day of the reclaimer's pass that saw them.
+    """
+
+    __tablename__ = "usage_active_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
 class QuotaAccountRow(Base):
     """One row per user, locked by every claim of that user so they serialize (invariant 3)."""
 

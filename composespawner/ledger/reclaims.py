@@ -21,13 +21,15 @@ for a GPU its machine no longer holds.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, cast
 
 from sqlalchemy import (
     Connection,
+    Engine,
     Table,
     case,
     delete,
@@ -42,12 +44,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.domain.reclaim import Decision, GpuWatch, ReclaimPolicy
 from composespawner.domain.reclaim import keep as keep_watch
+from composespawner.domain.usage import DayUse, Period
 from composespawner.ledger.database import LedgerPart
 from composespawner.ledger.errors import UnknownDevices, UnknownMachine
 from composespawner.ledger.lifecycle import TERMINAL
 from composespawner.ledger.models import GpuGiveBackRow, GpuWatchRow
 from composespawner.ledger.policy import Actor, _audit
 from composespawner.ledger.statements import COHORTS, DEVICES, MACHINES, SHARES
+from composespawner.ledger.usage_sums import add_used, given_back_uses, used_uses
 
 WATCHES = cast(Table, GpuWatchRow.__table__)
 GIVEBACKS = cast(Table, GpuGiveBackRow.__table__)
@@ -89,7 +93,21 @@ _WATCHES = (
 
 
 class Reclaims(LedgerPart):
-    """Watches of held GPUs, *Keep* presses, GPUs given back, and cohorts' reclaim policies."""
+    """Watches of held GPUs, *Keep* presses, GPUs given back, and cohorts' reclaim policies.
+
+    ``usage_zone`` is where the usage page's days begin (the ledger's): the seconds of work
+    each pass saw are added to its day there.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[], AbstractContextManager[Connection]],
+        now: Callable[[], datetime],
+        usage_zone: tzinfo = UTC,
+    ) -> None:
+        super().__init__(engine, write, now)
+        self._usage_zone = usage_zone
 
     # -- the reclaimer's watches ------------------------------------------------------
 
@@ -106,8 +124,10 @@ class Reclaims(LedgerPart):
         self, changes: Mapping[Key, GpuWatch], active: Mapping[Key, float] | None = None
     ) -> None:
         """Store each watch of ``changes``, and add ``active[key]`` seconds of work to its
-        ``active_s``. A GPU its machine no longer holds (it ended, or gave it back) is skipped;
-        a *Keep* pressed since the watch was read wins (see the module's docstring)."""
+        ``active_s`` and, in the same transaction, to the usage page's *used* seconds of
+        the ledger's day now. A GPU its machine no longer holds (it ended, or gave it back)
+        is skipped; a *Keep* pressed since the watch was read wins (see the module's
+        docstring)."""
         active = active or {}
         unknown = set(active) - set(changes)
         if unknown:
@@ -130,6 +150,9 @@ class Reclaims(LedgerPart):
             ]
             if rows:
                 connection.execute(_upsert_watches(self._engine.dialect.name), rows)
+            # The same seconds, by day: the usage page's *used* GPU-hours.
+            seen = {key: seconds for key, seconds in active.items() if key in held}
+            add_used(connection, seen, now, self._usage_zone)
 
     def keep(
         self, user: str, server: str, block_id: str, policy: ReclaimPolicy, now: float
@@ -225,6 +248,14 @@ class Reclaims(LedgerPart):
         )
         with self._engine.begin() as connection:
             return [GiveBack(**row._mapping) for row in connection.execute(query)]
+
+    def usage_figures(self, period: Period) -> list[DayUse]:
+        """The *used* and *given back* seconds of ``period`` per day, user and model (see
+        :mod:`composespawner.domain.usage`), used first: the usage CSV's added columns."""
+        with self._engine.begin() as connection:
+            return used_uses(connection, period) + given_back_uses(
+                connection, period, self._now(), self._usage_zone
+            )
 
     # -- cohorts' policies --------------------------------------------------------------
 

@@ -1,32 +1,38 @@
 """GPU-seconds per day, user and model: written as machines end, summed for reports.
 
 The per-day table keeps a report over months to a sum of days in the
-database, however many periods of use it covers.
+database, however many periods of use it covers. The *used* figure has its own
+per-day table, added to by the reclaimer's passes; *given back* is summed from the
+give-back rows when read (see :mod:`composespawner.domain.usage` for the three figures).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import date, datetime, tzinfo
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, case, func, literal, select, union_all
+from sqlalchemy import Connection, Table, case, func, literal, or_, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
-from composespawner.domain.usage import DayUse, Period, day_shares
+from composespawner.domain.usage import DayUse, DayUserSeconds, Period, day_shares
 from composespawner.ledger.models import (
     DeviceRow,
     DeviceShareRow,
+    GpuGiveBackRow,
     MachineRow,
+    UsageActiveDayRow,
     UsageDayRow,
     UsageModelDayRow,
 )
 
 USAGE_DAYS = cast(Table, UsageDayRow.__table__)
 USAGE_MODEL_DAYS = cast(Table, UsageModelDayRow.__table__)
+USAGE_ACTIVE_DAYS = cast(Table, UsageActiveDayRow.__table__)
+GIVEBACKS = cast(Table, GpuGiveBackRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
 SHARES = cast(Table, DeviceShareRow.__table__)
@@ -39,6 +45,8 @@ class UsageSums:
     days: list[tuple[date, str, float]]  # day, model, seconds: ended use
     users: list[tuple[str, float]]  # user, seconds: ended use
     live: list[DayUse]  # running machines' use so far
+    used: DayUserSeconds = field(default_factory=DayUserSeconds)  # seconds of work seen
+    given_back: DayUserSeconds = field(default_factory=DayUserSeconds)  # see given_back_uses
 
 
 def add_day_use(
@@ -166,7 +174,13 @@ def usage_sums(
     users = [
         (user, total) for user, total in known.read(connection, period, days).items() if total > 0
     ]
-    return UsageSums(days=days, users=users, live=live_uses(connection, period, now, zone))
+    return UsageSums(
+        days=days,
+        users=users,
+        live=live_uses(connection, period, now, zone),
+        used=used_sums(connection, period),
+        given_back=DayUserSeconds.of(given_back_uses(connection, period, now, zone)),
+    )
 
 
 def day_uses(connection: Connection, period: Period) -> list[DayUse]:
@@ -199,4 +213,103 @@ def live_uses(connection: Connection, period: Period, now: datetime, zone: tzinf
         for user, model, since, fraction in connection.execute(union_all(whole, shares))
         for day, seconds in day_shares(since or now, now, zone)
         if period.first <= day <= period.last
+    ]
+
+
+# -- used: the seconds of work the reclaimer saw -----------------------------------------
+
+
+def add_used(
+    connection: Connection, active: Mapping[tuple[str, str], float], now: datetime, zone: tzinfo
+) -> None:
+    """Add each (machine id, block id)'s seconds of work to its machine's user and its GPU's
+    model on the day of ``now`` (the reclaimer's pass that saw them); a share of 1/n counts
+    1/n, as it does when held. Keys of machines or GPUs the ledger lacks add nothing."""
+    active = {key: value for key, value in active.items() if value > 0}
+    if not active:
+        return
+    machines = sorted({machine_id for machine_id, _ in active})
+    blocks = sorted({block_id for _, block_id in active})
+    users: dict[str, str] = {
+        machine_id: user
+        for machine_id, user in connection.execute(
+            select(MACHINES.c.id, MACHINES.c.user_name).where(MACHINES.c.id.in_(machines))
+        )
+    }
+    devices = {
+        row.block_id: row
+        for row in connection.execute(
+            select(
+                DEVICES.c.block_id, DEVICES.c.model, DEVICES.c.machine_id, DEVICES.c.share_size
+            ).where(DEVICES.c.block_id.in_(blocks))
+        )
+    }
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    for (machine_id, block_id), value in active.items():
+        device = devices.get(block_id)
+        if machine_id not in users or device is None:
+            continue
+        whole = device.machine_id == machine_id or not device.share_size
+        seconds[users[machine_id], device.model] += value if whole else value / device.share_size
+    day = now.astimezone(zone).date()
+    rows = [
+        {"day": day, "user_name": user, "model": model, "gpu_seconds": value}
+        for (user, model), value in sorted(seconds.items())  # one order: no deadlocks
+    ]
+    if rows:
+        _add(connection, USAGE_ACTIVE_DAYS, rows)
+
+
+def used_sums(connection: Connection, period: Period) -> DayUserSeconds:
+    """The period's seconds of work per day and per user, summed in the database."""
+    c = USAGE_ACTIVE_DAYS.c
+    in_period = c.day.between(period.first, period.last)
+    total = func.sum(c.gpu_seconds)
+    days = connection.execute(select(c.day, total).where(in_period).group_by(c.day).order_by(c.day))
+    users = connection.execute(
+        select(c.user_name, total).where(in_period).group_by(c.user_name).order_by(c.user_name)
+    )
+    return DayUserSeconds(
+        days=[(day, float(value)) for day, value in days],
+        users=[(user, float(value)) for user, value in users],
+    )
+
+
+def used_uses(connection: Connection, period: Period) -> list[DayUse]:
+    """Every stored day, user and model in ``period`` with its seconds of work."""
+    c = USAGE_ACTIVE_DAYS.c
+    rows = connection.execute(
+        select(USAGE_ACTIVE_DAYS)
+        .where(c.day.between(period.first, period.last))
+        .order_by(c.day, c.user_name, c.model)
+    )
+    return [DayUse(row.day, row.user_name, row.model, row.gpu_seconds, "used") for row in rows]
+
+
+# -- given back: what the reclaimer freed ------------------------------------------------
+
+
+def given_back_uses(
+    connection: Connection, period: Period, now: datetime, zone: tzinfo
+) -> list[DayUse]:
+    """GPU-seconds given back in ``period`` per day, user and model: each GPU the reclaimer
+    took at ``at`` counts from then to its machine's end (``now`` while it runs), the
+    time the machine would otherwise have held it; the days are ``zone``'s."""
+    start = datetime.combine(period.first, time.min, zone).astimezone(UTC)
+    end = datetime.combine(period.last + timedelta(days=1), time.min, zone).astimezone(UTC)
+    g, m = GIVEBACKS.c, MACHINES.c
+    rows = connection.execute(
+        select(g.at, g.user_name, g.model, m.ended_at)
+        .join(MACHINES, m.id == g.machine_id)
+        .where(g.at < end, or_(m.ended_at.is_(None), m.ended_at > start))
+        .order_by(g.at, g.id)
+    )
+    seconds: dict[tuple[date, str, str], float] = defaultdict(float)
+    for at, user, model, ended_at in rows:
+        for day, share in day_shares(at, min(ended_at or now, end), zone):
+            if period.first <= day <= period.last:
+                seconds[day, user, model] += share
+    return [
+        DayUse(day, user, model, value, "given_back")
+        for (day, user, model), value in sorted(seconds.items())
     ]

@@ -37,7 +37,7 @@ from composespawner.ledger import (
     UnknownDevices,
 )
 from composespawner.ledger.runner import LedgerRunner
-from composespawner.portal import machine_views, reclaim_views, views
+from composespawner.portal import machine_views, reclaim_views, usage_views, views
 from composespawner.portal.errors import (
     Conflict,
     Forbidden,
@@ -320,19 +320,31 @@ class Portal:
             raise InvalidInput(str(e)) from e
 
     async def usage(self, period: Period) -> dict[str, Any]:
-        """GPU-hours in ``period`` by day and model, user, cohort; and what runs now."""
+        """GPU-hours in ``period`` by day and model, user, cohort (held; used and given back
+        by day and cohort); and what runs now."""
         sums = await self.runner.run(self.ledger.usage_sums, period)
         cohorts = await self.cohort_names()
         members = {}
         if cohorts:
             groups = await self.hub.group_members()
             members = {name: groups.get(name, []) for name in cohorts}
-        report = usage_report(period, sums.days, sums.users, sums.live, members)
+        report = usage_report(
+            period,
+            sums.days,
+            sums.users,
+            sums.live,
+            members,
+            used=sums.used,
+            given_back=sums.given_back,
+        )
         held = await self.runner.run(self.ledger.holdings, held_only=True)
-        return views.usage_json(report, views.running(held))
+        return usage_views.usage_json(report, views.running(held))
 
     async def day_uses(self, period: Period) -> list[DayUse]:
-        return await self.runner.run(self.ledger.day_uses, period)
+        """Every day, user and model in ``period`` with each figure of it: held (ended,
+        then running so far), then used and given back (the CSV's rows)."""
+        held = await self.runner.run(self.ledger.day_uses, period)
+        return held + await self.runner.run(self.ledger.reclaims.usage_figures, period)
 
     async def audit_log(self, rows: int | None = AUDIT_PAGE_ROWS) -> list[AuditEntry]:
         """The newest ``rows`` entries, newest first; None: all of them, oldest first."""

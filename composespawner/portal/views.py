@@ -18,7 +18,6 @@ from composespawner.domain.cohorts import Cohort, InvalidCohort, Session
 from composespawner.domain.colocation import InvalidRegistration, Registration
 from composespawner.domain.quotas import InvalidQuota, Level, Quota, QuotaRule
 from composespawner.domain.request import share_label, share_word
-from composespawner.domain.usage import DayUse, UsageReport
 from composespawner.ledger import (
     AuditEntry,
     Holding,
@@ -30,7 +29,6 @@ LIMITS = tuple(f.name for f in fields(QuotaRule) if f.name not in ("level", "sub
 MOST_MODELS = 100
 MOST_SUBJECT = 255
 MOST_LOAN = timedelta(days=366)
-USAGE_COLUMNS = ("day", "user", "model", "gpu_hours")
 # What a kernel must take from a resized machine: the rest of its environment stays.
 KERNEL_ENVIRONMENT = (
     "CUDA_VISIBLE_DEVICES",
@@ -275,36 +273,6 @@ def staff_change(body: object, stored: Cohort | None) -> object:
 
 def quota_json(quota: Quota) -> dict[str, Any]:
     return quota.as_dict()
-
-
-def usage_json(report: UsageReport, running: list[dict[str, Any]]) -> dict[str, Any]:
-    """A usage report as the page and the API show it."""
-    return {
-        "since": report.period.first.isoformat(),
-        "until": report.period.last.isoformat(),
-        "gpu_hours": _hours(report.total),
-        "models": report.models(),
-        "by_day": [
-            {"day": day.isoformat(), "gpu_hours": {m: _hours(h) for m, h in sorted(models.items())}}
-            for day, models in sorted(report.by_day.items())
-        ],
-        "by_model": {m: _hours(h) for m, h in sorted(report.by_model.items())},
-        "by_cohort": {c: _hours(h) for c, h in sorted(report.by_cohort.items())},
-        "top_users": [{"user": u, "gpu_hours": _hours(h)} for u, h in report.top_users()],
-        "running": running,
-    }
-
-
-def usage_rows(uses: Iterable[DayUse]) -> list[dict[str, Any]]:
-    """One CSV row per day, user and model (running machines' share added in)."""
-    hours: dict[tuple[str, str, str], float] = {}
-    for use in uses:
-        key = (use.day.isoformat(), use.user, use.model)
-        hours[key] = hours.get(key, 0.0) + use.seconds / 3600
-    return [
-        {"day": day, "user": user, "model": model, "gpu_hours": _hours(value)}
-        for (day, user, model), value in sorted(hours.items())
-    ]
 
 
 def running(holdings: Iterable[Holding]) -> list[dict[str, Any]]:

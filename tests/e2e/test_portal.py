@@ -594,7 +594,7 @@ def test_usage_counts_the_hours_just_used_by_user_cohort_and_model(
         csv = admin.call("GET", "api/usage", params={"format": "csv", "since": today})
         assert csv.headers["Content-Type"].startswith("text/csv")
         header, *rows = csv.text.splitlines()
-        assert header == "day,user,model,gpu_hours"
+        assert header == "day,user,model,gpu_hours,used_gpu_hours,given_back_gpu_hours"
         assert any(row.startswith(f"{today},student1,NVIDIA T4,") for row in rows)
 
         page = admin.call("GET", "usage")

@@ -25,6 +25,7 @@ from .support import GPUS, PATHS, Clock, MachineMaker, gpu_ids, inventory
 TABLES = (
     "usage_days",
     "usage_model_days",
+    "usage_active_days",
     "usage_records",
     "machine_events",
     "devices",

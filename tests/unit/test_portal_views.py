@@ -14,7 +14,7 @@ from composespawner.domain.rooms import HostUse, Room
 from composespawner.domain.usage import DayUse
 from composespawner.ledger import DeviceRecord, Holding, HostRecord, Machine
 from composespawner.ledger.records import ShareHolding
-from composespawner.portal import views
+from composespawner.portal import usage_views, views
 from composespawner.portal.machine_views import inventory, my_machine
 from composespawner.portal.views import rule_from_form, rule_from_json, rule_json
 from harness.paths import HUB_CONFIG
@@ -107,10 +107,21 @@ def test_usage_rows_add_a_running_machines_share_to_its_day() -> None:
     ended = DayUse(date(2026, 3, 2), "alice", "t4", 3600.0)
     running = DayUse(date(2026, 3, 2), "alice", "t4", 1800.0)
     other = DayUse(date(2026, 3, 1), "=cmd", "t4", 36.0)
-    assert views.usage_rows([ended, other, running]) == [
-        {"day": "2026-03-01", "user": "=cmd", "model": "t4", "gpu_hours": 0.01},
-        {"day": "2026-03-02", "user": "alice", "model": "t4", "gpu_hours": 1.5},
+    used = DayUse(date(2026, 3, 2), "alice", "t4", 900.0, "used")
+    back = DayUse(date(2026, 3, 2), "alice", "t4", 1800.0, "given_back")
+    none = {"used_gpu_hours": 0.0, "given_back_gpu_hours": 0.0}
+    assert usage_views.usage_rows([ended, other, running, used, back]) == [
+        {"day": "2026-03-01", "user": "=cmd", "model": "t4", "gpu_hours": 0.01, **none},
+        {
+            "day": "2026-03-02",
+            "user": "alice",
+            "model": "t4",
+            "gpu_hours": 1.5,
+            "used_gpu_hours": 0.25,
+            "given_back_gpu_hours": 0.5,
+        },
     ]
+    assert list(usage_views.usage_rows([ended])[0]) == list(usage_views.USAGE_COLUMNS)
 
 
 def test_staff_keep_the_stored_reservation_when_they_leave_it_out() -> None:
@@ -304,8 +315,15 @@ def test_running_lists_share_holders_with_their_fraction() -> None:
 
 def test_usage_rows_show_a_quarters_fractional_gpu_hours() -> None:
     quarter_hour = DayUse(date(2026, 3, 2), "ada", "t4", 3600 * 0.25)  # an hour of a quarter
-    assert views.usage_rows([quarter_hour, quarter_hour]) == [
-        {"day": "2026-03-02", "user": "ada", "model": "t4", "gpu_hours": 0.5}
+    assert usage_views.usage_rows([quarter_hour, quarter_hour]) == [
+        {
+            "day": "2026-03-02",
+            "user": "ada",
+            "model": "t4",
+            "gpu_hours": 0.5,
+            "used_gpu_hours": 0.0,
+            "given_back_gpu_hours": 0.0,
+        }
     ]
 
 

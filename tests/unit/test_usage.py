@@ -7,7 +7,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from composespawner.domain.usage import DayUse, InvalidPeriod, Period, day_shares, usage_report
+from composespawner.domain.usage import (
+    DayUse,
+    DayUserSeconds,
+    InvalidPeriod,
+    Period,
+    day_shares,
+    usage_report,
+)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -58,6 +65,42 @@ def test_a_report_has_every_day_of_its_range_and_ranks_users() -> None:
     assert report.by_cohort == {"cs-101": 3.0, "empty": 0.0}
     assert report.total == 4.0
     assert report.models() == ["a100", "t4"]
+
+
+def test_used_and_given_back_are_per_day_and_per_cohort_its_members_sums() -> None:
+    period = Period(date(2026, 3, 1), date(2026, 3, 2))
+    given_back = DayUserSeconds.of(
+        [
+            DayUse(date(2026, 3, 1), "alice", "t4", 1800.0, "given_back"),
+            DayUse(date(2026, 3, 2), "alice", "a100", 3600.0, "given_back"),
+            DayUse(date(2026, 3, 2), "bob", "t4", 7200.0, "given_back"),
+        ]
+    )
+    report = usage_report(
+        period,
+        days=[(date(2026, 3, 1), "t4", 7200.0)],
+        users=[("alice", 7200.0)],
+        live=[],
+        members={"cs-101": ["alice", "bob", "alice"], "ml": ["bob"], "empty": []},
+        used=DayUserSeconds([(date(2026, 3, 1), 3600.0)], [("alice", 2700.0), ("bob", 900.0)]),
+        given_back=given_back,
+    )
+    assert given_back.users == [("alice", 5400.0), ("bob", 7200.0)]
+    assert report.used_by_day == {date(2026, 3, 1): 1.0, date(2026, 3, 2): 0.0}
+    assert report.used_by_cohort == {"cs-101": 1.0, "ml": 0.25, "empty": 0.0}
+    assert report.used_total == 1.0
+    assert report.given_back_by_day == {date(2026, 3, 1): 0.5, date(2026, 3, 2): 3.0}
+    assert report.given_back_by_cohort == {"cs-101": 3.5, "ml": 2.0, "empty": 0.0}
+    assert report.given_back_total == 3.5
+    assert report.held_on(date(2026, 3, 1)) == report.total == 2.0
+
+
+def test_a_report_without_used_or_given_back_counts_none_of_them() -> None:
+    period = Period(date(2026, 3, 1), date(2026, 3, 1))
+    report = usage_report(period, [], [], [], {"cs-101": ["alice"]})
+    assert report.used_by_day == report.given_back_by_day == {date(2026, 3, 1): 0.0}
+    assert report.used_by_cohort == report.given_back_by_cohort == {"cs-101": 0.0}
+    assert report.used_total == report.given_back_total == 0.0
 
 
 def test_a_range_before_the_calendar_begins_is_refused() -> None:

@@ -1,18 +1,20 @@
-"""GPU-hours (admins): by day and model, user and cohort, and what runs now; CSV export."""
+"""GPU-hours (admins): held by day and model, user and cohort, used and given back by day
+and cohort, and what runs now; CSV export."""
 
 from __future__ import annotations
 
 import plotly
 from tornado.web import authenticated
 
-from composespawner.portal import views
+from composespawner.portal import usage_views
 from composespawner.portal.errors import InvalidInput
 from composespawner.portal.handlers.base import ApiHandler, PageHandler
 
 
 class UsageApi(ApiHandler):
     """GPU-hours over ``?since=&until=`` (days, both included; the last 30 by default);
-    ``?format=csv`` exports one row per day, user and model."""
+    ``?format=csv`` exports one row per day, user and model, with its hours held, used and
+    given back."""
 
     async def get(self) -> None:
         self.require_admin()
@@ -22,7 +24,7 @@ class UsageApi(ApiHandler):
         if self.get_argument("format", "json") == "csv":
             uses = await self.portal.day_uses(period)
             name = f"gpu-usage-{period.first}-{period.last}.csv"
-            self.write_csv(name, views.usage_rows(uses), views.USAGE_COLUMNS)
+            self.write_csv(name, usage_views.usage_rows(uses), usage_views.USAGE_COLUMNS)
             return
         self.write_json(await self.portal.usage(period))
 

@@ -1,0 +1,70 @@
+"""The usage report as the portal shows it (the page, ``GET api/usage``) and exports it
+(its CSV): plain data, no I/O. The three figures, held, used and given back, are defined
+in :mod:`composespawner.domain.usage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from composespawner.domain.usage import FIGURES, DayUse, UsageReport
+
+# The first four are the CSV's columns from before used and given back: clients that read
+# them by position keep working.
+USAGE_COLUMNS = ("day", "user", "model", "gpu_hours", "used_gpu_hours", "given_back_gpu_hours")
+_COLUMN = {"held": "gpu_hours", "used": "used_gpu_hours", "given_back": "given_back_gpu_hours"}
+
+
+def usage_json(report: UsageReport, running: list[dict[str, Any]]) -> dict[str, Any]:
+    """A usage report as the page and the API show it: the fields from before used and
+    given back (``gpu_hours`` is held) unchanged, those two added beside them."""
+    return {
+        "since": report.period.first.isoformat(),
+        "until": report.period.last.isoformat(),
+        "gpu_hours": _hours(report.total),
+        "used_gpu_hours": _hours(report.used_total),
+        "given_back_gpu_hours": _hours(report.given_back_total),
+        "models": report.models(),
+        "by_day": [
+            {
+                "day": day.isoformat(),
+                "gpu_hours": {m: _hours(h) for m, h in sorted(models.items())},
+                "held_gpu_hours": _hours(report.held_on(day)),
+                "used_gpu_hours": _hours(report.used_by_day.get(day, 0.0)),
+                "given_back_gpu_hours": _hours(report.given_back_by_day.get(day, 0.0)),
+            }
+            for day, models in sorted(report.by_day.items())
+        ],
+        "by_model": {m: _hours(h) for m, h in sorted(report.by_model.items())},
+        "by_cohort": {c: _hours(h) for c, h in sorted(report.by_cohort.items())},
+        "used_by_cohort": {c: _hours(h) for c, h in sorted(report.used_by_cohort.items())},
+        "given_back_by_cohort": {
+            c: _hours(h) for c, h in sorted(report.given_back_by_cohort.items())
+        },
+        "top_users": [{"user": u, "gpu_hours": _hours(h)} for u, h in report.top_users()],
+        "running": running,
+    }
+
+
+def usage_rows(uses: Iterable[DayUse]) -> list[dict[str, Any]]:
+    """One CSV row per day, user and model, each figure in its column (running machines'
+    share added in to held; 0 where a figure has none)."""
+    seconds: dict[tuple[str, str, str], dict[str, float]] = {}
+    for use in uses:
+        key = (use.day.isoformat(), use.user, use.model)
+        figures = seconds.setdefault(key, dict.fromkeys(FIGURES, 0.0))
+        figures[use.figure] += use.seconds
+    return [
+        {
+            "day": day,
+            "user": user,
+            "model": model,
+            **{_COLUMN[figure]: _hours(value / 3600) for figure, value in figures.items()},
+        }
+        for (day, user, model), figures in sorted(seconds.items())
+    ]
+
+
+def _hours(value: float) -> float:
+    return round(value, 4)  # about a second: a short test run still shows
