@@ -4,8 +4,9 @@ The demo's hub with its reclaimer on, in seconds rather than minutes, reading ea
 host's DCGM exporter on the simulator, whose GPU figures the test sets:
 
 * an L40S nothing holds is detached after ``detach_after``; its JupyterLab stays up;
-* a T4 a process holds without working is warned about, then taken: the server's
-  kernel is shut down through its own API, the GPU detached, the server stays up;
+* a T4 a process holds without working is warned about (the notebook reads the warning
+  from the portal, and its JupyterLab's server extension passes it on), then taken: the
+  server's kernel is shut down through its own API, the GPU detached, the server stays up;
 * an A100 that works the whole time is never touched.
 
 Every give-back is in the ledger with the figures that justified it.
@@ -17,12 +18,13 @@ import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import requests
 
 from composespawner.ledger import Ledger
-from harness.hub import FABRIC_AUTH, Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.hub import FABRIC_AUTH, PORTAL, Hub, notebook_pid, process_env, running_hub, wait_for
 from tests.e2e.test_faults import ledger_ready
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +33,7 @@ LAB_TOKEN = "reclaim-test-lab-token-0123456789"
 SHORT_POLICY = f"""
 c.ReclaimerApp.interval = 1
 c.ComposeSettings.reclaim_policy = {{
-    "detach_after": 6, "warn_after": 10, "reclaim_after": 20, "max_gap": 5
+    "detach_after": 6, "warn_after": 10, "reclaim_after": 30, "max_gap": 5
 }}
 c.JupyterHub.services.append({{"name": "test-lab", "api_token": "{LAB_TOKEN}"}})
 c.JupyterHub.load_roles.append(
@@ -117,6 +119,18 @@ def test_idle_gpus_go_back_while_servers_run_and_a_busy_one_stays(hub: Hub) -> N
 
         wait_for(warned, 60, "a warning about the idle T4")
         assert t4 in hub.attached(hosts["student2"])
+        # ...which the notebook reads from the portal (client.machine(), JupyterLab)...
+        told = portal_as_notebook(hub, "student2")
+        warning = next(g for g in told["gpus"] if g["id"] == t4)["warning"]
+        assert warning["message"].startswith("Your NVIDIA T4 has done no work for")
+        assert warning["keep_allowed"] is True
+        in_lab = requests.get(
+            f"{hub.url}/user/student2/compose/machine",
+            headers={"Authorization": f"token {LAB_TOKEN}"},
+            timeout=30,
+        )
+        assert in_lab.status_code == 200, in_lab.text
+        assert next(g for g in in_lab.json()["gpus"] if g["id"] == t4)["warning"] == warning
         # ...then its kernel is shut down and the T4 taken; the server stays.
         wait_for(lambda: t4 not in hub.attached(hosts["student2"]), 60, "the T4 reclaimed")
         kernels = lab(hub, "student2", "GET", "kernels")
@@ -128,7 +142,7 @@ def test_idle_gpus_go_back_while_servers_run_and_a_busy_one_stays(hub: Hub) -> N
         # 3. The busy A100 was never touched, watched for longer than every window.
         def watched_past_every_window() -> bool:
             watch = ledger.reclaims.watches().get((machine_of(ledger, "researcher1"), a100))
-            return watch is not None and watch.since is not None and time.time() - watch.since > 20
+            return watch is not None and watch.since is not None and time.time() - watch.since > 30
 
         wait_for(watched_past_every_window, 60, "the A100 watched past reclaim_after")
         assert a100 in hub.attached(hosts["researcher1"])
@@ -138,7 +152,7 @@ def test_idle_gpus_go_back_while_servers_run_and_a_busy_one_stays(hub: Hub) -> N
         assert set(given) == {("student1", l40s), ("student2", t4)}
         assert given["student1", l40s].action == "detach"
         assert given["student2", t4].action == "reclaim"
-        assert given["student2", t4].figures["idle_s"] >= 20
+        assert given["student2", t4].figures["idle_s"] >= 30
         assert ledger.holders().get(l40s) is None
         assert ledger.holders().get(t4) is None
     finally:
@@ -146,6 +160,19 @@ def test_idle_gpus_go_back_while_servers_run_and_a_busy_one_stays(hub: Hub) -> N
             if hub.server(user) is not None:
                 hub.stop(user)
         ledger.close()
+
+
+def portal_as_notebook(hub: Hub, user: str) -> dict[str, Any]:
+    """``GET {gpus}`` as ``client.machine()`` asks it: with the notebook's own token."""
+    token = process_env(notebook_pid(hub, user, ""))["JUPYTERHUB_API_TOKEN"]
+    answer = requests.get(
+        f"{hub.url}{PORTAL}api/me/server/gpus",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
 
 
 def machine_of(ledger: Ledger, user: str) -> str:
