@@ -126,6 +126,10 @@ def test_the_usage_chart_shows_the_hours_just_used(hub: Hub, page: Page) -> None
     expect(page.locator("#usage-by-day .legend")).to_contain_text("NVIDIA A100")
     expect(page.locator("#usage-by-user .ytick", has_text="researcher1")).to_have_count(1)
     expect(page.locator("#usage-users")).to_contain_text("researcher1")
+    # Held, used and given back: in all, and a row per day of the range (30 by default).
+    expect(page.locator("#usage-total-used")).to_contain_text("used")
+    expect(page.locator("#usage-total-given-back")).to_contain_text("given back")
+    expect(page.locator("#usage-days tbody tr")).to_have_count(30)
     shot(page, "portal-usage")
 
     page.fill("#since", "2020-01-01")
