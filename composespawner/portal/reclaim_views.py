@@ -132,6 +132,51 @@ def notice(entry: AuditEntry) -> str:
     )
 
 
+POLICY_FORM = ("detach_after", "warn_after", "reclaim_after", "keep_for")
+
+
+def policy_from_form(form: Mapping[str, str]) -> dict[str, object]:
+    """A cohort's overrides from the cohorts page's form: each window in minutes (blank:
+    the site's; ``off``: the step off), ``keeps_allowed`` a count (``any``: no limit).
+    Raises ValueError saying which field to fix; the values themselves are checked by
+    ``policy_problems``, as the API's are."""
+    overrides: dict[str, object] = {}
+    for name in POLICY_FORM:
+        text = form.get(f"{name}_min", "").strip().lower()
+        if text == "off":
+            overrides[name] = None
+        elif text:
+            try:
+                overrides[name] = float(text) * 60
+            except ValueError:
+                raise ValueError(
+                    f"{name}: minutes as a number, 'off', or blank for the site's; not {text!r}"
+                ) from None
+    keeps = form.get("keeps_allowed", "").strip().lower()
+    if keeps == "any":
+        overrides["keeps_allowed"] = None
+    elif keeps:
+        if not keeps.isdigit():
+            raise ValueError(f"keeps_allowed: a whole number, 'any', or blank; not {keeps!r}")
+        overrides["keeps_allowed"] = int(keeps)
+    return overrides
+
+
+def policy_text(policy: Mapping[str, object]) -> str:
+    """A policy as admins read it: "detach 10 min unheld · warn 30 min idle · take 60 min"."""
+
+    def window(name: str) -> str:
+        value = policy.get(name)
+        return "off" if not isinstance(value, int | float) else _minutes(value)
+
+    keeps = policy.get("keeps_allowed")
+    return (
+        f"detach after {window('detach_after')} unheld · warn after {window('warn_after')}"
+        f" idle · take after {window('reclaim_after')} · Keep {window('keep_for')},"
+        f" {'any number of' if keeps is None else keeps} times"
+    )
+
+
 def _at(seconds: float, zone: tzinfo) -> str:
     return datetime.fromtimestamp(seconds, UTC).astimezone(zone).isoformat(timespec="seconds")
 

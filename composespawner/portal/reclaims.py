@@ -113,6 +113,20 @@ class ReclaimDesk:
             "problem": problem,
         }
 
+    async def cohort_policies(self, cohorts: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """For the cohorts page, each of ``cohorts``: its overrides and, in words, the
+        policy its GPUs follow (one read)."""
+        stored = await self.runner.run(self.ledger.reclaims.cohort_policies)
+        shown = {}
+        for name in cohorts:
+            policy, problem = cohort_policy(self.site, stored.get(name))
+            shown[name] = {
+                "overrides": stored.get(name) or {},
+                "text": reclaim_views.policy_text(policy.as_dict()),
+                "problem": problem,
+            }
+        return shown
+
     async def set_cohort_policy(self, cohort: str, body: object, actor: Actor) -> dict[str, Any]:
         """Store ``body`` (fields of a policy, or {} / null for the site's) as ``cohort``'s."""
         if body is None:

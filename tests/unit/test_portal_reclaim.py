@@ -266,3 +266,34 @@ def _epoch(iso: str) -> float:
 
 def _form(fields: dict[str, str]) -> bytes:
     return urlencode(fields).encode()
+
+
+async def test_admins_set_a_cohorts_policy_on_the_cohorts_page_in_minutes(portal: Portal) -> None:
+    await portal.json("PUT", "api/cohorts/cs-101", user="admin", body={"title": "DL"})
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    form = {"action": "reclaim-policy", "name": "cs-101", "warn_after_min": "15"}
+    form["reclaim_after_min"] = "soon"
+    refused = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
+    assert refused.code == 400
+    assert b"reclaim_after: minutes as a number, &#39;off&#39;, or blank" in refused.body
+    assert portal.composer.ledger.reclaims.cohort_policies() == {}
+    form["reclaim_after_min"] = "10"  # before the warning
+    refused = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
+    assert refused.code == 400
+    assert b"warn_after (900 s) must be less than reclaim_after (600 s)" in refused.body
+    assert portal.composer.ledger.reclaims.cohort_policies() == {}
+
+    form.update(reclaim_after_min="30", detach_after_min="off", keeps_allowed="1")
+    saved = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
+
+    assert saved.code == 302
+    assert portal.composer.ledger.reclaims.cohort_policy("cs-101") == {
+        "warn_after": 900.0,
+        "reclaim_after": 1800.0,
+        "detach_after": None,
+        "keeps_allowed": 1,
+    }
+    page = await portal.call("GET", "cohorts", user="admin")
+    assert b"detach after off unheld \xc2\xb7 warn after 15 min idle" in page.body
+    staff = await portal.call("POST", "cohorts", user="student1", headers=headers, raw=_form(form))
+    assert staff.code == 403

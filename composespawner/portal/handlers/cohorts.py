@@ -6,8 +6,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from composespawner.domain.cohorts import Cohort
-from composespawner.portal import views
-from composespawner.portal.errors import NotFound
+from composespawner.portal import reclaim_views, views
+from composespawner.portal.errors import InvalidInput, NotFound
 from composespawner.portal.handlers.base import ApiHandler, FormPage, PortalHandler
 
 
@@ -77,9 +77,13 @@ class CohortsPage(FormPage, CohortsMixin):
 
     async def render_form(self, **context: Any) -> None:
         self.require_staff()
+        cohorts = await self.my_cohorts()
+        reclaims = self.portal.reclaims
         self.render_page(
             "cohorts.html",
-            cohorts=await self.my_cohorts(),
+            cohorts=cohorts,
+            reclaim_policies=await reclaims.cohort_policies(c["name"] for c in cohorts),
+            site_reclaim_policy=reclaim_views.policy_text(reclaims.site.as_dict()),
             models=self.portal.model_ids,
             share_sizes=sorted({n for m in self.portal.catalog.gpu_models for n in m.shares}),
             sizes=[s.id for s in self.portal.catalog.sizes],
@@ -92,5 +96,13 @@ class CohortsPage(FormPage, CohortsMixin):
         if form.get("action") == "delete":
             self.require_admin()
             await self.portal.delete_cohort(name, self.actor)
+            return
+        if form.get("action") == "reclaim-policy":
+            self.require_admin()
+            try:
+                overrides = reclaim_views.policy_from_form(form)
+            except ValueError as e:
+                raise InvalidInput(str(e)) from None
+            await self.portal.reclaims.set_cohort_policy(name, overrides, self.actor)
             return
         await self.set_cohort(name, views.cohort_body_from_form(form))
