@@ -352,8 +352,8 @@ class Reclaimer:
         if time.monotonic() > fresh_until:
             raise _MovedOn("its reading is older than max_gap: the next pass reads it again")
         await self._still_watched(gpu)
-        watches = await self.composer.runner.run(self.composer.ledger.reclaims.watches)
-        watch = watches.get(gpu.key)
+        reclaims = self.composer.ledger.reclaims
+        watch = (await self.composer.runner.run(reclaims.watches, [gpu.machine.id])).get(gpu.key)
         if watch is not None and watch.kept_until is not None and now < watch.kept_until:
             raise _MovedOn("its user pressed Keep")
 
