@@ -103,7 +103,7 @@ class Ledger:
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
         self.submissions = Submissions(self._engine, self._write, self._now)
-        self.reclaims = Reclaims(self._engine, self._write, self._now)
+        self.reclaims = Reclaims(self._engine, self._write, self._now, usage_zone)
         self._claims = Claims(self._engine, self._write, self._now, usage_zone)
         self._machines = Machines(self._engine, self._write, self._now, usage_zone)
         self._queries = Queries(self._engine, self._write, self._now, usage_zone)

@@ -131,11 +131,6 @@ def test_a_gpu_given_back_before_the_period_counts_from_its_first_day(
     assert ledger.usage_sums(Period(SECOND, SECOND)).given_back == DayUserSeconds()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Ledger (store.py) does not pass its usage_zone to Reclaims yet: work counts on"
-    " UTC days; when it does, this passes and the mark goes",
-)
 def test_the_ledgers_zone_is_the_days_of_work(
     migrated_url: str, clock: Clock, gpus: list[str]
 ) -> None:
