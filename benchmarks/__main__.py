@@ -15,6 +15,7 @@ BENCHMARKS = [
     "release_latency",
     "portal_latency",
     "ledger_claims",
+    "gpu_reclaim",
 ]
 
 

@@ -12,6 +12,7 @@ from benchmarks import (
     alibaba_trace,
     course_storm,
     fgd,
+    gpu_reclaim,
     hubload,
     ledger_claims,
     placement_speed,
@@ -361,3 +362,23 @@ def test_ledger_claims_two_connections_claim_without_colliding(tmp_path: Path) -
         assert ledger.holders() == {}
     finally:
         ledger.close()
+
+
+@pytest.mark.timeout(60)
+def test_gpu_reclaim_gives_idle_gpus_back_and_takes_no_busy_one(tmp_path: Path) -> None:
+    """Six students, three T4s, a three-hour day, on two simulators (~10 s): the reclaim
+    side gives idle GPUs back, the baseline none, and no GPU is taken while it works."""
+    out = tmp_path / "gpu_reclaim.json"
+    small = ["--students", "6", "--minutes", "180", "--racks", "1", "--hosts-per-rack", "2"]
+    gpu_reclaim.main([*small, "--t4s-per-rack", "3", "--out", str(out)])
+    report = json.loads(out.read_text())
+    baseline, reclaim = report["baseline"], report["reclaim"]
+    assert baseline["actions"] == {}
+    assert baseline["given_back_gpu_h"] == 0
+    assert reclaim["given_back_gpu_h"] > 0
+    assert reclaim["actions"].get("detach/done", 0) + reclaim["actions"].get("reclaim/done", 0)
+    assert reclaim["idle_held_gpu_h"] < baseline["idle_held_gpu_h"]
+    for side in (baseline, reclaim):
+        assert side["held_gpu_h"] >= side["busy_gpu_h"] > 0
+    assert report["busy_taken"] == report["held_detached"] == report["errors"] == 0
+    assert 0 < report["given_back_share"] <= 1
