@@ -188,16 +188,21 @@ class Books:
     held_idle_by_kernel: int = 0  # idle, a kernel holding it
     given_back: int = 0  # minutes a GPU was back in the pool that its student would have
     # held idle (gap or gone home) had it not been taken: the counterfactual of reclaim
+    idle_held_after_leaving: int = 0  # of held idle: its student had gone home
+    given_back_after_leaving: int = 0  # of given back: its student had gone home
 
     def count(self, students: list[Student]) -> None:
         for student in students:
             doing = student.doing()
+            gone = student.phase == "left"
             if doing is not None:
                 self.held += 1
                 self.busy += doing == "busy"
                 self.held_idle_by_kernel += doing == "held"
+                self.idle_held_after_leaving += gone
             elif student.given_back_since is not None and student.has_machine:
                 self.given_back += 1
+                self.given_back_after_leaving += gone
 
     @property
     def idle_held(self) -> int:

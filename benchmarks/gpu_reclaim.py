@@ -36,9 +36,12 @@ Figures, from the students' own schedule (not the reclaimer's view): GPU-hours h
 busy (work done) and held idle; GPU-hours given back (minutes a taken GPU's student
 would have held it idle: to their next burst, or their server's stop or the day's end);
 the share of idle holding given back, given_back / (given_back + idle still held) on the
-reclaim side (the gate: at least 0.5; ``idle_kept_share`` at most 0.5), and the
-baseline's idle-held GPU-hours beside the reclaim side's; who waited for a GPU and how
-long (waits that ended; those still waiting when they left are counted apart).
+reclaim side (the gate: at least 0.5; ``idle_kept_share`` at most 0.5), and the same
+share while students were in class (``given_back_share_in_class``, not gated: servers
+left running after their students went home are the easy part, and the figures split
+them out), and the baseline's idle-held GPU-hours beside the reclaim side's; who waited
+for a GPU and how long (waits that ended; those still waiting when they left are
+counted apart).
 
 Every detach and reclaim is checked against the schedule. The state set at minute m is
 what the GPU does from m to m+1, and the pass at m reads it: work that ended at m+1 was
@@ -375,6 +378,8 @@ def side_figures(side: Side, students: list[Student]) -> dict[str, Any]:
         "idle_held_gpu_h": books.idle_held / hours,
         "idle_held_by_kernel_gpu_h": books.held_idle_by_kernel / hours,
         "given_back_gpu_h": books.given_back / hours,
+        "idle_held_after_leaving_gpu_h": books.idle_held_after_leaving / hours,
+        "given_back_after_leaving_gpu_h": books.given_back_after_leaving / hours,
         "busy_share_of_held": books.busy / books.held if books.held else 0.0,
         **wait_figures(students),
         "actions": dict(sorted(side.actions.items())),
@@ -402,6 +407,10 @@ def result(
     given, kept = reclaim["given_back_gpu_h"], reclaim["idle_held_gpu_h"]
     share = given / (given + kept) if given + kept else 0.0
     base_idle = baseline["idle_held_gpu_h"]
+    # The same share counting only students still in class (their servers left running
+    # after they went home are the easy part).
+    given_in = given - reclaim["given_back_after_leaving_gpu_h"]
+    kept_in = kept - reclaim["idle_held_after_leaving_gpu_h"]
     return {
         "students": class_of[0],
         "seed": class_of[1],
@@ -410,6 +419,7 @@ def result(
         "habits": habits.__dict__,
         "given_back_share": share,
         "idle_kept_share": 1.0 - share,  # gated: at most 0.5
+        "given_back_share_in_class": given_in / (given_in + kept_in) if given_in + kept_in else 0.0,
         "idle_held_baseline_gpu_h": base_idle,
         "idle_held_reclaim_gpu_h": kept,
         "idle_held_ratio": kept / base_idle if base_idle else 0.0,
@@ -442,7 +452,9 @@ ROWS = [
     ("  busy (work done)", "busy_gpu_h", ".1f"),
     ("  held idle", "idle_held_gpu_h", ".1f"),
     ("  held idle by a kernel", "idle_held_by_kernel_gpu_h", ".1f"),
+    ("  held idle, student gone", "idle_held_after_leaving_gpu_h", ".1f"),
     ("GPU-hours given back", "given_back_gpu_h", ".1f"),
+    ("  student gone", "given_back_after_leaving_gpu_h", ".1f"),
     ("students who waited", "students_waited", "d"),
     ("waits", "waits", "d"),
     ("wait median (min)", "wait_median_min", ".0f"),
@@ -479,7 +491,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"idle-held GPU-hours with reclaim / baseline: {report['idle_held_ratio']:.2f};"
         f" busy GPU-hours with reclaim / baseline: {report['busy_ratio']:.2f};"
-        f" share of idle holding given back: {report['given_back_share']:.2f} (gate >= 0.5)"
+        f" share of idle holding given back: {report['given_back_share']:.2f} (gate >= 0.5),"
+        f" {report['given_back_share_in_class']:.2f} while students were in class"
     )
     for problem in report["baseline"]["problems"] + report["reclaim"]["problems"]:
         print(f"problem: {problem}")
@@ -490,6 +503,8 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv or [])
     habits = Habits()
+    if args.stop_on_leave is not None:
+        habits = replace(habits, stop_on_leave=args.stop_on_leave)
     if args.minutes is not None:  # a shorter day keeps the class's shape
         scale = args.minutes / habits.day_minutes
         habits = replace(
@@ -522,6 +537,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--hosts-per-rack", type=int, default=FABRIC.hosts_per_zone)
     parser.add_argument("--t4s-per-rack", type=int, default=FABRIC.gpus_per_zone)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--stop-on-leave", type=float, help="share of students who stop their server on leaving"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_reclaim.json")
     parser.add_argument("--logs", type=Path, help="a folder to keep the simulators' logs in")
     return parser
