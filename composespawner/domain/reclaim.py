@@ -214,6 +214,12 @@ class GpuWatch:
     last_at: float  # the latest reading, readable or not
     last_work_at: float | None = None  # the latest reading that did work
     last_held_at: float | None = None  # the latest reading where something held it
+    # The first reading of the stretch without work (nothing holding it) under way; None
+    # while the latest reading did work (held it). Work may have gone on until any moment
+    # between the last reading that saw it and this one, so a window counts from here:
+    # never from the last busy reading, which could take a GPU up to a pass too early.
+    idle_from: float | None = None
+    unheld_from: float | None = None
     utilization: float = 0.0  # as of the latest readable reading
     memory_used_mib: float = 0.0
     warned_at: float | None = None  # when the latest warning went out
@@ -255,12 +261,20 @@ def observe(
     work = did_work(gpu, policy.busy_percent)
     # A kernel that ran had a context, whatever the memory figure says.
     held = work or holds_context(gpu, policy.memory_floor_mib)
+
+    def stretch_from(start: float | None, busy: bool) -> float | None:
+        if busy:
+            return None
+        return start if unbroken and start is not None else at
+
     return replace(
         watch,
         since=watch.since if unbroken else at,
         last_at=at,
         last_work_at=at if work else watch.last_work_at,
         last_held_at=at if held else watch.last_held_at,
+        idle_from=stretch_from(watch.idle_from, work),
+        unheld_from=stretch_from(watch.unheld_from, held),
         utilization=gpu.utilization,
         memory_used_mib=gpu.memory_used_mib,
     )
@@ -319,19 +333,21 @@ def _held_off(watch: GpuWatch, policy: ReclaimPolicy, now: float) -> str | None:
 
 
 def _figures(watch: GpuWatch) -> dict[str, float]:
-    """How long it went unheld and without work, counted over the unbroken run only."""
+    """How long it went unheld and without work, counted over the unbroken run only, from
+    the first reading of each stretch (see ``GpuWatch.idle_from``)."""
     since, last = watch.since, watch.last_at
     if since is None:
         return {"seen_s": 0.0, "unheld_s": 0.0, "idle_s": 0.0}
 
-    def since_latest(moment: float | None) -> float:
-        # A clock stepped back can leave a moment after the latest reading: count 0.
-        return max(last - (since if moment is None else max(since, moment)), 0.0)
+    def stretch(start: float | None) -> float:
+        # A stretch begun before the run (a row from before the fields) counts from its
+        # start; a clock stepped back can leave one after the latest reading: count 0.
+        return 0.0 if start is None else max(last - max(since, start), 0.0)
 
     return {
         "seen_s": last - since,
-        "unheld_s": since_latest(watch.last_held_at),
-        "idle_s": since_latest(watch.last_work_at),
+        "unheld_s": stretch(watch.unheld_from),
+        "idle_s": stretch(watch.idle_from),
         "utilization": watch.utilization,
         "memory_used_mib": watch.memory_used_mib,
     }
@@ -340,9 +356,9 @@ def _figures(watch: GpuWatch) -> dict[str, float]:
 def _warning_this_stretch(watch: GpuWatch) -> float | None:
     """When the user was warned about the idle stretch under way, if they were. Work, or a
     break in the readings, since the warning starts a new stretch, and a new warning."""
-    if watch.warned_at is None or watch.since is None:
+    if watch.warned_at is None or watch.since is None or watch.idle_from is None:
         return None
-    start = watch.since if watch.last_work_at is None else max(watch.since, watch.last_work_at)
+    start = max(watch.since, watch.idle_from)
     return watch.warned_at if watch.warned_at >= start else None
 
 

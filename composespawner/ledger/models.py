@@ -403,6 +403,9 @@ class GpuWatchRow(Base):
     last_at: Mapped[float] = mapped_column(Float)
     last_work_at: Mapped[float | None] = mapped_column(Float)
     last_held_at: Mapped[float | None] = mapped_column(Float)
+    # The first reading of the stretch without work (nothing holding it) under way.
+    idle_from: Mapped[float | None] = mapped_column(Float)
+    unheld_from: Mapped[float | None] = mapped_column(Float)
     utilization: Mapped[float] = mapped_column(Float, server_default="0")
     memory_used_mib: Mapped[float] = mapped_column(Float, server_default="0")
     warned_at: Mapped[float | None] = mapped_column(Float)

@@ -33,6 +33,7 @@ def idle_and_warned(p: Portal, user: str, gpu: str, idle_s: float, warned_ago: f
         since=now - idle_s,
         last_at=now,
         last_held_at=now,
+        idle_from=now - idle_s,
         memory_used_mib=2000.0,
         warned_at=now - warned_ago,
     )

@@ -169,12 +169,14 @@ def test_a_cohort_value_that_no_longer_fits_the_site_is_refused() -> None:
         pytest.param([(FREE, 540)], "none", "unheld 540 s", id="free for 9 min"),
         pytest.param([(FREE_DCGM, 600)], "detach", "nothing held", id="dcgm: few MiB, no count"),
         pytest.param([(HELD_DCGM, 1700)], "none", "unheld 0 s", id="dcgm: a context's MiB"),
-        # Counted from the last reading that was held: it may have been let go just after.
-        pytest.param([(BUSY, 3000), (FREE, 600)], "detach", "for 660 s", id="worked, let go"),
+        # Counted from the first reading that saw it free: it may have been held until
+        # just before, so a window never includes the pass in which it was let go.
+        pytest.param([(BUSY, 3000), (FREE, 600)], "detach", "for 600 s", id="worked, let go"),
+        pytest.param([(BUSY, 3000), (FREE, 540)], "none", "unheld 540 s", id="let go 9 min"),
         pytest.param([(HELD, 1800)], "warn", "no work for 1800 s", id="held idle 30 min"),
         pytest.param([(HELD, 1740)], "none", "no work for 1740 s", id="held idle 29 min"),
-        pytest.param([(BUSY, 3000), (HELD, 1680)], "none", "no work for 1740 s", id="29 min"),
-        pytest.param([(BUSY, 3000), (HELD, 1740)], "warn", "no work for 1800 s", id="30 min"),
+        pytest.param([(BUSY, 3000), (HELD, 1740)], "none", "no work for 1740 s", id="29 min"),
+        pytest.param([(BUSY, 3000), (HELD, 1800)], "warn", "no work for 1800 s", id="30 min"),
         pytest.param(
             [(FREE, 400), (None, 60), (FREE, 540)], "none", "unheld 540 s", id="unreadable"
         ),
@@ -194,11 +196,11 @@ def test_what_the_reclaimer_decides(
 
 
 def test_the_figures_are_what_the_audit_log_keeps() -> None:
-    watch, now = watch_over((BUSY, 600), (HELD, 1740))
+    watch, now = watch_over((BUSY, 600), (HELD, 1800))
     decision = decide(watch, POLICY, now)
     assert decision.action == "warn"
     assert decision.figures == {
-        "seen_s": 2340.0,
+        "seen_s": 2400.0,
         "unheld_s": 0.0,
         "idle_s": 1800.0,
         "utilization": 0.0,
@@ -300,7 +302,9 @@ def test_a_held_idle_gpu_is_warned_once_then_reclaimed() -> None:
 
 def test_work_after_the_warning_saves_the_gpu_until_it_idles_again() -> None:
     script: list[tuple[Kind, float]] = [("held", 2400), ("busy", 60), ("held", 6000)]
-    assert actions(POLICY, script) == [(1800, "warn"), (4200, "warn"), (6000, "reclaim")]
+    # The stretch restarts at the first reading after the work (2460): it may have run
+    # until just before it.
+    assert actions(POLICY, script) == [(1800, "warn"), (4260, "warn"), (6060, "reclaim")]
 
 
 def test_a_warning_seen_too_late_still_gives_the_user_its_notice() -> None:

@@ -438,7 +438,7 @@ def test_active_seconds_count_only_intervals_seen_at_both_ends_that_did_work() -
 
 
 def test_a_warning_is_recorded_in_the_watch_it_is_decided_in() -> None:
-    watch = GpuWatch(since=0.0, last_at=270.0, last_held_at=270.0)
+    watch = GpuWatch(since=0.0, last_at=270.0, last_held_at=270.0, idle_from=0.0)
 
     judged = judge(watch, idle("a", held=True), 300.0, POLICY)
 
