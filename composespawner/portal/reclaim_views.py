@@ -7,8 +7,9 @@ running machine holds. Each GPU of *my machine*, of ``GET {gpus}`` and so of
 - ``idle_s``: seconds without work, over readings the reclaimer actually saw (None
   while it has no fresh reading: unknown is not idle, and a stale figure would mislead);
 - ``warning``: set once the reclaimer warned about the GPU, ``reclaim_at`` (when it
-  goes with the kernels that hold it, if it stays idle), a ``message`` for a person,
-  ``keep_allowed`` and ``keeps_left``;
+  goes, and the server's kernels with it, if it stays idle; None while another GPU of
+  the server keeps them all), a ``message`` for a person, ``keep_allowed`` and
+  ``keeps_left``;
 - ``kept_until``: while a *Keep* press holds every step off.
 
 The same :func:`~composespawner.domain.reclaim.decide` the reclaimer acts on computes
@@ -28,10 +29,41 @@ from composespawner.portal.views import notice_text
 GIVEN_BACK = {"gpu.detach", "gpu.reclaim"}
 
 
+def server_states(
+    watches: Mapping[str, GpuWatch | None],
+    models: Mapping[str, str],
+    policy: ReclaimPolicy,
+    now: float,
+    zone: tzinfo,
+) -> dict[str, dict[str, Any]]:
+    """The reclaim fields of each GPU of one server (``watches`` by GPU id).
+
+    The reclaimer takes a server's GPUs only all at once (a reclaim ends every kernel of
+    the server, and one of them may be using another GPU): while one GPU is not warned
+    about, the warned ones are told they wait for it, with no time.
+    """
+    states = {gpu: gpu_state(w, policy, models[gpu], now, zone) for gpu, w in watches.items()}
+    if all(state["warning"] for state in states.values()):
+        return states
+    return {
+        gpu: gpu_state(watches[gpu], policy, models[gpu], now, zone, waiting=True)
+        if state["warning"]
+        else state
+        for gpu, state in states.items()
+    }
+
+
 def gpu_state(
-    watch: GpuWatch | None, policy: ReclaimPolicy, model: str, now: float, zone: tzinfo
+    watch: GpuWatch | None,
+    policy: ReclaimPolicy,
+    model: str,
+    now: float,
+    zone: tzinfo,
+    *,
+    waiting: bool = False,
 ) -> dict[str, Any]:
-    """The reclaim fields of one GPU (see the module's docstring)."""
+    """The reclaim fields of one GPU (see the module's docstring); ``waiting``: another
+    GPU of the server is not idle long enough, so this one is not taken before it is."""
     kept_until = watch.kept_until if watch is not None else None
     if kept_until is not None and kept_until <= now:
         kept_until = None  # a Keep that ran out
@@ -52,7 +84,8 @@ def gpu_state(
         memory_used_mib=watch.memory_used_mib,
     )
     if "warned_at" in figures and kept_until is None:
-        state["warning"] = warning(figures, policy, model, state["keeps_left"], now, zone)
+        keeps = state["keeps_left"]
+        state["warning"] = warning(figures, policy, model, keeps, now, zone, waiting=waiting)
     return state
 
 
@@ -78,10 +111,18 @@ def warning(
     keeps: int | None,
     now: float,
     zone: tzinfo,
+    *,
+    waiting: bool = False,
 ) -> dict[str, Any]:
-    """The warning of a GPU the reclaimer warned about: when it goes, and how to keep it."""
+    """The warning of a GPU the reclaimer warned about: when it goes, and how to keep it.
+
+    Taking it shuts down every kernel of the server (any of them may hold it: see
+    ``Reclaimer._shut_down_kernels``), and the message says so.
+    """
     reclaim_at = figures["reclaim_at"]
     when = "any moment now" if reclaim_at <= now else f"at {_clock(reclaim_at, zone)}"
+    if waiting:
+        when = "once your server's other GPUs have been idle as long"
     idle = round(figures["idle_s"] / 60)
     allowed = keeps is None or keeps > 0
     how = "use it"
@@ -89,11 +130,11 @@ def warning(
         left = "" if keeps is None else f", {keeps} press{'es' if keeps != 1 else ''} left"
         how += f" or press Keep (holds it {_minutes(policy.keep_for)}{left})"
     return {
-        "reclaim_at": _at(reclaim_at, zone),
+        "reclaim_at": None if waiting else _at(reclaim_at, zone),
         "message": (
             f"Your {model} has done no work for {idle} min. It goes back to the pool {when},"
-            f" with the kernels that hold it, unless you {how}. Your server, files and other"
-            " kernels stay; add a GPU again whenever you need one."
+            f" and your server's kernels are shut down then, unless you {how}. Your server"
+            " and files stay; add a GPU again whenever you need one."
         ),
         "keep_allowed": allowed,
         "keeps_left": keeps,
@@ -133,24 +174,28 @@ def notice(entry: AuditEntry) -> str:
 
 
 POLICY_FORM = ("detach_after", "warn_after", "reclaim_after", "keep_for")
+FORM_FIELDS = (*POLICY_FORM, "keeps_allowed")  # what the form sets; the API sets the rest
 
 
-def policy_from_form(form: Mapping[str, str]) -> dict[str, object]:
-    """A cohort's overrides from the cohorts page's form: each window in minutes (blank:
-    the site's; ``off``: the step off), ``keeps_allowed`` a count (``any``: no limit).
-    Raises ValueError saying which field to fix; the values themselves are checked by
-    ``policy_problems``, as the API's are."""
-    overrides: dict[str, object] = {}
+def policy_from_form(form: Mapping[str, str], stored: Mapping[str, object]) -> dict[str, object]:
+    """A cohort's overrides from the cohorts page's form, over those ``stored``: each window
+    in minutes, or seconds with an ``s`` (blank: the site's; ``off``: the step off),
+    ``keeps_allowed`` a count (``any``: no limit); fields the form does not carry (set
+    through the API) are kept. Raises ValueError saying which field to fix; the values
+    themselves are checked by ``policy_problems``, as the API's are."""
+    overrides = {k: v for k, v in stored.items() if k not in FORM_FIELDS}
     for name in POLICY_FORM:
         text = form.get(f"{name}_min", "").strip().lower()
         if text == "off":
             overrides[name] = None
         elif text:
+            seconds = text.endswith("s")
             try:
-                overrides[name] = float(text) * 60
+                overrides[name] = float(text.removesuffix("s")) * (1 if seconds else 60)
             except ValueError:
                 raise ValueError(
-                    f"{name}: minutes as a number, 'off', or blank for the site's; not {text!r}"
+                    f"{name}: minutes as a number (or seconds, as 90s), 'off', or blank for"
+                    f" the site's; not {text!r}"
                 ) from None
     keeps = form.get("keeps_allowed", "").strip().lower()
     if keeps == "any":
@@ -160,6 +205,16 @@ def policy_from_form(form: Mapping[str, str]) -> dict[str, object]:
             raise ValueError(f"keeps_allowed: a whole number, 'any', or blank; not {keeps!r}")
         overrides["keeps_allowed"] = int(keeps)
     return overrides
+
+
+def form_value(value: object) -> str:
+    """A stored window as the form shows it, so that sending it back changes nothing:
+    whole minutes as minutes, anything else as seconds ("90s"), ``off`` for None."""
+    if value is None:
+        return "off"
+    if not isinstance(value, int | float):
+        return ""
+    return f"{value / 60:g}" if value % 60 == 0 else f"{value:g}s"
 
 
 def policy_text(policy: Mapping[str, object]) -> str:

@@ -53,16 +53,14 @@ class ReclaimDesk:
         for server in servers:
             machine = by_id[server["machine"]]
             policy = await self.policy_for(machine.cohort)
-            states = {
-                gpu["id"]: reclaim_views.gpu_state(
-                    watches.get((machine.id, gpu["id"])),
-                    policy,
-                    devices[gpu["id"]].model if gpu["id"] in devices else "GPU",
-                    now,
-                    self.timezone,
-                )
-                for gpu in server["gpus"]
-            }
+            gpus = [gpu["id"] for gpu in server["gpus"]]
+            states = reclaim_views.server_states(
+                {gpu: watches.get((machine.id, gpu)) for gpu in gpus},
+                {gpu: devices[gpu].model if gpu in devices else "GPU" for gpu in gpus},
+                policy,
+                now,
+                self.timezone,
+            )
             annotated.append(reclaim_views.with_states(server, states, policy))
         return annotated
 

@@ -133,7 +133,7 @@ export function statusText(machine: IMachine): string {
 /** When, in the user's words: "at 14:05 (in 12 min)". */
 export function whenText(at: Date | null, now: Date): string {
   if (at === null) {
-    return 'soon';
+    return 'once it has been idle long enough'; // the portal's message says more
   }
   const minutes = Math.max(0, Math.round((at.getTime() - now.getTime()) / 60000));
   const clock = at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
@@ -154,7 +154,7 @@ export function warningText(gpu: IGpu, now: Date): string {
   const said = warning.message !== null ? ` ${warning.message}` : '';
   return (
     `Idle ${gpu.model} (${gpu.id}) goes back to the pool ${whenText(warning.reclaimAt, now)}. ` +
-    `To keep it, ${keep}. Kernels using it will be shut down.${said}`
+    `To keep it, ${keep}. Your server's kernels will be shut down then.${said}`
   );
 }
 

@@ -4,6 +4,7 @@ reclaimer's memory written as the reclaimer writes it (``ledger.reclaims.save_wa
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -13,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 
 from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy
-from tests.unit.test_portal_handlers import Portal, hub_auth, portal, running
+from tests.unit.test_portal_handlers import ONE_T4, Portal, hub_auth, portal, running
 
 __all__ = ["hub_auth", "portal"]  # the fixtures, used by name
 
@@ -237,6 +238,7 @@ async def test_admins_set_a_cohorts_policy_and_give_it_back_to_the_sites(portal:
         ("admin", "cs-101", {"reclaim_after": None}, 400, "go together"),
         ("admin", "cs-101", {"warn_after": "10m"}, 400, "warn_after must be a number"),
         ("admin", "cs-101", {"detach_after": 1e12}, 400, "at most 604800 (a week)"),
+        ("admin", "cs-101", {"warn_after": 10**400}, 400, "at most 604800 (a week)"),
         ("admin", "cs-101", {"idle": 5}, 400, "unknown field 'idle'"),
         ("admin", "cs-101", [600], 400, "Send the fields to change"),
         ("admin", "no-such", {"detach_after": 300}, 404, "No cohort 'no-such'"),
@@ -276,7 +278,7 @@ async def test_admins_set_a_cohorts_policy_on_the_cohorts_page_in_minutes(portal
     form["reclaim_after_min"] = "soon"
     refused = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
     assert refused.code == 400
-    assert b"reclaim_after: minutes as a number, &#39;off&#39;, or blank" in refused.body
+    assert b"reclaim_after: minutes as a number (or seconds, as 90s), &#39;off&#39;" in refused.body
     assert portal.composer.ledger.reclaims.cohort_policies() == {}
     form["reclaim_after_min"] = "10"  # before the warning
     refused = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
@@ -298,3 +300,56 @@ async def test_admins_set_a_cohorts_policy_on_the_cohorts_page_in_minutes(portal
     assert b"detach after off unheld \xc2\xb7 warn after 15 min idle" in page.body
     staff = await portal.call("POST", "cohorts", user="student1", headers=headers, raw=_form(form))
     assert staff.code == 403
+
+
+async def test_a_warned_gpu_beside_a_busy_one_waits_for_it_and_says_so(portal: Portal) -> None:
+    composed = await portal.composer.compose(
+        user="student1",
+        groups=frozenset(),
+        server="",
+        request=replace(ONE_T4, gpu_count=2),
+        progress=lambda message: None,
+        then=("launching", "starting notebook"),
+    )
+    await portal.composer.record(composed.machine_id, "running", "notebook up")
+    status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
+    idle_gpu, busy_gpu = (gpu["id"] for gpu in server["gpus"])
+    now = idle_and_warned(portal, "student1", idle_gpu, idle_s=2000, warned_ago=600)
+    busy = GpuWatch(since=now - 2000, last_at=now, last_work_at=now, last_held_at=now)
+    portal.composer.ledger.reclaims.save_watches({(machine_of(portal, "student1"), busy_gpu): busy})
+
+    status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
+
+    assert status == 200, server
+    warned, working = server["gpus"]
+    assert warned["warning"]["reclaim_at"] is None
+    assert "once your server's other GPUs have been idle as long" in warned["warning"]["message"]
+    assert "your server's kernels are shut down then" in warned["warning"]["message"]
+    assert (working["idle_s"], working["warning"]) == (0, None)
+
+
+async def test_the_cohorts_form_sent_back_unchanged_keeps_every_override(portal: Portal) -> None:
+    await portal.json("PUT", "api/cohorts/cs-101", user="admin", body={"title": "DL"})
+    overrides = {"busy_percent": 5, "max_gap": 60, "warn_after": 1000, "reclaim_after": 2000}
+    status, _ = await portal.json(
+        "PUT", "api/cohorts/cs-101/reclaim-policy", user="admin", body=overrides
+    )
+    assert status == 200
+    page = (await portal.call("GET", "cohorts", user="admin")).body.decode()
+    shown = {
+        name: re.search(rf'name="{name}" [^>]*value="([^"]*)"', page, re.S).group(1)  # type: ignore[union-attr]
+        for name in ("detach_after_min", "warn_after_min", "reclaim_after_min", "keep_for_min")
+    }
+    assert shown == {
+        "detach_after_min": "",
+        "warn_after_min": "1000s",  # not a whole minute: shown in seconds, not rounded
+        "reclaim_after_min": "2000s",
+        "keep_for_min": "",
+    }
+
+    form = {"action": "reclaim-policy", "name": "cs-101", "keeps_allowed": "", **shown}
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    saved = await portal.call("POST", "cohorts", user="admin", headers=headers, raw=_form(form))
+
+    assert saved.code == 302
+    assert portal.composer.ledger.reclaims.cohort_policy("cs-101") == overrides

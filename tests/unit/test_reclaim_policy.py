@@ -101,6 +101,8 @@ def test_the_site_default_is_acceptable_and_reads_back() -> None:
         ({"keeps_allowed": 2.5}, "keeps_allowed", "a whole number"),
         ({"keeps_allowed": False}, "keeps_allowed", "a whole number"),
         ({"keeps_allowed": 10**6}, "keeps_allowed", "to 1000"),
+        ({"warn_after": 10**400}, "warn_after", "at most 604800 (a week)"),
+        ({"busy_percent": -(10**400)}, "busy_percent", "less than 100"),
         ({"busy_percent": 100}, "busy_percent", "less than 100"),
         ({"busy_percent": -0.5}, "busy_percent", "from 0"),
         ({"memory_floor_mib": 4096}, "memory_floor_mib", "at most 1024"),

@@ -83,6 +83,7 @@ class CohortsPage(FormPage, CohortsMixin):
             "cohorts.html",
             cohorts=cohorts,
             reclaim_policies=await reclaims.cohort_policies(c["name"] for c in cohorts),
+            form_value=reclaim_views.form_value,
             site_reclaim_policy=reclaim_views.policy_text(reclaims.site.as_dict()),
             models=self.portal.model_ids,
             share_sizes=sorted({n for m in self.portal.catalog.gpu_models for n in m.shares}),
@@ -99,8 +100,9 @@ class CohortsPage(FormPage, CohortsMixin):
             return
         if form.get("action") == "reclaim-policy":
             self.require_admin()
+            stored = (await self.portal.reclaims.cohort_policy(name))["overrides"]
             try:
-                overrides = reclaim_views.policy_from_form(form)
+                overrides = reclaim_views.policy_from_form(form, stored)
             except ValueError as e:
                 raise InvalidInput(str(e)) from None
             await self.portal.reclaims.set_cohort_policy(name, overrides, self.actor)
