@@ -37,6 +37,15 @@ GATES: dict[str, list[tuple[str, float]]] = {
         ("ssh_hosts_over_capacity", 0),
         ("ssh_connections_per_start", 1),
     ],
+    # A course day with idle gaps: at least half of the idle-held GPU-hours given back
+    # (idle_kept_share: the other half at most), no GPU that worked (or was held, for a
+    # detach) anywhere in its window taken, nothing wrong with the ledger or fabric.
+    "gpu_reclaim": [
+        ("idle_kept_share", 0.5),
+        ("busy_taken", 0),
+        ("held_detached", 0),
+        ("errors", 0),
+    ],
     # course_storm's share variant (its own results file): 100 quarter-T4 students,
     # every one started, T4s attached = ⌈holders/4⌉, nothing over-held, misplaced or left.
     "course_storm_shares": [
