@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-import requests
 from playwright.sync_api import Page, expect
 
 from composespawner.ledger import Ledger
 from harness.browser import log_in, shot
-from harness.hub import FABRIC_AUTH, Hub, notebook_pid, process_env, running_hub
-from tests.e2e.test_faults import ledger_ready
+from harness.hub import Hub, notebook_pid, process_env, wait_for
+from tests.e2e.test_gpu_reclaim import HELD_IDLE, reclaiming_hub, set_activity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -30,28 +29,15 @@ c.ComposeSettings.reclaim_policy = {
 }
 c.Spawner.environment = {"COMPOSE_LAB_POLL_SECONDS": "2"}
 """
-HELD_IDLE = {"utilization": 0, "memory_used_mib": 2000}  # a kernel's CUDA context, no work
 NOTHING = {"utilization": 0, "memory_used_mib": 0}
+NOTICE_S = 60 - 10  # reclaim_after - warn_after
 SECONDS = 30_000  # ms: a 1 s reclaimer pass, a 2 s poll, a loaded machine
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    with running_hub(
-        tmp_path_factory.mktemp("lab-reclaim"),
-        POLICY,
-        COMPOSE_FABRIC_ARGS="--faults-api",
-        COMPOSE_RECLAIM="1",
-        COMPOSE_RECONCILE_EVERY="3600",
-    ) as hub:
-        yield ledger_ready(hub)
-
-
-def set_activity(hub: Hub, figures: dict[str, dict[str, int]]) -> None:
-    response = requests.patch(
-        f"{hub.fabric_url}/sim/activity", json=figures, auth=FABRIC_AUTH, timeout=10
-    )
-    assert response.status_code == 200, response.text
+    with reclaiming_hub(tmp_path_factory.mktemp("lab-reclaim"), POLICY) as hub:
+        yield hub
 
 
 @pytest.mark.timeout(300)
@@ -88,12 +74,22 @@ def test_jupyterlab_says_a_gpu_went_back_warns_of_an_idle_one_and_keeps_it(
         expect(warning).to_contain_text(f"Idle NVIDIA T4 ({kept}) goes back to the pool at")
         expect(warning).to_contain_text("To keep it, use it or press Keep.")
         shot(page, "lab-reclaim-warning")
+        (warned,) = ledger.reclaims.watches().values()
+        assert warned.warned_at is not None
         warning.get_by_role("button", name="Keep").click()
         expect(page.get_by_text("Kept your NVIDIA T4").first).to_be_visible(timeout=SECONDS)
         expect(warning).to_have_count(0, timeout=SECONDS)
         (watch,) = ledger.reclaims.watches().values()
         assert watch.keeps_used == 1
         assert watch.kept_until is not None
+        # Kept: the reclaimer reads it on past the moment it would have taken it.
+        taken_at = warned.warned_at + NOTICE_S
+
+        def read_past_it() -> bool:
+            (now,) = ledger.reclaims.watches().values()
+            return now.last_at > taken_at + 3
+
+        wait_for(read_past_it, 90, "readings past the moment the GPU would have gone")
         assert kept in hub.attached(host)
         assert ledger.live_machines("student1")[0].block_ids == (kept,)
         given = ledger.reclaims.givebacks(*_all_time())

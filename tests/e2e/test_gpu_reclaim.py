@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,16 +46,23 @@ HELD_IDLE = {"utilization": 0, "memory_used_mib": 2000}  # a CUDA context, no ke
 BUSY = {"utilization": 85, "memory_used_mib": 9000}
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+@contextmanager
+def reclaiming_hub(tmp: Path, config: str) -> Iterator[Hub]:
+    """The demo hub with its reclaimer on under ``config``, GPU figures settable."""
     with running_hub(
-        tmp_path_factory.mktemp("reclaim"),
-        SHORT_POLICY,
+        tmp,
+        config,
         COMPOSE_FABRIC_ARGS="--faults-api",
         COMPOSE_RECLAIM="1",
         COMPOSE_RECONCILE_EVERY="3600",
     ) as hub:
         yield ledger_ready(hub)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    with reclaiming_hub(tmp_path_factory.mktemp("reclaim"), SHORT_POLICY) as hub:
+        yield hub
 
 
 def blocks_of(ledger: Ledger, word: str) -> list[str]:
