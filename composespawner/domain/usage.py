@@ -9,13 +9,16 @@ Three figures, each in GPU-hours:
 * **held**: a GPU held by a machine, from when it got it until it gave it up (a share of
   1/n counts 1/n of each second);
 * **used**: the seconds the reclaimer saw a held GPU do work (``active_s``; the interval
-  between two readings that both saw work), counted on the day of the reclaimer's pass
-  that saw it. GPUs no reclaimer watches count none, so used is at most held only where
-  the reclaimer runs;
+  up to a reading that saw work, its previous reading in the same unbroken run), counted
+  on the day of the reclaimer's pass that saw it. GPUs no reclaimer watches count none,
+  so used is at most held only where the reclaimer runs;
 * **given back**: a GPU the reclaimer took from a running server at ``at`` counts from
   ``at`` to the end of that machine (now, while it runs): the time it would otherwise
   still have held the GPU. A GPU got again later (``grow``) is held again: held and
   given back then overlap, as given back is what the reclaimer freed, not what stayed free.
+  A machine is never counted as giving back more GPUs at once than it started with
+  (:func:`given_back_spans`): one that gets a GPU, lets it idle and loses it again and
+  again gave back one GPU's time, not one per loss.
 
 A cohort's usage is that of its members (the hub group's users now), so a
 user in two cohorts counts in both; the site's total counts everyone once.
@@ -28,7 +31,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
-from typing import Literal
+from typing import Literal, TypeVar
+
+T = TypeVar("T")
 
 MOST_DAYS = 366  # the longest range one report covers
 TOP_USERS = 50  # users listed by name in a report (the CSV has all)
@@ -223,3 +228,23 @@ def _figure(
         for user, seconds in sums.users:
             by_user[user] = by_user.get(user, 0.0) + seconds / 3600
     return by_day, _by_cohort(by_user, cohorts), sum(by_day.values())
+
+
+def given_back_spans(
+    givebacks: Iterable[tuple[str, datetime, datetime, int, T]],
+) -> list[tuple[datetime, datetime, T]]:
+    """The spans of GPU time given back, from ``(machine, at, machine's end, GPUs it
+    started with, what to count it under)`` rows: each from its ``at`` to the machine's
+    end, but when a machine would be giving back more GPUs at once than it started with,
+    the oldest of its spans ends where the new one begins."""
+    spans: list[tuple[datetime, datetime, T]] = []
+    open_spans: dict[str, list[int]] = defaultdict(list)  # machine → indexes, oldest first
+    for machine, at, end, most, payload in sorted(givebacks, key=lambda row: row[1]):
+        running = [i for i in open_spans[machine] if spans[i][1] > at]
+        while running and len(running) >= max(most, 1):
+            oldest = running.pop(0)
+            start, _, counted = spans[oldest]
+            spans[oldest] = (start, at, counted)
+        open_spans[machine] = [*running, len(spans)]
+        spans.append((at, max(end, at), payload))
+    return spans

@@ -18,7 +18,13 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, case, func, literal, or_, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
-from composespawner.domain.usage import DayUse, DayUserSeconds, Period, day_shares
+from composespawner.domain.usage import (
+    DayUse,
+    DayUserSeconds,
+    Period,
+    day_shares,
+    given_back_spans,
+)
 from composespawner.ledger.models import (
     DeviceRow,
     DeviceShareRow,
@@ -299,17 +305,27 @@ def given_back_uses(
     end = datetime.combine(period.last + timedelta(days=1), time.min, zone).astimezone(UTC)
     g, m = GIVEBACKS.c, MACHINES.c
     rows = connection.execute(
-        select(g.at, g.user_name, g.model, m.ended_at)
+        select(g.machine_id, g.at, g.user_name, g.model, m.ended_at, m.request)
         .join(MACHINES, m.id == g.machine_id)
         .where(g.at < end, or_(m.ended_at.is_(None), m.ended_at > start))
         .order_by(g.at, g.id)
     )
+    spans = given_back_spans(
+        (machine, at, min(ended_at or now, end), _gpus_asked(request), (user, model))
+        for machine, at, user, model, ended_at, request in rows
+    )
     seconds: dict[tuple[date, str, str], float] = defaultdict(float)
-    for at, user, model, ended_at in rows:
-        for day, share in day_shares(at, min(ended_at or now, end), zone):
+    for begin, finish, (user, model) in spans:
+        for day, share in day_shares(begin, finish, zone):
             if period.first <= day <= period.last:
                 seconds[day, user, model] += share
     return [
         DayUse(day, user, model, value, "given_back")
         for (day, user, model), value in sorted(seconds.items())
     ]
+
+
+def _gpus_asked(request: object) -> int:
+    """The GPUs a machine's request asked for (its stored JSON); 1 when it does not say."""
+    count = request.get("gpu_count") if isinstance(request, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1

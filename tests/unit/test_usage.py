@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -13,6 +13,7 @@ from composespawner.domain.usage import (
     InvalidPeriod,
     Period,
     day_shares,
+    given_back_spans,
     usage_report,
 )
 
@@ -106,3 +107,36 @@ def test_a_report_without_used_or_given_back_counts_none_of_them() -> None:
 def test_a_range_before_the_calendar_begins_is_refused() -> None:
     with pytest.raises(InvalidPeriod, match="too early"):
         Period.parse(None, "0001-01-01", today=date(2026, 3, 31))
+
+
+def test_a_machine_gives_back_no_more_gpus_at_once_than_it_started_with() -> None:
+    day = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+    def at(minutes: int) -> datetime:
+        return day + timedelta(minutes=minutes)
+
+    end = at(480)
+    spans = given_back_spans(
+        [
+            # One GPU, got again and lost again every 20 minutes: one GPU's time given back.
+            ("m1", at(10), end, 1, "ada"),
+            ("m1", at(30), end, 1, "ada"),
+            ("m1", at(50), end, 1, "ada"),
+            # Two GPUs given back one after the other: both count to the end.
+            ("m2", at(10), end, 2, "bob"),
+            ("m2", at(40), end, 2, "bob"),
+            # A machine that ended before a later row's time: nothing negative.
+            ("m3", at(60), at(30), 1, "cy"),
+        ]
+    )
+
+    assert sorted(spans, key=lambda s: (s[2], s[0])) == [
+        (at(10), at(30), "ada"),
+        (at(30), at(50), "ada"),
+        (at(50), end, "ada"),
+        (at(10), end, "bob"),
+        (at(40), end, "bob"),
+        (at(60), at(60), "cy"),
+    ]
+    ada = sum((b - a).total_seconds() for a, b, who in spans if who == "ada")
+    assert ada == (end - at(10)).total_seconds()  # at most one GPU at a time
