@@ -166,23 +166,22 @@ class Reclaims(LedgerPart):
         """
         with self._write() as connection:
             machine_id = _holder(connection, user, server, block_id)
-            row = connection.execute(
-                select(WATCHES).where(_W.machine_id == machine_id, _W.block_id == block_id)
-            ).first()
-            watch = GpuWatch(since=None, last_at=now) if row is None else _watch(row._mapping)
-            kept = keep_watch(watch, policy, now)
-            stamp = {"updated_at": self._now()}
-            if row is None:
-                values = {"machine_id": machine_id, "block_id": block_id, **_values(kept)}
-                connection.execute(insert(WATCHES).values(**values, **stamp))
-            else:
-                # Only the keep fields: the reclaimer may have stored a newer reading since.
-                keep_values = {name: getattr(kept, name) for name in KEEP_FIELDS}
-                connection.execute(
-                    update(WATCHES)
-                    .where(_W.machine_id == machine_id, _W.block_id == block_id)
-                    .values(**keep_values, **stamp)
+            key = (_W.machine_id == machine_id, _W.block_id == block_id)
+            # A GPU not watched yet gets a watch from now; a reclaimer pass inserting the
+            # same row meanwhile wins, and this press then changes that row.
+            fresh = _values(GpuWatch(since=None, last_at=now))
+            connection.execute(
+                _insert_missing(self._engine.dialect.name).values(
+                    machine_id=machine_id, block_id=block_id, **fresh, updated_at=self._now()
                 )
+            )
+            row = connection.execute(select(WATCHES).where(*key).with_for_update()).one()
+            kept = keep_watch(_watch(row._mapping), policy, now)
+            # Only the keep fields: the reclaimer may have stored a newer reading since.
+            keep_values = {name: getattr(kept, name) for name in KEEP_FIELDS}
+            connection.execute(
+                update(WATCHES).where(*key).values(**keep_values, updated_at=self._now())
+            )
         return kept
 
     # -- GPUs given back ----------------------------------------------------------------
@@ -333,6 +332,12 @@ def _held(connection: Connection, keys: Mapping[Key, object]) -> set[Key]:
     share = select(SHARES.c.machine_id, SHARES.c.block_id).where(SHARES.c.machine_id.in_(machines))
     held = {(m, b) for m, b in connection.execute(whole.union_all(share))}
     return held & set(keys)
+
+
+def _insert_missing(dialect: str) -> Any:
+    """Insert a watch row unless one is there already (on SQLite and PostgreSQL)."""
+    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(WATCHES)
+    return statement.on_conflict_do_nothing(index_elements=["machine_id", "block_id"])
 
 
 def _upsert_watches(dialect: str) -> Any:
