@@ -24,7 +24,7 @@ from composespawner.activity.nvml import NvmlSource
 from composespawner.domain.reclaim import ReclaimPolicy
 from composespawner.services.application import ComposeApplication
 from composespawner.services.kernels import NotebookKernels
-from composespawner.services.reclaimer import Reclaimer
+from composespawner.services.reclaimer import INTERVAL, Reclaimer
 from composespawner.services.settings import build_composer
 
 
@@ -39,7 +39,7 @@ class ReclaimerApp(ComposeApplication):
     $JUPYTERHUB_API_TOKEN reach the notebook servers' kernels."""
 
     interval = Float(
-        60.0,
+        INTERVAL,
         config=True,
         help="""Seconds between passes. Keep it well under the policy's max_gap (the
         longest gap between readings a window may span), or no window ever fills.""",
@@ -129,6 +129,7 @@ class ReclaimerApp(ComposeApplication):
             composer,
             source,
             site_policy=policy,
+            interval=self.interval,
             kernels=kernels,
             read_timeout=self.activity_timeout + 5.0,  # the source's own timeout fires first
             log=self.log,

@@ -31,6 +31,7 @@ from composespawner.portal.service import Portal
 from composespawner.services.application import ComposeApplication
 from composespawner.services.composer import Composer
 from composespawner.services.hub_api import HubClient
+from composespawner.services.reclaimer import INTERVAL
 from composespawner.services.settings import build_composer
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -106,6 +107,9 @@ class PortalApp(ComposeApplication):
             hub=hub,
             timezone=ZoneInfo(settings.site_timezone),
             reclaim_policy=settings.site_reclaim_policy(),
+            # The reclaimer's passes, from its section of the same file: a cohort's
+            # max_gap must be longer (ReclaimDesk refuses one that is not).
+            reclaim_interval=float(self.config.ReclaimerApp.get("interval", INTERVAL)),
         )
         collecting = collect_on_a_timer(FULL_COLLECTION_EVERY)
         url = urlparse(self.service_url)
@@ -145,6 +149,7 @@ class PortalApp(ComposeApplication):
         hub: HubClient,
         timezone: tzinfo,
         reclaim_policy: ReclaimPolicy = SITE_DEFAULT,
+        reclaim_interval: float = INTERVAL,
     ) -> Application:
         prefix = self.service_prefix
         routes: list[Any] = [
@@ -178,6 +183,7 @@ class PortalApp(ComposeApplication):
                 scorer=self._scorer(),
                 stack_environments=Path(self.stack_environments_dir),
                 reclaim_policy=reclaim_policy,
+                reclaim_interval=reclaim_interval,
             ),
             jinja=jinja2.Environment(loader=loader, autoescape=True),
         )

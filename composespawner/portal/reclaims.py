@@ -30,13 +30,14 @@ class ReclaimDesk:
     runner: LedgerRunner
     site: ReclaimPolicy
     timezone: tzinfo
+    interval: float = 0.0  # the reclaimer's seconds between passes (its config)
 
     async def policy_for(self, cohort: str | None) -> ReclaimPolicy:
         """The policy a machine claimed under ``cohort`` (None: none) follows."""
         if cohort is None:
             return self.site
         overrides = await self.runner.run(self.ledger.reclaims.cohort_policy, cohort)
-        return cohort_policy(self.site, overrides)[0]
+        return cohort_policy(self.site, overrides, self.interval)[0]
 
     async def annotated(
         self,
@@ -101,7 +102,7 @@ class ReclaimDesk:
         if cohort not in names:
             raise NotFound(f"No cohort {cohort!r}.")
         overrides = await self.runner.run(self.ledger.reclaims.cohort_policy, cohort)
-        policy, problem = cohort_policy(self.site, overrides)
+        policy, problem = cohort_policy(self.site, overrides, self.interval)
         return {
             "cohort": cohort,
             "overrides": overrides or {},
@@ -117,7 +118,7 @@ class ReclaimDesk:
         stored = await self.runner.run(self.ledger.reclaims.cohort_policies)
         shown = {}
         for name in cohorts:
-            policy, problem = cohort_policy(self.site, stored.get(name))
+            policy, problem = cohort_policy(self.site, stored.get(name), self.interval)
             shown[name] = {
                 "overrides": stored.get(name) or {},
                 "text": reclaim_views.policy_text(policy.as_dict()),
@@ -137,6 +138,9 @@ class ReclaimDesk:
         problems = policy_problems(body, over=self.site)
         if problems:
             raise InvalidInput("; ".join(problems.values()))
+        problem = cohort_policy(self.site, body, self.interval)[1]
+        if problem:
+            raise InvalidInput(problem)
         stored = await self.runner.run(
             self.ledger.reclaims.set_cohort_policy, cohort, body or None, actor.name
         )

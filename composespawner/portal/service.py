@@ -73,13 +73,16 @@ class Portal:
     scorer: Scorer | None = None  # scores starter-kit submissions (None: none are taken)
     stack_environments: Path | None = None  # where the stacks' environments are built
     reclaim_policy: ReclaimPolicy = SITE_DEFAULT  # the site's, as the reclaimer's config
+    reclaim_interval: float = 0.0  # the reclaimer's seconds between passes
     runner: LedgerRunner = field(init=False)
     kits: Leaderboards = field(init=False)  # the starter kits' submissions and boards
     reclaims: ReclaimDesk = field(init=False)  # idle GPUs: what users are told, Keep
 
     def __post_init__(self) -> None:
         self.runner = LedgerRunner(self.ledger)
-        self.reclaims = ReclaimDesk(self.ledger, self.runner, self.reclaim_policy, self.timezone)
+        self.reclaims = ReclaimDesk(
+            self.ledger, self.runner, self.reclaim_policy, self.timezone, self.reclaim_interval
+        )
         self.kits = Leaderboards(
             self.ledger, self.runner, self.catalog, self.scorer, self.stack_environments
         )

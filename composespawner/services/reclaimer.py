@@ -55,6 +55,7 @@ from composespawner.services.kernels import Kernel, KernelsUnavailable
 BY = "reclaimer"  # who gave a GPU back, in the ledger's record and audit log
 FABRIC = ""  # the fabric's inventory, among the hosts' outages (no host id is empty)
 READ_TIMEOUT = 30.0  # seconds for one host's reading, beyond the source's own timeout
+INTERVAL = 60.0  # seconds between passes, unless the reclaimer's config says otherwise
 
 Outcome = Literal["done", "failed", "skipped"]
 Key = tuple[str, str]  # (machine id, block id): one GPU on one machine
@@ -181,16 +182,23 @@ def active_seconds(before: GpuWatch | None, after: GpuWatch, now: float) -> floa
 
 
 def cohort_policy(
-    site: ReclaimPolicy, overrides: Mapping[str, object] | None
+    site: ReclaimPolicy, overrides: Mapping[str, object] | None, interval: float = 0.0
 ) -> tuple[ReclaimPolicy, str | None]:
     """The policy of a cohort with these stored overrides, and why it fell back to the
-    site's policy if it did (overrides that no longer fit the site's values)."""
+    site's policy if it did: overrides that no longer fit the site's values, or a
+    ``max_gap`` no longer than the reclaimer's ``interval`` (no window would ever fill)."""
     if not overrides:
         return site, None
     try:
-        return merged(site, overrides), None
+        policy = merged(site, overrides)
     except InvalidPolicy as e:
         return site, str(e)
+    if policy.max_gap <= interval:
+        return site, (
+            f"max_gap ({policy.max_gap:g} s) must be more than the reclaimer's interval"
+            f" ({interval:g} s): readings further apart never add up to a window"
+        )
+    return policy, None
 
 
 # ---------------------------------------------------------------------------
@@ -215,6 +223,7 @@ class Reclaimer:
         source: ActivitySource,
         *,
         site_policy: ReclaimPolicy = SITE_DEFAULT,
+        interval: float = 0.0,
         kernels: KernelsApi | None = None,
         read_timeout: float = READ_TIMEOUT,
         log: logging.Logger | None = None,
@@ -222,6 +231,7 @@ class Reclaimer:
         self.composer = composer
         self.source = source
         self.site_policy = site_policy
+        self.interval = interval  # seconds between passes: a cohort's max_gap must exceed it
         self.kernels = kernels
         self.read_timeout = read_timeout
         self.log = log or logging.getLogger(__name__)
@@ -330,7 +340,7 @@ class Reclaimer:
             overrides = await self.composer.runner.run(
                 self.composer.ledger.reclaims.cohort_policy, cohort
             )
-            policy, problem = cohort_policy(self.site_policy, overrides)
+            policy, problem = cohort_policy(self.site_policy, overrides, self.interval)
             if problem:
                 self._once(
                     f"cohort:{cohort}:{problem}",

@@ -240,6 +240,7 @@ async def test_admins_set_a_cohorts_policy_and_give_it_back_to_the_sites(portal:
         ("admin", "cs-101", {"detach_after": 1e12}, 400, "at most 604800 (a week)"),
         ("admin", "cs-101", {"warn_after": 10**400}, 400, "at most 604800 (a week)"),
         ("admin", "cs-101", {"idle": 5}, 400, "unknown field 'idle'"),
+        ("admin", "cs-101", {"max_gap": 30}, 400, "more than the reclaimer's interval (60 s)"),
         ("admin", "cs-101", [600], 400, "Send the fields to change"),
         ("admin", "no-such", {"detach_after": 300}, 404, "No cohort 'no-such'"),
         ("student1", "cs-101", {"detach_after": 99999}, 403, "Only the GPU pool's admins"),
@@ -330,7 +331,7 @@ async def test_a_warned_gpu_beside_a_busy_one_waits_for_it_and_says_so(portal: P
 
 async def test_the_cohorts_form_sent_back_unchanged_keeps_every_override(portal: Portal) -> None:
     await portal.json("PUT", "api/cohorts/cs-101", user="admin", body={"title": "DL"})
-    overrides = {"busy_percent": 5, "max_gap": 60, "warn_after": 1000, "reclaim_after": 2000}
+    overrides = {"busy_percent": 5, "max_gap": 90, "warn_after": 1000, "reclaim_after": 2000}
     status, _ = await portal.json(
         "PUT", "api/cohorts/cs-101/reclaim-policy", user="admin", body=overrides
     )

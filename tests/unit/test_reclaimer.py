@@ -454,6 +454,11 @@ def test_a_cohort_policy_that_no_longer_fits_falls_back_to_the_sites() -> None:
     assert site == POLICY
     assert problem
     assert "warn_after" in problem
+    # Readings further apart than max_gap never fill a window: the site's, said why.
+    site, problem = cohort_policy(POLICY, {"max_gap": 10}, interval=15)
+    assert site == POLICY
+    assert problem
+    assert "max_gap (10 s) must be more than the reclaimer's interval (15 s)" in problem
 
 
 # -- the kernels client -----------------------------------------------------------------
