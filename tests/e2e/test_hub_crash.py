@@ -345,6 +345,16 @@ def test_the_hubs_services_end_when_the_hub_is_killed(hub: Hub) -> None:
         every=0.1,
     )
 
+    logged_before = hub.log_path.stat().st_size
     hub.restart()  # returns once the hub answers: it has started its services
     reconcilers = wait_for(lambda: hub.processes(" reconcile "), 30, "a reconciler")
     assert len(reconcilers) == 1, [hub.processes("reconcile")]
+
+    # Up, not only started: a hub stopped while its services are still starting (the
+    # fixture's teardown, 50 ms after this) has once waited on them past its 30 s.
+    def reconciling() -> bool:
+        with hub.log_path.open("rb") as log:
+            log.seek(logged_before)
+            return b"Reconciling for hub" in log.read()
+
+    wait_for(reconciling, 30, "the new reconciler's first pass")
