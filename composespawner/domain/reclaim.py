@@ -117,6 +117,26 @@ def merged(site: ReclaimPolicy, cohort: Mapping[str, object]) -> ReclaimPolicy:
     return parse_policy(cohort, over=site)
 
 
+def cohort_policy(
+    site: ReclaimPolicy, overrides: Mapping[str, object] | None, interval: float = 0.0
+) -> tuple[ReclaimPolicy, str | None]:
+    """The policy of a cohort with these stored overrides, and why it fell back to the
+    site's policy if it did: overrides that no longer fit the site's values, or a
+    ``max_gap`` no longer than the reclaimer's ``interval`` (no window would ever fill)."""
+    if not overrides:
+        return site, None
+    try:
+        policy = merged(site, overrides)
+    except InvalidPolicy as e:
+        return site, str(e)
+    if policy.max_gap <= interval:
+        return site, (
+            f"max_gap ({policy.max_gap:g} s) must be more than the reclaimer's interval"
+            f" ({interval:g} s): readings further apart never add up to a window"
+        )
+    return policy, None
+
+
 def _problems(values: Mapping[str, object], sent: Mapping[str, object]) -> dict[str, str]:
     """Field by field first; how fields fit together only once each one makes sense."""
     problems = {name: why for name in FIELDS if (why := _field_problem(name, values[name]))}

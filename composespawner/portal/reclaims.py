@@ -3,7 +3,7 @@ cohorts' reclaim policies.
 
 The site's policy is ``c.ComposeSettings.reclaim_policy``, the one the reclaimer acts
 on; a cohort's overrides, stored in the ledger, win for the machines claimed under its
-reservation, exactly as the reclaimer merges them (``services.reclaimer.cohort_policy``).
+reservation, exactly as the reclaimer merges them (``domain.reclaim.cohort_policy``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,16 @@ from dataclasses import dataclass
 from datetime import tzinfo
 from typing import Any
 
-from composespawner.domain.reclaim import KeepRefused, ReclaimPolicy, policy_problems
+from composespawner.domain.reclaim import (
+    KeepRefused,
+    ReclaimPolicy,
+    cohort_policy,
+    policy_problems,
+)
 from composespawner.ledger import Actor, DeviceRecord, Ledger, Machine, UnknownDevices
 from composespawner.ledger.runner import LedgerRunner
 from composespawner.portal import reclaim_views
 from composespawner.portal.errors import Conflict, InvalidInput, NotFound
-from composespawner.services.reclaimer import cohort_policy
 
 
 @dataclass
@@ -49,11 +53,13 @@ class ReclaimDesk:
         GPU's reclaim fields (``reclaim_views``) and the policy it follows."""
         by_id = {m.id: m for m in machines}
         watches = await self.runner.run(self.ledger.reclaims.watches, sorted(by_id))
+        # One read per cohort, not per server.
+        policies = {c: await self.policy_for(c) for c in {m.cohort for m in by_id.values()}}
         now = time.time()
         annotated = []
         for server in servers:
             machine = by_id[server["machine"]]
-            policy = await self.policy_for(machine.cohort)
+            policy = policies[machine.cohort]
             gpus = [gpu["id"] for gpu in server["gpus"]]
             states = reclaim_views.server_states(
                 {gpu: watches.get((machine.id, gpu)) for gpu in gpus},

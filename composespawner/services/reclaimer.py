@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -39,10 +39,9 @@ from composespawner.domain.reclaim import (
     SITE_DEFAULT,
     Decision,
     GpuWatch,
-    InvalidPolicy,
     ReclaimPolicy,
+    cohort_policy,
     decide,
-    merged,
     observe,
     record_warning,
 )
@@ -179,26 +178,6 @@ def active_seconds(before: GpuWatch | None, after: GpuWatch, now: float) -> floa
     if before is None or before.since is None or after.since != before.since:
         return 0.0
     return now - before.last_at if after.last_work_at == now else 0.0
-
-
-def cohort_policy(
-    site: ReclaimPolicy, overrides: Mapping[str, object] | None, interval: float = 0.0
-) -> tuple[ReclaimPolicy, str | None]:
-    """The policy of a cohort with these stored overrides, and why it fell back to the
-    site's policy if it did: overrides that no longer fit the site's values, or a
-    ``max_gap`` no longer than the reclaimer's ``interval`` (no window would ever fill)."""
-    if not overrides:
-        return site, None
-    try:
-        policy = merged(site, overrides)
-    except InvalidPolicy as e:
-        return site, str(e)
-    if policy.max_gap <= interval:
-        return site, (
-            f"max_gap ({policy.max_gap:g} s) must be more than the reclaimer's interval"
-            f" ({interval:g} s): readings further apart never add up to a window"
-        )
-    return policy, None
 
 
 # ---------------------------------------------------------------------------

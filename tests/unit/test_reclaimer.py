@@ -19,7 +19,7 @@ import pytest
 from composespawner.commands import hubconfig
 from composespawner.commands.reclaim import ReclaimerApp
 from composespawner.domain.activity import ActivityReading, GpuActivity
-from composespawner.domain.reclaim import Decision, GpuWatch, ReclaimPolicy
+from composespawner.domain.reclaim import Decision, GpuWatch, ReclaimPolicy, cohort_policy
 from composespawner.domain.request import MachineRequest
 from composespawner.ledger import GiveBack, Ledger, Machine
 from composespawner.services.composer import Composer
@@ -30,7 +30,6 @@ from composespawner.services.reclaimer import (
     Key,
     Reclaimer,
     active_seconds,
-    cohort_policy,
     gpus_by_host,
     judge,
     spare_other_gpus,
