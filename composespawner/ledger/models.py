@@ -318,6 +318,21 @@ class UsageActiveDayRow(Base):
     gpu_seconds: Mapped[float] = mapped_column(Float)
 
 
+class UsageGivenBackDayRow(Base):
+    """GPU-seconds given back per day (in the site's time zone), user and model, of machines
+    that ended: the usage page's *given back* (running machines' are counted when read).
+
+    Added in the transaction that ends the machine and adds its held seconds to usage_days.
+    """
+
+    __tablename__ = "usage_given_back_days"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
 class QuotaAccountRow(Base):
     """One row per user, locked by every claim of that user so they serialize (invariant 3)."""
 

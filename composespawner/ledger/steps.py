@@ -42,7 +42,7 @@ from composespawner.ledger.statements import (
     MACHINES,
     MOVE_MACHINE,
 )
-from composespawner.ledger.usage_sums import add_day_use
+from composespawner.ledger.usage_sums import add_day_use, add_given_back
 
 WEEK = timedelta(days=7)  # the window of the GPU-hours limit
 
@@ -167,6 +167,8 @@ def end_machine(
         connection.execute(INSERT_USAGE, [usage_values(machine, d, now) for d in held])
         add_day_use(connection, machine.user_name, held, now, zone)
         connection.execute(FREE_DEVICES_OF, {"b_machine_id": machine.id})
+    # What it gave back counts until now, whether or not it holds anything still.
+    add_given_back(connection, machine, now, zone)
     # Its share of the host and the devices' slots go with the devices (invariant 10).
     give_room(connection, machine, device_slots(d.kind for d in held), now, ending=True)
     return moved(machine, to, now, (), **ended)

@@ -2,20 +2,22 @@
 
 The per-day table keeps a report over months to a sum of days in the
 database, however many periods of use it covers. The *used* figure has its own
-per-day table, added to by the reclaimer's passes; *given back* is summed from the
-give-back rows when read (see :mod:`composespawner.domain.usage` for the three figures).
+per-day table, added to by the reclaimer's passes; so has *given back*, added to as
+machines end, running machines' counted when read (see :mod:`composespawner.domain.usage`
+for the three figures).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, case, func, literal, or_, select, union_all
+from sqlalchemy import Connection, Table, case, func, literal, null, select, text, union_all
+from sqlalchemy import cast as cast_to
 from sqlalchemy.dialects import postgresql, sqlite
 
 from composespawner.domain.usage import (
@@ -24,20 +26,24 @@ from composespawner.domain.usage import (
     Period,
     day_shares,
     given_back_spans,
+    gpus_asked,
 )
 from composespawner.ledger.models import (
+    LIVE_MACHINE_WHERE,
     DeviceRow,
     DeviceShareRow,
     GpuGiveBackRow,
     MachineRow,
     UsageActiveDayRow,
     UsageDayRow,
+    UsageGivenBackDayRow,
     UsageModelDayRow,
 )
 
 USAGE_DAYS = cast(Table, UsageDayRow.__table__)
 USAGE_MODEL_DAYS = cast(Table, UsageModelDayRow.__table__)
 USAGE_ACTIVE_DAYS = cast(Table, UsageActiveDayRow.__table__)
+USAGE_GIVEN_BACK_DAYS = cast(Table, UsageGivenBackDayRow.__table__)
 GIVEBACKS = cast(Table, GpuGiveBackRow.__table__)
 DEVICES = cast(Table, DeviceRow.__table__)
 MACHINES = cast(Table, MachineRow.__table__)
@@ -185,7 +191,7 @@ def usage_sums(
         users=users,
         live=live_uses(connection, period, now, zone),
         used=used_sums(connection, period),
-        given_back=DayUserSeconds.of(given_back_uses(connection, period, now, zone)),
+        given_back=given_back_sums(connection, period, now, zone),
     )
 
 
@@ -268,17 +274,25 @@ def add_used(
 
 def used_sums(connection: Connection, period: Period) -> DayUserSeconds:
     """The period's seconds of work per day and per user, summed in the database."""
-    c = USAGE_ACTIVE_DAYS.c
+    return _figure_sums(connection, USAGE_ACTIVE_DAYS, period)
+
+
+def _figure_sums(connection: Connection, table: Table, period: Period) -> DayUserSeconds:
+    """A per-day figure's sums over ``period`` per day and per user: one statement (one
+    round trip, one snapshot), the days' rows without a user, the users' without a day."""
+    c = table.c
     in_period = c.day.between(period.first, period.last)
     total = func.sum(c.gpu_seconds)
-    days = connection.execute(select(c.day, total).where(in_period).group_by(c.day).order_by(c.day))
-    users = connection.execute(
-        select(c.user_name, total).where(in_period).group_by(c.user_name).order_by(c.user_name)
-    )
-    return DayUserSeconds(
-        days=[(day, float(value)) for day, value in days],
-        users=[(user, float(value)) for user, value in users],
-    )
+    no_day, no_user = cast_to(null(), c.day.type), cast_to(null(), c.user_name.type)
+    by_day = select(c.day, no_user, total).where(in_period).group_by(c.day)
+    by_user = select(no_day, c.user_name, total).where(in_period).group_by(c.user_name)
+    days, users = [], []
+    for day, user, value in connection.execute(union_all(by_day, by_user)):
+        if user is None:
+            days.append((day, float(value)))
+        else:
+            users.append((user, float(value)))
+    return DayUserSeconds(days=sorted(days), users=sorted(users))
 
 
 def used_uses(connection: Connection, period: Period) -> list[DayUse]:
@@ -293,39 +307,109 @@ def used_uses(connection: Connection, period: Period) -> list[DayUse]:
 
 
 # -- given back: what the reclaimer freed ------------------------------------------------
+# Each GPU the reclaimer took at ``at`` counts from then to its machine's end, the time the
+# machine would otherwise have held it. A machine's end writes its seconds to their days
+# (add_given_back); only running machines' are counted when read, up to now.
+
+DayUserModel = tuple[date, str, str]
+
+
+def add_given_back(connection: Connection, machine: Any, now: datetime, zone: tzinfo) -> None:
+    """At ``machine``'s end (``now``): add the GPU-seconds it gave back to their days in
+    ``zone``, per user and model. Call it in the transaction that ends it."""
+    g = GIVEBACKS.c
+    givebacks = connection.execute(
+        select(g.at, g.user_name, g.model).where(g.machine_id == machine.id).order_by(g.at, g.id)
+    )
+    most = gpus_asked(machine.request)
+    spans = given_back_spans(
+        (machine.id, at, now, most, (user, model)) for at, user, model in givebacks
+    )
+    seconds = _by_day(spans, zone)
+    rows = [
+        {"day": day, "user_name": user, "model": model, "gpu_seconds": value}
+        for (day, user, model), value in sorted(seconds.items())  # one order: no deadlocks
+    ]
+    if rows:
+        _add(connection, USAGE_GIVEN_BACK_DAYS, rows)
 
 
 def given_back_uses(
     connection: Connection, period: Period, now: datetime, zone: tzinfo
 ) -> list[DayUse]:
-    """GPU-seconds given back in ``period`` per day, user and model: each GPU the reclaimer
-    took at ``at`` counts from then to its machine's end (``now`` while it runs), the
-    time the machine would otherwise have held it; the days are ``zone``'s."""
-    start = datetime.combine(period.first, time.min, zone).astimezone(UTC)
-    end = datetime.combine(period.last + timedelta(days=1), time.min, zone).astimezone(UTC)
-    g, m = GIVEBACKS.c, MACHINES.c
-    rows = connection.execute(
-        select(g.machine_id, g.at, g.user_name, g.model, m.ended_at, m.request)
-        .join(MACHINES, m.id == g.machine_id)
-        .where(g.at < end, or_(m.ended_at.is_(None), m.ended_at > start))
-        .order_by(g.at, g.id)
-    )
-    spans = given_back_spans(
-        (machine, at, min(ended_at or now, end), _gpus_asked(request), (user, model))
-        for machine, at, user, model, ended_at, request in rows
-    )
-    seconds: dict[tuple[date, str, str], float] = defaultdict(float)
-    for begin, finish, (user, model) in spans:
-        for day, share in day_shares(begin, finish, zone):
-            if period.first <= day <= period.last:
-                seconds[day, user, model] += share
+    """GPU-seconds given back in ``period`` per day, user and model: ended machines' as their
+    ends wrote them, running ones' up to ``now``; the days are ``zone``'s."""
+    c = USAGE_GIVEN_BACK_DAYS.c
+    seconds = _running_given_back(connection, period, now, zone)
+    for day, user, model, value in connection.execute(
+        select(c.day, c.user_name, c.model, c.gpu_seconds).where(
+            c.day.between(period.first, period.last)
+        )
+    ):
+        seconds[day, user, model] += value
     return [
         DayUse(day, user, model, value, "given_back")
         for (day, user, model), value in sorted(seconds.items())
     ]
 
 
-def _gpus_asked(request: object) -> int:
-    """The GPUs a machine's request asked for (its stored JSON); 1 when it does not say."""
-    count = request.get("gpu_count") if isinstance(request, dict) else None
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+def given_back_sums(
+    connection: Connection, period: Period, now: datetime, zone: tzinfo
+) -> DayUserSeconds:
+    """The period's GPU-seconds given back per day and per user (see given_back_uses):
+    ended machines' summed in the database."""
+    ended = _figure_sums(connection, USAGE_GIVEN_BACK_DAYS, period)
+    running = _running_given_back(connection, period, now, zone)
+    if not running:
+        return ended
+    days: dict[date, float] = defaultdict(float, ended.days)
+    users: dict[str, float] = defaultdict(float, ended.users)
+    for (day, user, _), value in running.items():
+        days[day] += value
+        users[user] += value
+    return DayUserSeconds(days=sorted(days.items()), users=sorted(users.items()))
+
+
+def _running_given_back(
+    connection: Connection, period: Period, now: datetime, zone: tzinfo
+) -> dict[DayUserModel, float]:
+    """Running machines' GPU-seconds given back up to ``now``, per day of ``period``."""
+    start = datetime.combine(period.first, time.min, zone).astimezone(UTC)
+    end = datetime.combine(period.last + timedelta(days=1), time.min, zone).astimezone(UTC)
+    g, m = GIVEBACKS.c, MACHINES.c
+    # From the live machines (the partial index on them, its very condition), not from
+    # every give-back there ever was.
+    rows = connection.execute(
+        select(g.machine_id, g.at, m.request, g.user_name, g.model)
+        .select_from(MACHINES.join(GIVEBACKS, g.machine_id == m.id))
+        .where(text(LIVE_MACHINE_WHERE), g.at < end)
+        .order_by(g.at, g.id)
+    )
+    spans = given_back_spans(
+        (machine, at, min(now, end), gpus_asked(request), (user, model))
+        for machine, at, request, user, model in rows
+    )
+    # Days before the period are not counted: not split either.
+    seconds = _by_day(
+        (
+            (max(begin, start), finish, counted)
+            for begin, finish, counted in spans
+            if finish > start
+        ),
+        zone,
+    )
+    return defaultdict(
+        float,
+        {key: value for key, value in seconds.items() if period.first <= key[0] <= period.last},
+    )
+
+
+def _by_day(
+    spans: Iterable[tuple[datetime, datetime, tuple[str, str]]], zone: tzinfo
+) -> dict[DayUserModel, float]:
+    """Spans of (user, model) split into the seconds of each day in ``zone``."""
+    seconds: dict[DayUserModel, float] = defaultdict(float)
+    for begin, finish, (user, model) in spans:
+        for day, share in day_shares(begin, finish, zone):
+            seconds[day, user, model] += share
+    return seconds

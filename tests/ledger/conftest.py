@@ -26,6 +26,7 @@ TABLES = (
     "usage_days",
     "usage_model_days",
     "usage_active_days",
+    "usage_given_back_days",
     "usage_records",
     "machine_events",
     "devices",

@@ -1,18 +1,26 @@
 """The usage page's *used* and *given back* GPU-hours as the ledger keeps them: seconds of
 work added by the reclaimer's passes to their day, GPUs given back counted to their
-machine's end. On SQLite and PostgreSQL."""
+machine's end (written to their days as it ends). On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+import sqlalchemy as sa
 
 from composespawner.domain.reclaim import Decision, GpuWatch
-from composespawner.domain.usage import DayUse, DayUserSeconds, Period, usage_report
-from composespawner.ledger import Ledger
-from composespawner.ledger.usage_sums import add_used, used_sums
+from composespawner.domain.usage import DayUse, DayUserSeconds, Period, UsageReport, usage_report
+from composespawner.ledger import Ledger, migrate
+from composespawner.ledger.database import writing
+from composespawner.ledger.usage_sums import (
+    GIVEBACKS,
+    MACHINES,
+    USAGE_GIVEN_BACK_DAYS,
+    add_used,
+    used_sums,
+)
 
 from .support import Clock, MachineMaker, inventory
 from .test_ledger_shares import claim_share
@@ -118,6 +126,116 @@ def test_a_gpu_given_back_counts_until_its_machine_ends_across_midnight(
     assert report.given_back_by_day[FIRST] == report.given_back_by_day[SECOND] == 2.0
     assert report.given_back_by_cohort == {"cs-101": 4.0, "other": 0.0}
     assert report.given_back_total == 4.0
+
+
+def test_a_machines_end_writes_what_it_gave_back_to_its_days_and_the_report_stays_the_same(
+    ledger: Ledger, clock: Clock, alice: str, gpus: list[str]
+) -> None:
+    clock.now = datetime(2025, 3, 1, 22, 0, tzinfo=UTC)
+    ledger.reclaims.gave_back(alice, gpus[0], DETACH, "reclaimer")
+    clock.advance(hours=1)  # it asked for no gpu_count: one GPU given back at a time
+    ledger.reclaims.gave_back(alice, gpus[1], DETACH, "reclaimer")
+    clock.advance(hours=2)  # 01:00 on the 2nd
+    running = report_of(ledger, MARCH), ledger.reclaims.usage_figures(MARCH)
+    assert given_back_days(ledger) == []  # a running machine's are counted when read
+
+    ledger.transition(alice, "stopping", "stop")
+    ledger.release(alice)
+
+    assert given_back_days(ledger) == [
+        (FIRST, "alice", MODEL, 7200.0),
+        (SECOND, "alice", MODEL, 3600.0),
+    ]
+    assert (report_of(ledger, MARCH), ledger.reclaims.usage_figures(MARCH)) == running
+    assert running[0].given_back_by_day[FIRST] == 2.0
+    clock.advance(hours=5)  # after its end: nothing more
+    assert (report_of(ledger, MARCH), ledger.reclaims.usage_figures(MARCH)) == running
+    assert ledger.usage_sums(Period(SECOND, SECOND)).given_back == DayUserSeconds(
+        [(SECOND, 3600.0)], [("alice", 3600.0)]
+    )
+
+
+def report_of(ledger: Ledger, period: Period) -> UsageReport:
+    sums = ledger.usage_sums(period)
+    return usage_report(
+        period, sums.days, sums.users, sums.live, {"cs-101": ["alice"]},
+        used=sums.used, given_back=sums.given_back,
+    )  # fmt: skip
+
+
+def given_back_days(ledger: Ledger) -> list[tuple[date, str, str, float]]:
+    with ledger.engine.begin() as connection:
+        rows = connection.execute(sa.select(USAGE_GIVEN_BACK_DAYS).order_by("day", "user_name"))
+        return [tuple(row) for row in rows]
+
+
+def test_a_machine_ending_without_gpus_still_writes_what_it_gave_back(
+    ledger: Ledger, clock: Clock, machine_in: MachineMaker, gpus: list[str]
+) -> None:
+    bob = machine_in("running", "bob", "", gpus[2:3])
+    ledger.give_back(bob, [gpus[2]], "the reclaimer detached it")
+    ledger.reclaims.gave_back(bob, gpus[2], DETACH, "reclaimer")
+    clock.advance(minutes=30)
+
+    ledger.transition(bob, "stopping", "stop")
+    ledger.release(bob)
+
+    assert given_back_days(ledger) == [(FIRST, "bob", MODEL, 1800.0)]
+
+
+def test_the_upgrade_fills_the_days_given_back_by_machines_already_ended(
+    db_url: str, clock: Clock
+) -> None:
+    ledger = Ledger(db_url, clock=clock)
+    try:
+        with writing(ledger.engine).begin() as connection:
+            migrate.upgrade(connection, "0014")
+        ended = ledger.request_machine("alice", "", {"gpu_count": 2})
+        running = ledger.request_machine("bob", "", {})
+        at = datetime(2025, 3, 1, 23, 0, tzinfo=UTC)
+        # What 0014's code left: give-back rows, and the end of alice's machine.
+        with ledger.engine.begin() as connection:
+            connection.execute(
+                sa.insert(GIVEBACKS),
+                [
+                    giveback_row(ended, "alice", "gpu-1", at),
+                    giveback_row(ended, "alice", "gpu-2", at + timedelta(hours=1)),
+                    giveback_row(running, "bob", "gpu-3", at),
+                ],
+            )
+            connection.execute(
+                sa.update(MACHINES)
+                .where(MACHINES.c.id == ended)
+                .values(state="released", ended_at=at + timedelta(hours=2))
+            )
+        clock.now = at + timedelta(hours=3)
+
+        ledger.upgrade()
+
+        assert given_back_days(ledger) == [
+            (FIRST, "alice", MODEL, 3600.0),
+            (SECOND, "alice", MODEL, 2 * 3600.0),
+        ]
+        assert ledger.usage_sums(MARCH).given_back == DayUserSeconds(
+            days=[(FIRST, 2 * 3600.0), (SECOND, 4 * 3600.0)],
+            users=[("alice", 3 * 3600.0), ("bob", 3 * 3600.0)],
+        )
+    finally:
+        ledger.close()
+
+
+def giveback_row(machine: str, user: str, block: str, at: datetime) -> dict[str, object]:
+    return {
+        "machine_id": machine,
+        "user_name": user,
+        "server_name": "",
+        "block_id": block,
+        "model": MODEL,
+        "action": "detach",
+        "at": at,
+        "figures": {},
+        "actor": "reclaimer",
+    }
 
 
 def test_a_gpu_given_back_before_the_period_counts_from_its_first_day(
