@@ -104,3 +104,18 @@ async def test_the_page_shows_the_three_figures_per_cohort_and_day(portal: Porta
     cohorts = page[page.index('id="usage-cohorts"') :]
     assert "<td>cs-101</td>" in cohorts[: cohorts.index("</table>")]
     assert "<td>0.5</td>" in cohorts[: cohorts.index("</table>")]
+
+
+async def test_the_page_lists_the_servers_running_now(portal: Portal) -> None:
+    await running(portal, "student1")
+    (machine,) = portal.composer.ledger.live_machines("student1")
+
+    response = await portal.call("GET", "usage", user="admin")
+
+    page = response.body.decode()
+    table = page[page.index('id="usage-running"') :]
+    table = table[: table.index("</table>")]
+    assert f"<td>student1</td><td>default</td><td>{machine.host_id}</td>" in table
+    assert "<td>1 × NVIDIA T4</td>" in table
+    assert "</time></td><td></td>" in table  # in no cohort
+    assert table.count("<tr>") == 2  # the heading's and the one server's

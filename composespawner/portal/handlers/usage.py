@@ -41,4 +41,11 @@ class UsagePage(PageHandler):
             self.set_status(400)
             period, error = self.portal.period(None, None), e.message
         usage = await self.portal.usage(period)
-        self.render_page("usage.html", usage=usage, error=error, plotly_version=plotly.__version__)
+        self.render_page(
+            "usage.html",
+            usage=usage,
+            cohorts=usage_views.cohort_rows(usage),
+            running=usage_views.running_rows(usage["running"]),
+            error=error,
+            plotly_version=plotly.__version__,
+        )
