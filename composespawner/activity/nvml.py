@@ -1,7 +1,9 @@
 """GPU activity from NVML on this host (``pynvml``, from the ``nvidia-ml-py`` package).
 
-Unlike the DCGM exporter, NVML counts the compute processes holding a context on each
-GPU, so a reading from here says who holds a GPU, not only how much memory is in use.
+Unlike the DCGM exporter, NVML lists the compute processes holding a context on each
+GPU, so a reading from here says who holds a GPU, not only how much memory is in use:
+each process with the Jupyter kernel it belongs to (:mod:`.processes`), so that a
+reclaim shuts down only the kernels holding the GPU it takes.
 
 ``pynvml`` is imported when a read happens, not when this module is: a host without
 the NVIDIA driver (or without the package) gets :class:`ActivityUnreadable`
@@ -19,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from composespawner.activity import ActivityUnreadable
+from composespawner.activity.processes import holders_of, own_pid_namespace
 from composespawner.domain.activity import ActivityReading, GpuActivity, gpu_uuid
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ class NvmlSource:
     ``host_id`` only names the reading: NVML sees this host's GPUs and no other's.
     A GPU that fails mid-read (lost, fallen off the bus, MIG without utilisation) is
     left out of the reading, so it counts as unknown, never idle; the others are read.
+    Its holders are named where this process sees pids as NVML gives them (not from
+    inside a container's own PID namespace); elsewhere they are unknown.
     """
 
     def __init__(
@@ -69,9 +74,10 @@ class NvmlSource:
                 count = nvml.nvmlDeviceGetCount()
             except nvml.NVMLError as err:
                 raise _Unreadable(f"NVML: cannot count GPUs ({_said(err)})") from err
+            names_holders = own_pid_namespace()
             gpus = {}
             for index in range(count):
-                gpu = _read_gpu(nvml, index)
+                gpu = _read_gpu(nvml, index, names_holders)
                 if gpu is not None:
                     gpus[gpu.uuid] = gpu
             return gpus
@@ -90,18 +96,19 @@ def _pynvml() -> ModuleType:
         raise _Unreadable(f"NVML: the nvidia-ml-py package is not installed ({err})") from err
 
 
-def _read_gpu(nvml: Any, index: int) -> GpuActivity | None:
+def _read_gpu(nvml: Any, index: int, names_holders: bool) -> GpuActivity | None:
     """GPU ``index`` now, or None (logged) when NVML cannot read it whole."""
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         utilization = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         memory_used = nvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
-        processes = len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        pids = [process.pid for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
     except nvml.NVMLError as err:
         log.warning("NVML: GPU %d left out of this reading: %s", index, _said(err))
         return None
-    return GpuActivity(gpu_uuid(uuid), utilization, float(memory_used), processes)
+    holders = holders_of(pids) if names_holders else None
+    return GpuActivity(gpu_uuid(uuid), utilization, float(memory_used), len(pids), holders)
 
 
 def _shutdown(nvml: Any) -> None:

@@ -22,6 +22,25 @@ def gpu_uuid(text: str) -> str:
     return key
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    """A process holding a context on a GPU, and the Jupyter kernel it belongs to.
+
+    ``kernel_id`` is the kernel whose process (or whose child, such as a data loader's
+    worker) it is, as Jupyter Server names kernels; None: not a kernel's (a terminal's
+    program, a process that ended before it could be looked up).
+    """
+
+    pid: int
+    kernel_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Who holds it, as the reclaimer compares holders across GPUs: the kernel (its
+        processes are one holder), else the process."""
+        return f"kernel:{self.kernel_id}" if self.kernel_id else f"pid:{self.pid}"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuActivity:
     """One reading of one GPU, by the UUID nvidia-smi shows (without the "GPU-" prefix,
@@ -31,6 +50,9 @@ class GpuActivity:
     utilization: float  # percent of the sample period a kernel ran, 0..100
     memory_used_mib: float  # framebuffer in use
     processes: int | None  # compute processes holding a context; None: the source cannot tell
+    # Those processes, where the source can name them (NVML on the notebooks' own host);
+    # None: it cannot (DCGM names none), so which kernel holds the GPU is unknown.
+    holders: tuple[Holder, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

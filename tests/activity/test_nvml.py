@@ -12,7 +12,7 @@ import pytest
 
 from composespawner.activity import ActivitySource, ActivityUnreadable
 from composespawner.activity.nvml import NvmlSource
-from composespawner.domain.activity import GpuActivity
+from composespawner.domain.activity import GpuActivity, Holder
 
 from .fake_pynvml import (
     ERRORS,
@@ -46,7 +46,7 @@ async def test_reads_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake(
         monkeypatch,
         FakeGpu(A, utilization=0, used_mib=3),
-        FakeGpu(B, utilization=87, used_mib=20480, pids=(4242, 4343)),
+        FakeGpu(B, utilization=87, used_mib=20480, pids=(4194305, 4194306)),
     )
     source = NvmlSource(clock=lambda: 7.0)
     assert isinstance(source, ActivitySource)
@@ -54,10 +54,15 @@ async def test_reads_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (reading.host_id, reading.at) == ("host-01", 7.0)
     assert dict(reading.gpus) == {
         "0ab1c2d3-0000-1111-2222-333344445555": GpuActivity(
-            "0ab1c2d3-0000-1111-2222-333344445555", 0.0, 3.0, 0
+            "0ab1c2d3-0000-1111-2222-333344445555", 0.0, 3.0, 0, ()
         ),
+        # pids past Linux's largest (PID_MAX_LIMIT): no process, no kernel
         "9f8e7d6c-0000-1111-2222-333344445555": GpuActivity(
-            "9f8e7d6c-0000-1111-2222-333344445555", 87.0, 20480.0, 2
+            "9f8e7d6c-0000-1111-2222-333344445555",
+            87.0,
+            20480.0,
+            2,
+            (Holder(4194305), Holder(4194306)),
         ),
     }
     assert nvml.inits == 0  # every init was shut down again
