@@ -4,6 +4,7 @@ import importlib
 import sys
 
 from benchmarks.gates import check
+from benchmarks.interrupt import interrupt_on_sigterm
 
 BENCHMARKS = [
     "spawn_to_lab",
@@ -37,4 +38,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     sys.exit(main(sys.argv[1:]))

@@ -64,6 +64,7 @@ from benchmarks.hubload import (
     wait_released,
     write_result,
 )
+from benchmarks.interrupt import interrupt_on_sigterm
 from benchmarks.spawn_storm import run_side, server_devices, start_all, stop_all
 from benchmarks.storm_report import OPTIONS, Round, Side, UserRun, print_table, result
 from composespawner.ledger import Ledger
@@ -341,4 +342,5 @@ def run_class(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

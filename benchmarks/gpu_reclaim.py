@@ -83,6 +83,7 @@ from benchmarks.course_day import (
 )
 from benchmarks.gates import unmet
 from benchmarks.hubload import RESULTS, FabricSize, inventory_toml, write_result
+from benchmarks.interrupt import interrupt_on_sigterm
 from composespawner.activity.dcgm import DcgmExporter
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.reclaim import ReclaimPolicy
@@ -527,4 +528,5 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

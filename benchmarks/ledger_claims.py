@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hubload import RESULTS, percentile, write_result
+from benchmarks.interrupt import interrupt_on_sigterm
 from composespawner.ledger import DevicesTaken, Ledger
 from composespawner.ledger.records import DeviceRecord
 from harness.postgres import connectable_admin_engine, scratch_database
@@ -166,4 +167,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

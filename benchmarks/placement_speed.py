@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from benchmarks.interrupt import interrupt_on_sigterm
 from composespawner.domain.hardware import CompositionTag, Device, Host, HostMark, Inventory, Share
 from composespawner.domain.placement import (
     DeviceAsk,
@@ -341,4 +342,5 @@ def _print(result: dict[str, object]) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main()

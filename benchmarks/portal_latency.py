@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from benchmarks.hubload import RESULTS, percentile
+from benchmarks.interrupt import interrupt_on_sigterm
 from composespawner.domain.cohorts import Cohort, Session
 from composespawner.domain.quotas import QuotaRule
 from composespawner.ledger import Actor, DeviceRecord, Ledger
@@ -440,4 +441,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     sys.exit(main())

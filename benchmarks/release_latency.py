@@ -46,6 +46,7 @@ from benchmarks.hubload import (
     ratio,
     write_result,
 )
+from benchmarks.interrupt import interrupt_on_sigterm
 from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 
 STOPS = 50
@@ -205,4 +206,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

@@ -78,6 +78,7 @@ from benchmarks.hubload import (
     wait_released,
     write_result,
 )
+from benchmarks.interrupt import interrupt_on_sigterm
 from benchmarks.storm_report import Round, Side, UserRun, print_table, result
 from harness.hub import Hub, process_env, running_hub
 from harness.kube import (
@@ -408,4 +409,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

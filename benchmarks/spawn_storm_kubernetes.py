@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks import spawn_storm
+from benchmarks.interrupt import interrupt_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,4 +18,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main(sys.argv[1:])

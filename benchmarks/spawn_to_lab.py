@@ -22,6 +22,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
+from benchmarks.interrupt import interrupt_on_sigterm
 from composespawner.domain.catalog import Catalog
 from composespawner.launchers.environments import StackEnvironments, default_root
 from composespawner.ledger import Ledger
@@ -205,4 +206,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main()

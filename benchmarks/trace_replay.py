@@ -2,32 +2,30 @@
 
 Two clusters from the same 1,213 nodes and 6,212 GPUs of the trace:
 
-* static: each trace node is a server with its own GPUs, so each node is a
-  placement zone of its own (a task's GPUs and CPU come from one node);
-* composable: zone = rack of 8 trace nodes of one GPU model; the rack's GPUs
-  are one pool and a task gets GPUs from the pool of the rack whose host it
-  runs on; hosts keep their own CPU and memory.
+* static: each trace node is a server with its own GPUs, a placement zone of its own
+  (a task's GPUs and CPU come from one node);
+* composable: zone = rack of 8 trace nodes of one GPU model; the rack's GPUs are one
+  pool and a task gets GPUs from the pool of its host's rack; hosts keep their own CPU
+  and memory.
 
 Every decision is ``place(pool_for(view, ...), ask)`` from
-:mod:`composespawner.domain.placement`, unchanged. Placement treats a host as taken
-once anything is attached to it; trace nodes are shared by many tasks, so
-each step builds a fresh :class:`Inventory` view: every node that still has
-the task's CPU and memory is offered as a free host, and the free GPUs of
-those nodes' zones as free devices. ``place`` needs only *a* free host in the
-zone, so this is the placement a composer of shareable hosts would make.
+:mod:`composespawner.domain.placement`, unchanged. Placement treats a host as taken once
+anything is attached to it; trace nodes are shared by many tasks, so each step builds a
+fresh :class:`Inventory` view: every node that still has the task's CPU and memory is
+offered as a free host, and the free GPUs of those nodes' zones as free devices.
+``place`` needs only *a* free host in the zone: the placement a composer of shareable
+hosts would make.
 
 Measured:
 
-(a) workload inflation as in the FGD paper (Weng et al., USENIX ATC'23): all
-    trace tasks plus random draws from them until the requested GPUs reach 130%
-    of the cluster's, shuffled, placed one by one and never released; a task
-    that does not fit fails. Reported: allocated GPUs / all GPUs at the end.
+(a) workload inflation as in the FGD paper (Weng et al., USENIX ATC'23): all trace
+    tasks plus random draws from them until the requested GPUs reach 130% of the
+    cluster's, shuffled, placed one by one and never released; a task that does not
+    fit fails. Reported: allocated GPUs / all GPUs at the end.
 (b) the trace's own timing: tasks arrive at ``creation_time`` and run for
     ``deletion_time - scheduled_time``; a task that does not fit waits
     (first come, first served, with backfill) until departures make room.
-
-Writes ``benchmarks/results/trace_replay.json``.
-"""
+Writes ``benchmarks/results/trace_replay.json``."""
 
 from __future__ import annotations
 
@@ -45,6 +43,7 @@ from typing import Any
 
 from benchmarks import fgd
 from benchmarks.alibaba_trace import POD_LIST, Node, Task, load_nodes, load_tasks
+from benchmarks.interrupt import interrupt_on_sigterm
 from benchmarks.trace_timing import Waits, replay
 from composespawner.domain.hardware import Device, Host, Inventory, Share
 from composespawner.domain.placement import DeviceAsk, NoFit, Plan, place, pool_for
@@ -597,4 +596,5 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     main()
