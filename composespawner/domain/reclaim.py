@@ -247,6 +247,9 @@ class GpuWatch:
     warned_at: float | None = None  # when the latest warning went out
     kept_until: float | None = None
     keeps_used: int = 0
+    # Who held it at the latest readable reading (``Holder.key``s: "kernel:<id>",
+    # "pid:<n>"); None: the source cannot name them, or the latest reading failed.
+    holders: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +280,7 @@ def observe(
     if watch is None:
         watch = GpuWatch(since=None, last_at=at)
     if gpu is None or not _makes_sense(gpu):
-        return replace(watch, since=None, last_at=at)
+        return replace(watch, since=None, last_at=at, holders=None)
     # A clock stepped back (at < last_at) is a break too: the order of readings is unknown.
     unbroken = watch.since is not None and 0 <= at - watch.last_at <= policy.max_gap
     work = did_work(gpu, policy.busy_percent)
@@ -299,6 +302,7 @@ def observe(
         unheld_from=stretch_from(watch.unheld_from, held),
         utilization=gpu.utilization,
         memory_used_mib=gpu.memory_used_mib,
+        holders=None if gpu.holders is None else tuple(sorted({h.key for h in gpu.holders})),
     )
 
 
@@ -412,3 +416,43 @@ def keep(watch: GpuWatch, policy: ReclaimPolicy, now: float) -> GpuWatch:
         keeps_used=watch.keeps_used + 1,
         warned_at=None,
     )
+
+
+# ---------------------------------------------------------------------------
+# Which kernels a reclaim ends, and when it must wait
+# ---------------------------------------------------------------------------
+
+KERNEL = "kernel:"
+
+
+def kernels_holding(holders: tuple[str, ...] | None) -> frozenset[str] | None:
+    """The ids of the kernels among a GPU's ``holders`` (a reclaim shuts down those);
+    None when the holders are unknown: then it shuts down every kernel of the server,
+    as any of them may hold the GPU."""
+    if holders is None:
+        return None
+    return frozenset(h[len(KERNEL) :] for h in holders if h.startswith(KERNEL))
+
+
+def reclaims_that_wait(
+    reclaiming: Mapping[str, tuple[str, ...] | None],
+    staying: Mapping[str, tuple[str, ...] | None],
+) -> set[str]:
+    """Which of one server's GPUs being reclaimed (by id, with their holders) must wait,
+    because the kernels a reclaim would end may be using a GPU that stays (``staying``:
+    the server's other GPUs, with their holders).
+
+    A reclaim whose holders are known ends just their kernels: it waits only while one
+    of its holders also holds a GPU that stays, or while a staying GPU's holders are
+    unknown. One whose holders are unknown ends every kernel, so it waits while any GPU
+    stays. A waiting GPU keeps its warning: the user can still give it back.
+    """
+    unknown = any(holders is None for holders in staying.values())
+    held_elsewhere = {h for holders in staying.values() for h in holders or ()}
+
+    def waits(holders: tuple[str, ...] | None) -> bool:
+        if holders is None:
+            return bool(staying)
+        return unknown or not held_elsewhere.isdisjoint(holders)
+
+    return {gpu for gpu, holders in reclaiming.items() if waits(holders)}

@@ -426,6 +426,8 @@ class GpuWatchRow(Base):
     warned_at: Mapped[float | None] = mapped_column(Float)
     kept_until: Mapped[float | None] = mapped_column(Float)
     keeps_used: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Who held it at the latest reading (GpuWatch.holders); NULL: unknown.
+    holders: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
     # Seconds this GPU did work while this machine held it, summed by the reclaimer.
     active_s: Mapped[float] = mapped_column(Float, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

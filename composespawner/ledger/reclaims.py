@@ -357,4 +357,7 @@ def _values(watch: GpuWatch) -> dict[str, Any]:
 
 
 def _watch(row: Any) -> GpuWatch:
-    return GpuWatch(**{name: row[name] for name in WATCH_FIELDS})
+    found = {name: row[name] for name in WATCH_FIELDS}
+    if found["holders"] is not None:  # a JSON list
+        found["holders"] = tuple(found["holders"])
+    return GpuWatch(**found)

@@ -7,9 +7,9 @@ running machine holds. Each GPU of *my machine*, of ``GET {gpus}`` and so of
 - ``idle_s``: seconds without work, over readings the reclaimer actually saw (None
   while it has no fresh reading: unknown is not idle, and a stale figure would mislead);
 - ``warning``: set once the reclaimer warned about the GPU, ``reclaim_at`` (when it
-  goes, and the server's kernels with it, if it stays idle; None while another GPU of
-  the server keeps them all), a ``message`` for a person, ``keep_allowed`` and
-  ``keeps_left``;
+  goes, and the kernels holding it with it, if it stays idle; None while one of them
+  may be using another GPU of the server), a ``message`` for a person, ``keep_allowed``
+  and ``keeps_left``;
 - ``kept_until``: while a *Keep* press holds every step off.
 
 The same :func:`~composespawner.domain.reclaim.decide` the reclaimer acts on computes
@@ -22,7 +22,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy, decide
+from composespawner.domain.reclaim import (
+    GpuWatch,
+    ReclaimPolicy,
+    decide,
+    kernels_holding,
+    reclaims_that_wait,
+)
 from composespawner.ledger import AuditEntry
 from composespawner.portal.views import notice_text
 
@@ -38,16 +44,23 @@ def server_states(
 ) -> dict[str, dict[str, Any]]:
     """The reclaim fields of each GPU of one server (``watches`` by GPU id).
 
-    The reclaimer takes a server's GPUs only all at once (a reclaim ends every kernel of
-    the server, and one of them may be using another GPU): while one GPU is not warned
-    about, the warned ones are told they wait for it, with no time.
+    A reclaim ends the kernels holding its GPU (every kernel of the server where they
+    are unknown), so the reclaimer holds it back while one of them may be using a GPU
+    that is not warned about (:func:`reclaims_that_wait`, as the reclaimer decides):
+    such a warned GPU is told it waits, with no time.
     """
     states = {gpu: gpu_state(w, policy, models[gpu], now, zone) for gpu, w in watches.items()}
-    if all(state["warning"] for state in states.values()):
-        return states
+
+    def holders(gpu: str) -> tuple[str, ...] | None:
+        watch = watches[gpu]
+        return None if watch is None else watch.holders
+
+    warned = {gpu: holders(gpu) for gpu, state in states.items() if state["warning"]}
+    staying = {gpu: holders(gpu) for gpu in states if gpu not in warned}
+    waiting = reclaims_that_wait(warned, staying)
     return {
         gpu: gpu_state(watches[gpu], policy, models[gpu], now, zone, waiting=True)
-        if state["warning"]
+        if gpu in waiting
         else state
         for gpu, state in states.items()
     }
@@ -85,7 +98,9 @@ def gpu_state(
     )
     if "warned_at" in figures and kept_until is None:
         keeps = state["keeps_left"]
-        state["warning"] = warning(figures, policy, model, keeps, now, zone, waiting=waiting)
+        state["warning"] = warning(
+            figures, policy, model, keeps, now, zone, holders=watch.holders, waiting=waiting
+        )
     return state
 
 
@@ -112,17 +127,19 @@ def warning(
     now: float,
     zone: tzinfo,
     *,
+    holders: tuple[str, ...] | None = None,
     waiting: bool = False,
 ) -> dict[str, Any]:
-    """The warning of a GPU the reclaimer warned about: when it goes, and how to keep it.
-
-    Taking it shuts down every kernel of the server (any of them may hold it: see
-    ``Reclaimer._shut_down_kernels``), and the message says so.
-    """
+    """The warning of a GPU the reclaimer warned about: when it goes, what goes with it
+    (:func:`ending`), and how to keep it."""
     reclaim_at = figures["reclaim_at"]
     when = "any moment now" if reclaim_at <= now else f"at {_clock(reclaim_at, zone)}"
     if waiting:
-        when = "once your server's other GPUs have been idle as long"
+        when = (
+            "once your server's other GPUs have been idle as long"
+            if holders is None
+            else "once what holds it no longer holds another of your GPUs"
+        )
     idle = round(figures["idle_s"] / 60)
     allowed = keeps is None or keeps > 0
     how = "use it"
@@ -133,12 +150,27 @@ def warning(
         "reclaim_at": None if waiting else _at(reclaim_at, zone),
         "message": (
             f"Your {model} has done no work for {idle} min. It goes back to the pool {when},"
-            f" and your server's kernels are shut down then, unless you {how}. Your server"
-            " and files stay; add a GPU again whenever you need one."
+            f" unless you {how}. {ending(holders)} Your server and files stay; add a GPU"
+            " again whenever you need one."
         ),
         "keep_allowed": allowed,
         "keeps_left": keeps,
     }
+
+
+def ending(holders: tuple[str, ...] | None) -> str:
+    """What a reclaim ends besides the GPU, as the reclaimer does it
+    (``Reclaimer._shut_down_kernels``): the kernels holding it where the activity source
+    names them, every kernel of the server where it cannot."""
+    kernels = kernels_holding(holders)
+    if kernels is None or holders is None:
+        return "Your server's kernels are shut down then."
+    programs = len(holders) > len(kernels)  # holders that are no kernel
+    if not kernels:
+        return "The program holding it (no notebook kernel) loses it then."
+    which = "The kernel holding it is" if len(kernels) == 1 else "The kernels holding it are"
+    also = " The programs outside your kernels holding it lose it." if programs else ""
+    return f"{which} shut down then; your other kernels stay.{also}"
 
 
 def keep_answer(

@@ -13,7 +13,8 @@ Every few seconds (``composespawner reclaimer``, a hub-managed service) one
    overrides), and saves the watches with the seconds each GPU worked;
 4. acts: ``detach`` shrinks the machine by that GPU through the composer, as the
    portal's shrink does; ``warn`` only records the warning in the watch (the portal
-   and JupyterLab show it from there); ``reclaim`` shuts down the server's kernels
+   and JupyterLab show it from there); ``reclaim`` shuts down the kernels holding
+   the GPU (every kernel of the server where the source cannot name the holders)
    through the notebook server's API, then detaches. A GPU is recorded as given
    back only once the fabric confirmed the detach; anything that fails is logged
    and tried again next pass, since the watch still says what to do.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -42,7 +43,9 @@ from composespawner.domain.reclaim import (
     ReclaimPolicy,
     cohort_policy,
     decide,
+    kernels_holding,
     observe,
+    reclaims_that_wait,
     record_warning,
 )
 from composespawner.fabric.base import FabricError
@@ -134,26 +137,34 @@ def gpus_by_host(machines: Iterable[Machine], inventory: Inventory) -> dict[str,
 
 
 def spare_other_gpus(
-    acting: list[tuple[HeldGpu, Decision]], held: Iterable[HeldGpu]
+    acting: list[tuple[HeldGpu, Decision]],
+    held: Iterable[HeldGpu],
+    holders: Mapping[Key, tuple[str, ...] | None],
 ) -> list[tuple[HeldGpu, Decision]]:
-    """``acting`` without the reclaims that would end kernels using another GPU.
+    """``acting`` without the reclaims that would end kernels using a GPU that stays.
 
-    A reclaim shuts down every kernel of the server (which kernel holds which GPU
-    cannot be told), so it goes ahead only when every GPU the machine holds whole is
-    reclaimed in the same pass; otherwise a kernel training on one GPU would die for
-    another that sat idle. The warning stands: the user can still give it back.
+    A reclaim shuts down the kernels holding its GPU, or every kernel of the server
+    where the holders are unknown (DCGM names none), so it goes ahead only when none of
+    them may be using another GPU the machine keeps (:func:`reclaims_that_wait`, on
+    ``holders`` by GPU as this pass read them). The warning stands: the user can still
+    give it back.
     """
-    reclaiming: dict[str, set[str]] = {}
+    reclaiming: dict[str, dict[str, tuple[str, ...] | None]] = {}
     for gpu, decision in acting:
         if decision.action == "reclaim":
-            reclaiming.setdefault(gpu.machine.id, set()).add(gpu.block_id)
-    whole: dict[str, set[str]] = {}
+            reclaiming.setdefault(gpu.machine.id, {})[gpu.block_id] = holders.get(gpu.key)
+    staying: dict[str, dict[str, tuple[str, ...] | None]] = {}
     for gpu in held:
-        whole.setdefault(gpu.machine.id, set()).add(gpu.block_id)
+        if gpu.block_id not in reclaiming.get(gpu.machine.id, {}):
+            staying.setdefault(gpu.machine.id, {})[gpu.block_id] = holders.get(gpu.key)
+    waiting = {
+        machine: reclaims_that_wait(gpus, staying.get(machine, {}))
+        for machine, gpus in reclaiming.items()
+    }
     return [
         (gpu, decision)
         for gpu, decision in acting
-        if decision.action != "reclaim" or reclaiming[gpu.machine.id] >= whole[gpu.machine.id]
+        if decision.action != "reclaim" or gpu.block_id not in waiting[gpu.machine.id]
     ]
 
 
@@ -249,11 +260,15 @@ class Reclaimer:
             {gpu.key: j.active_s for gpu, j in judged if j.active_s > 0},
         )
         acting = [(gpu, j.decision) for gpu, j in judged if j.decision.action != "none"]
-        acting = spare_other_gpus(acting, (g for held in gpus.values() for g in held))
+        holders = {gpu.key: j.watch.holders for gpu, j in judged}
+        acting = spare_other_gpus(acting, (g for held in gpus.values() for g in held), holders)
         # A decision is only as fresh as its reading: one acted on later than max_gap
         # after it (a long pass) is left for the next pass's reading.
         fresh_until = {gpu.key: started + policies[gpu.machine.cohort].max_gap for gpu, _ in acting}
-        return [await self._act(gpu, d, now, fresh_until[gpu.key]) for gpu, d in acting]
+        return [
+            await self._act(gpu, d, now, fresh_until[gpu.key], kernels_holding(holders[gpu.key]))
+            for gpu, d in acting
+        ]
 
     async def run_forever(self, interval: float, clock: Callable[[], float] = time.time) -> None:
         while True:
@@ -347,8 +362,14 @@ class Reclaimer:
             raise _MovedOn("its user pressed Keep")
 
     async def _act(
-        self, gpu: HeldGpu, decision: Decision, now: float, fresh_until: float
+        self,
+        gpu: HeldGpu,
+        decision: Decision,
+        now: float,
+        fresh_until: float,
+        kernels: frozenset[str] | None,
     ) -> Action:
+        """Carry out ``decision``; a reclaim shuts down ``kernels`` (None: all the server's)."""
         kind = decision.action
         assert kind != "none"
         machine = gpu.machine
@@ -387,7 +408,7 @@ class Reclaimer:
             await self._may_take(gpu, now, fresh_until)
             shut = 0
             if kind == "reclaim":
-                shut = await self._shut_down_kernels(gpu)
+                shut = await self._shut_down_kernels(gpu, kernels)
                 await self._may_take(gpu, now, fresh_until)  # the shutdown took a while
             await self.composer.shrink(machine.user_name, machine.server_name, [gpu.block_id])
         except (ComposeFailed, KernelsUnavailable, FabricError, LedgerError) as e:
@@ -408,35 +429,38 @@ class Reclaimer:
         if current.id != machine.id or gpu.block_id not in current.block_ids:
             raise _MovedOn(f"{machine.user_name}/{machine.server_name} moved on from {machine.id}")
 
-    async def _shut_down_kernels(self, gpu: HeldGpu) -> int:
-        """Shut down every kernel of the GPU's server: how many there were.
+    async def _shut_down_kernels(self, gpu: HeldGpu, holding: frozenset[str] | None) -> int:
+        """Shut down the server's kernels that hold the GPU: how many went.
 
-        Which kernels hold this GPU cannot be told here: DCGM counts no processes, NVML
-        counts them without saying whose, and Jupyter Server's kernel model has no
-        process id and no start time (only ``last_activity`` and ``execution_state``),
-        so neither "the kernel holding it" nor "the kernels started while it was
-        attached" can be picked out. So every kernel of the server is shut down: any of
-        them may hold a context on it (CUDA_VISIBLE_DEVICES names all the machine's
-        GPUs, and some frameworks take a context on every GPU they see), and detaching
-        a GPU under a live context breaks that kernel at its next CUDA call instead of
-        ending it cleanly. Busy kernels too: the GPU did no work for reclaim_after, so
-        what they are busy with is not this GPU. The cost, a kernel of the server that
-        never touched it, is what the warning and its Keep are for.
+        ``holding`` names them where the activity source names the processes holding
+        it (NVML on the notebooks' host): those of them the server runs go, every other
+        kernel stays. A holder that is no kernel (a terminal's program) cannot be ended
+        through the API: the GPU is detached under it, as its warning said. Where the
+        source names no processes (DCGM), ``holding`` is None and every kernel of the
+        server goes: any of them may hold a context on it (CUDA_VISIBLE_DEVICES names all
+        the machine's GPUs, and some frameworks take a context on every GPU they see),
+        and detaching a GPU under a live context breaks that kernel at its next CUDA call
+        instead of ending it cleanly. Busy kernels too: the GPU did no work for
+        reclaim_after, so what they are busy with is not this GPU (a kernel that may be
+        using another GPU the server keeps was ruled out by :func:`spare_other_gpus`).
         """
         assert self.kernels is not None
         machine = gpu.machine
         user, server = machine.user_name, machine.server_name
-        kernels = await self.kernels.kernels(user, server)
-        for kernel in kernels:
+        running = await self.kernels.kernels(user, server)
+        going = [k for k in running if holding is None or k.id in holding]
+        for kernel in going:
             await self.kernels.shut_down(user, server, kernel.id)
         self.log.info(
-            "Reclaimer: shut down %d kernel(s) of %s/%s to take GPU %s",
-            len(kernels),
+            "Reclaimer: shut down %d of %d kernel(s) of %s/%s to take GPU %s%s",
+            len(going),
+            len(running),
             user,
             server,
             gpu.block_id,
+            "" if holding is None else f" (holding it: {sorted(holding) or 'none'})",
         )
-        return len(kernels)
+        return len(going)
 
     async def _record(self, gpu: HeldGpu, decision: Decision, done: Action) -> Action:
         """The fabric confirmed the detach: record the give-back (and drop the watch)."""

@@ -154,7 +154,7 @@ export function warningText(gpu: IGpu, now: Date): string {
   const said = warning.message !== null ? ` ${warning.message}` : '';
   return (
     `Idle ${gpu.model} (${gpu.id}) goes back to the pool ${whenText(warning.reclaimAt, now)}. ` +
-    `To keep it, ${keep}. Your server's kernels will be shut down then.${said}`
+    `To keep it, ${keep}.${said}`
   );
 }
 

@@ -67,7 +67,7 @@ def test_upgrade_from_empty_creates_every_table(empty: Ledger) -> None:
     empty.upgrade()
     assert _tables(empty) == TABLES
     head = ScriptDirectory.from_config(_config(empty)).get_current_head()
-    assert empty.schema_revision() == head == "0015"
+    assert empty.schema_revision() == head == "0016"
 
 
 def test_models_match_the_migrated_schema(empty: Ledger) -> None:

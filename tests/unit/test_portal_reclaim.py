@@ -325,8 +325,55 @@ async def test_a_warned_gpu_beside_a_busy_one_waits_for_it_and_says_so(portal: P
     warned, working = server["gpus"]
     assert warned["warning"]["reclaim_at"] is None
     assert "once your server's other GPUs have been idle as long" in warned["warning"]["message"]
-    assert "your server's kernels are shut down then" in warned["warning"]["message"]
+    assert "Your server's kernels are shut down then." in warned["warning"]["message"]
     assert (working["idle_s"], working["warning"]) == (0, None)
+
+
+async def test_where_holders_are_known_a_warned_gpu_waits_only_for_its_own_kernels(
+    portal: Portal,
+) -> None:
+    composed = await portal.composer.compose(
+        user="student1",
+        groups=frozenset(),
+        server="",
+        request=replace(ONE_T4, gpu_count=2),
+        progress=lambda message: None,
+        then=("launching", "starting notebook"),
+    )
+    await portal.composer.record(composed.machine_id, "running", "notebook up")
+    status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
+    assert status == 200, server
+    idle_gpu, busy_gpu = (gpu["id"] for gpu in server["gpus"])
+    machine = machine_of(portal, "student1")
+    now = idle_and_warned(portal, "student1", idle_gpu, idle_s=2000, warned_ago=600)
+    (idle,) = portal.composer.ledger.reclaims.watches([machine]).values()
+    busy = GpuWatch(since=now - 2000, last_at=now, last_work_at=now, last_held_at=now)
+
+    async def told(idle_holders: tuple[str, ...], busy_holders: tuple[str, ...]) -> str:
+        portal.composer.ledger.reclaims.save_watches(
+            {
+                (machine, idle_gpu): replace(idle, holders=idle_holders),
+                (machine, busy_gpu): replace(busy, holders=busy_holders),
+            }
+        )
+        status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
+        assert status == 200, server
+        warning: dict[str, Any] = server["gpus"][0]["warning"]
+        assert (warning["reclaim_at"] is None) == ("once what holds it" in warning["message"])
+        return str(warning["message"])
+
+    # Another kernel trains on the busy GPU: the idle one goes on time, with its kernel.
+    apart = await told(("kernel:k1",), ("kernel:k2",))
+    assert "The kernel holding it is shut down then; your other kernels stay." in apart
+    assert "once what holds it" not in apart
+    # The same kernel holds both: it waits for that kernel to let the busy one go.
+    assert "once what holds it no longer holds another of your GPUs" in await told(
+        ("kernel:k1",), ("kernel:k1",)
+    )
+    # A terminal's program holds it: no kernel ends, the program loses the GPU.
+    assert "The program holding it (no notebook kernel) loses it then." in await told(
+        ("pid:77",), ("kernel:k2",)
+    )
 
 
 async def test_the_cohorts_form_sent_back_unchanged_keeps_every_override(portal: Portal) -> None:

@@ -19,20 +19,18 @@ import pytest
 from composespawner.commands import hubconfig
 from composespawner.commands.reclaim import ReclaimerApp
 from composespawner.domain.activity import ActivityReading, GpuActivity
-from composespawner.domain.reclaim import Decision, GpuWatch, ReclaimPolicy, cohort_policy
+from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy, cohort_policy
 from composespawner.domain.request import MachineRequest
 from composespawner.ledger import GiveBack, Ledger, Machine
 from composespawner.services.composer import Composer
 from composespawner.services.kernels import KernelsUnavailable, NotebookKernels, server_prefix
 from composespawner.services.reclaimer import (
     Action,
-    HeldGpu,
     Key,
     Reclaimer,
     active_seconds,
     gpus_by_host,
     judge,
-    spare_other_gpus,
 )
 from tests.support.activity_fakes import (
     TOKEN,
@@ -570,15 +568,3 @@ def test_the_reclaimers_role_may_reach_servers_and_nothing_more(tmp_path: Path) 
     service = services.reclaimer()
     assert service["name"] == "compose-reclaimer"
     assert service["command"][-2:] == ["reclaimer", f"--config={(tmp_path / 'c.py').resolve()}"]
-
-
-async def test_a_reclaim_spares_the_kernels_of_a_server_using_another_gpu(scene: Scene) -> None:
-    # Every kernel of the server is shut down by a reclaim: with a second GPU in use,
-    # that would end work on it, so only a reclaim of all its GPUs at once goes ahead.
-    first, second = (HeldGpu(scene.machine, block, block) for block in ("gpu-a", "gpu-b"))
-    reclaim = Decision("reclaim", "idle 700 s after a warning")
-    detach = Decision("detach", "nothing held it")
-    assert spare_other_gpus([(first, reclaim)], [first, second]) == []
-    assert spare_other_gpus([(first, detach)], [first, second]) == [(first, detach)]
-    both = [(first, reclaim), (second, reclaim)]
-    assert spare_other_gpus(both, [first, second]) == both

@@ -1,0 +1,35 @@
+"""``pynvml`` for a hub's reclaimer under test: the strict fake of ``tests/activity``, whose
+GPUs are read from the JSON file ``$FAKE_NVML_STATE`` at every ``nvmlInit`` (a list of
+``FakeGpu`` fields: ``uuid`` as NVML gives it, ``utilization``, ``used_mib``, ``pids``).
+
+It stands where the NVIDIA driver would, and only in the reclaimer's environment
+(``PYTHONPATH`` of that service): the tests write the file (atomically) to say which
+processes hold which GPU, and everything above NVML is the real code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.activity import fake_pynvml
+from tests.activity.fake_pynvml import FUNCTIONS, FakeGpu, FakeNvml
+
+_nvml = FakeNvml()
+
+
+def nvmlInit() -> None:
+    state = json.loads(Path(os.environ["FAKE_NVML_STATE"]).read_text())
+    _nvml.gpus = [FakeGpu(**{**gpu, "pids": tuple(gpu.get("pids", ()))}) for gpu in state]
+    _nvml.nvmlInit()
+
+
+def __getattr__(name: str) -> Any:
+    """The fake's other functions and pynvml's error classes, by their pynvml names."""
+    if name in FUNCTIONS:
+        return getattr(_nvml, name)
+    if name.startswith("NVMLError"):
+        return getattr(fake_pynvml, name)
+    raise AttributeError(name)
