@@ -1,7 +1,9 @@
 """What NvmlSource reads from a real GPU at each step of a notebook's life (see run.sh).
 
 Steps, on the first GPU nvidia-smi lists: (1) no process; (2) a CUDA program holding a
-context and memory, idle; (3) the same program running kernels back to back; (4) it
+context and memory, idle (started by a process shaped like a Jupyter kernel, its
+connection file on its command line, as a kernel starts a worker: NvmlSource should name
+that kernel as the GPU's holder); (3) the same program running kernels back to back; (4) it
 idle again; (5) after it exits. At each step: NvmlSource's readings of that GPU and
 nvidia-smi's memory.used and utilization.gpu, so the reclaim policy's memory floor can
 be chosen from real figures. Writes gpu_activity_check.json into the folder given.
@@ -14,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,6 +39,9 @@ SAMPLE_EVERY_S = 1.0  # one per NVML sample period at least
 SETTLE_S = 2.0
 PHASE_WITHIN_S = 60.0  # the holder's CUDA start and allocation, at most
 SMI_TIMEOUT_S = 20.0
+KERNEL_ID = "device-check-0001"
+# Runs the holder as its child, as a kernel runs a data loader's worker.
+AS_KERNEL = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[2:]))"
 
 
 def smi(*query: str) -> str:
@@ -74,6 +81,9 @@ async def sample(source: NvmlSource, uuid: str) -> list[dict[str, Any]]:
                     "utilization": gpu.utilization,
                     "memory_used_mib": gpu.memory_used_mib,
                     "processes": gpu.processes,
+                    "holders": None
+                    if gpu.holders is None
+                    else [[h.pid, h.kernel_id] for h in gpu.holders],
                 }
             )
         except ActivityUnreadable as err:
@@ -103,13 +113,19 @@ async def run(holder_command: Sequence[str]) -> dict[str, Any]:
     source = NvmlSource()
     steps: dict[str, Any] = {"no_process": await sample(source, uuid)}
     holder_log: list[Any] = []
+    connection = Path(tempfile.gettempdir()) / f"kernel-{KERNEL_ID}.json"
     holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        AS_KERNEL,
+        f"--f={connection}",
         *holder_command,
         str(HOLD_MIB),
         str(IDLE_S),
         str(BUSY_S),
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid},
+        start_new_session=True,  # the "kernel" and its holder end together
     )
     try:
         for name, step in (
@@ -124,7 +140,7 @@ async def run(holder_command: Sequence[str]) -> dict[str, Any]:
         await asyncio.wait_for(holder.wait(), PHASE_WITHIN_S)
     finally:
         if holder.returncode is None:
-            holder.kill()
+            os.killpg(holder.pid, signal.SIGKILL)
             await holder.wait()
     steps["after_exit"] = await sample(source, uuid)
     return {
@@ -158,6 +174,10 @@ def verdict(steps: Mapping[str, Sequence[Mapping[str, Any]]], held_mib: float) -
         "busy_reads_utilization": all((u or 0) > 0 for u in nvml("busy", "utilization")),
         "idle_again_reads_0_utilization": nvml("idle_again", "utilization")[-1] == 0.0,
         "after_exit_reads_0_processes": nvml("after_exit", "processes") == [0] * SAMPLES,
+        "held_names_its_kernel": all(
+            held and any(kernel == KERNEL_ID for _, kernel in held)
+            for held in nvml("held_idle", "holders")
+        ),
     }
     return {
         "checks": checks,

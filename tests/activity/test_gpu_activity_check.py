@@ -39,7 +39,12 @@ esac
 
 
 def step(processes: int, utilization: float, memory: float, smi_memory: float) -> dict[str, Any]:
-    nvml = {"processes": processes, "utilization": utilization, "memory_used_mib": memory}
+    nvml = {
+        "processes": processes,
+        "utilization": utilization,
+        "memory_used_mib": memory,
+        "holders": [[4242 + n, check.KERNEL_ID] for n in range(processes)],
+    }
     return {"nvml": nvml, "nvidia_smi": {"memory_used_mib": smi_memory}}
 
 
@@ -55,6 +60,10 @@ def steps(**changes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return {**good, **changes}
 
 
+def _named(taken: dict[str, Any], holders: list[list[Any]] | None) -> dict[str, Any]:
+    return {**taken, "nvml": {**taken["nvml"], "holders": holders}}
+
+
 def test_verdict_passes_what_the_policy_needs() -> None:
     verdict = check.verdict(steps(), held_mib=1024)
     assert verdict["ok"], verdict["checks"]
@@ -65,11 +74,19 @@ def test_verdict_passes_what_the_policy_needs() -> None:
     ("changes", "failed"),
     [
         ({"no_process": [step(1, 0.0, 500.0, 500.0)] * 3}, "no_process_reads_0_processes"),
-        ({"held_idle": [step(0, 0.0, 1530.0, 1531.0)] * 3}, "held_reads_1_process"),
+        (  # the count alone wrong (the kernel still named)
+            {"held_idle": [_named(step(0, 0.0, 1530.0, 1531.0), [[4242, check.KERNEL_ID]])] * 3},
+            "held_reads_1_process",
+        ),
         ({"held_idle": [step(1, 2.0, 1530.0, 1531.0)] * 3}, "held_idle_reads_0_utilization"),
         ({"held_idle": [step(1, 0.0, 20.0, 21.0)] * 3}, "held_memory_well_above_idle"),
         ({"busy": [step(1, 0.0, 1530.0, 1531.0)] * 3}, "busy_reads_utilization"),
         ({"after_exit": [step(1, 0.0, 1.0, 1.0)] * 3}, "after_exit_reads_0_processes"),
+        (
+            {"held_idle": [_named(step(1, 0.0, 1530.0, 1531.0), [[4242, None]])] * 3},
+            "held_names_its_kernel",
+        ),
+        ({"held_idle": [_named(step(1, 0.0, 1530.0, 1531.0), None)] * 3}, "held_names"),
         ({"busy": [{"nvml": None, "nvidia_smi": {"memory_used_mib": 1.0}}] * 3}, "busy_reads"),
     ],
 )
@@ -107,7 +124,12 @@ def test_the_script_runs_through_with_stand_ins(
     ]
     assert list(result["steps"]) == ["no_process", "held_idle", "busy", "idle_again", "after_exit"]
     first = result["steps"]["no_process"][0]
-    assert first["nvml"] == {"utilization": 0.0, "memory_used_mib": 3.0, "processes": 0}
+    assert first["nvml"] == {
+        "utilization": 0.0,
+        "memory_used_mib": 3.0,
+        "processes": 0,
+        "holders": [],
+    }
     assert first["nvidia_smi"]["compute_apps"] == [f"4242, {UUID}, 1536 MiB"]
     assert all(len(taken) == check.SAMPLES for taken in result["steps"].values())
     # The fake GPU never changes: a held step reads no process, and the verdict says so.
