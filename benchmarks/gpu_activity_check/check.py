@@ -27,6 +27,7 @@ from typing import Any
 
 from composespawner.activity import ActivityUnreadable
 from composespawner.activity.nvml import NvmlSource
+from composespawner.activity.processes import in_initial_pid_namespace
 from composespawner.domain.activity import gpu_uuid
 
 HOLD_MIB = 1024  # what the holder allocates: a small model's worth
@@ -147,6 +148,9 @@ async def run(holder_command: Sequence[str]) -> dict[str, Any]:
         "uuid": uuid,
         "gpu": smi("-i", uuid, "--query-gpu=name,driver_version", "--format=csv,noheader"),
         "held_mib": HOLD_MIB,
+        # NVML names holders by the host's pids: read from another PID namespace, no
+        # holder is named (and held_names_its_kernel fails for that reason, not NVML's).
+        "in_initial_pid_namespace": in_initial_pid_namespace(),
         "holder": holder_log,
         "holder_exit": holder.returncode,
         "steps": steps,

@@ -21,8 +21,8 @@ from types import ModuleType
 from typing import Any
 
 from composespawner.activity import ActivityUnreadable
-from composespawner.activity.processes import holders_of, own_pid_namespace
-from composespawner.domain.activity import ActivityReading, GpuActivity, gpu_uuid
+from composespawner.activity.processes import holders_of
+from composespawner.domain.activity import ActivityReading, GpuActivity, Holder, gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class NvmlSource:
     ``host_id`` only names the reading: NVML sees this host's GPUs and no other's.
     A GPU that fails mid-read (lost, fallen off the bus, MIG without utilisation) is
     left out of the reading, so it counts as unknown, never idle; the others are read.
-    Its holders are named where this process sees pids as NVML gives them (not from
-    inside a container's own PID namespace); elsewhere they are unknown.
+    ``name_holders`` names the processes NVML lists on a GPU (None: they cannot be named
+    here); by default from this host's ``/proc`` (:func:`.processes.holders_of`).
     """
 
     def __init__(
@@ -46,9 +46,11 @@ class NvmlSource:
         timeout: float = DEFAULT_TIMEOUT,
         *,
         clock: Callable[[], float] = time.time,
+        name_holders: Callable[[list[int]], tuple[Holder, ...] | None] = holders_of,
     ) -> None:
         self.timeout = timeout
         self._clock = clock
+        self._name_holders = name_holders
 
     async def read(self, host_id: str) -> ActivityReading:
         # NVML blocks; a thread keeps the event loop free. A thread stuck in the driver
@@ -74,10 +76,9 @@ class NvmlSource:
                 count = nvml.nvmlDeviceGetCount()
             except nvml.NVMLError as err:
                 raise _Unreadable(f"NVML: cannot count GPUs ({_said(err)})") from err
-            names_holders = own_pid_namespace()
             gpus = {}
             for index in range(count):
-                gpu = _read_gpu(nvml, index, names_holders)
+                gpu = _read_gpu(nvml, index, self._name_holders)
                 if gpu is not None:
                     gpus[gpu.uuid] = gpu
             return gpus
@@ -96,7 +97,9 @@ def _pynvml() -> ModuleType:
         raise _Unreadable(f"NVML: the nvidia-ml-py package is not installed ({err})") from err
 
 
-def _read_gpu(nvml: Any, index: int, names_holders: bool) -> GpuActivity | None:
+def _read_gpu(
+    nvml: Any, index: int, name_holders: Callable[[list[int]], tuple[Holder, ...] | None]
+) -> GpuActivity | None:
     """GPU ``index`` now, or None (logged) when NVML cannot read it whole."""
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -107,8 +110,9 @@ def _read_gpu(nvml: Any, index: int, names_holders: bool) -> GpuActivity | None:
     except nvml.NVMLError as err:
         log.warning("NVML: GPU %d left out of this reading: %s", index, _said(err))
         return None
-    holders = holders_of(pids) if names_holders else None
-    return GpuActivity(gpu_uuid(uuid), utilization, float(memory_used), len(pids), holders)
+    return GpuActivity(
+        gpu_uuid(uuid), utilization, float(memory_used), len(pids), name_holders(pids)
+    )
 
 
 def _shutdown(nvml: Any) -> None:

@@ -36,9 +36,17 @@ class Holder:
 
     @property
     def key(self) -> str:
-        """Who holds it, as the reclaimer compares holders across GPUs: the kernel (its
-        processes are one holder), else the process."""
-        return f"kernel:{self.kernel_id}" if self.kernel_id else f"pid:{self.pid}"
+        """Who holds it, as the reclaimer compares holders across GPUs and keeps them: the
+        kernel (its processes are one holder), else the process."""
+        return f"{KERNEL_KEY}{self.kernel_id}" if self.kernel_id else f"{PROCESS_KEY}{self.pid}"
+
+
+KERNEL_KEY, PROCESS_KEY = "kernel:", "pid:"
+
+
+def kernel_in(key: str) -> str | None:
+    """The kernel id a holder's ``key`` names; None for a process that is no kernel's."""
+    return key[len(KERNEL_KEY) :] if key.startswith(KERNEL_KEY) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
-from composespawner.domain.activity import GpuActivity, did_work, holds_context
+from composespawner.domain.activity import GpuActivity, did_work, holds_context, kernel_in
 from composespawner.domain.quotas import InvalidQuota
 
 MOST_SECONDS = 7 * 24 * 3600.0  # longer than a week is a typing slip, not a policy
@@ -422,8 +422,6 @@ def keep(watch: GpuWatch, policy: ReclaimPolicy, now: float) -> GpuWatch:
 # Which kernels a reclaim ends, and when it must wait
 # ---------------------------------------------------------------------------
 
-KERNEL = "kernel:"
-
 
 def kernels_holding(holders: tuple[str, ...] | None) -> frozenset[str] | None:
     """The ids of the kernels among a GPU's ``holders`` (a reclaim shuts down those);
@@ -431,7 +429,14 @@ def kernels_holding(holders: tuple[str, ...] | None) -> frozenset[str] | None:
     as any of them may hold the GPU."""
     if holders is None:
         return None
-    return frozenset(h[len(KERNEL) :] for h in holders if h.startswith(KERNEL))
+    return frozenset(kernel for h in holders if (kernel := kernel_in(h)) is not None)
+
+
+def entangled(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> bool:
+    """Whether ending the kernels holding one GPU may end work on another (their holders
+    ``a`` and ``b``): they share a holder, or either's holders are unknown (a reclaim
+    then ends every kernel of the server, and any may use the other GPU)."""
+    return a is None or b is None or not set(a).isdisjoint(b)
 
 
 def reclaims_that_wait(
@@ -440,19 +445,35 @@ def reclaims_that_wait(
 ) -> set[str]:
     """Which of one server's GPUs being reclaimed (by id, with their holders) must wait,
     because the kernels a reclaim would end may be using a GPU that stays (``staying``:
-    the server's other GPUs, with their holders).
+    the server's other GPUs, with their holders): :func:`entangled` with one.
 
-    A reclaim whose holders are known ends just their kernels: it waits only while one
-    of its holders also holds a GPU that stays, or while a staying GPU's holders are
-    unknown. One whose holders are unknown ends every kernel, so it waits while any GPU
-    stays. A waiting GPU keeps its warning: the user can still give it back.
+    So a reclaim whose holders are known waits only while one of them also holds a GPU
+    that stays, or a staying GPU's holders are unknown; one whose holders are unknown
+    waits while any GPU stays. A waiting GPU keeps its warning: the user can still give
+    it back. (A GPU reclaimed beside it that waits itself is idle, past reclaim_after:
+    the kernels they share do no work on it.)
     """
-    unknown = any(holders is None for holders in staying.values())
-    held_elsewhere = {h for holders in staying.values() for h in holders or ()}
+    return {
+        gpu
+        for gpu, holders in reclaiming.items()
+        if any(entangled(holders, other) for other in staying.values())
+    }
 
-    def waits(holders: tuple[str, ...] | None) -> bool:
-        if holders is None:
-            return bool(staying)
-        return unknown or not held_elsewhere.isdisjoint(holders)
 
-    return {gpu for gpu, holders in reclaiming.items() if waits(holders)}
+def reclaim_times(
+    warned: Mapping[str, tuple[tuple[str, ...] | None, float]],
+    others: Mapping[str, tuple[str, ...] | None],
+) -> dict[str, float | None]:
+    """When each warned GPU of one server goes if every GPU stays as idle as it is
+    (``warned``: holders and the moment its own reclaim is due; ``others``: the server's
+    GPUs not warned about, with their holders), as :func:`reclaims_that_wait` will let
+    it: with every warned GPU it is entangled with, once the last of them is due; None
+    while it is entangled with one not warned about (it waits for that one)."""
+    times: dict[str, float | None] = {}
+    for gpu, (holders, due) in warned.items():
+        if any(entangled(holders, other) for other in others.values()):
+            times[gpu] = None
+            continue
+        with_it = [at for g, (h, at) in warned.items() if g != gpu and entangled(holders, h)]
+        times[gpu] = max([due, *with_it])
+    return times

@@ -27,7 +27,7 @@ from composespawner.domain.reclaim import (
     ReclaimPolicy,
     decide,
     kernels_holding,
-    reclaims_that_wait,
+    reclaim_times,
 )
 from composespawner.ledger import AuditEntry
 from composespawner.portal.views import notice_text
@@ -46,23 +46,20 @@ def server_states(
 
     A reclaim ends the kernels holding its GPU (every kernel of the server where they
     are unknown), so the reclaimer holds it back while one of them may be using a GPU
-    that is not warned about (:func:`reclaims_that_wait`, as the reclaimer decides):
-    such a warned GPU is told it waits, with no time.
+    that stays: a warned GPU goes with the warned GPUs it is entangled with, once the
+    last is due, and is told it waits, with no time, while it is entangled with one not
+    warned about (:func:`reclaim_times`, from the rule the reclaimer acts on).
     """
-    states = {gpu: gpu_state(w, policy, models[gpu], now, zone) for gpu, w in watches.items()}
-
-    def holders(gpu: str) -> tuple[str, ...] | None:
-        watch = watches[gpu]
-        return None if watch is None else watch.holders
-
-    warned = {gpu: holders(gpu) for gpu, state in states.items() if state["warning"]}
-    staying = {gpu: holders(gpu) for gpu in states if gpu not in warned}
-    waiting = reclaims_that_wait(warned, staying)
+    warned: dict[str, tuple[tuple[str, ...] | None, float]] = {}
+    for gpu, watch in watches.items():
+        figures = _fresh_figures(watch, policy, now)
+        if watch is not None and figures is not None and _warned(watch, figures, now):
+            warned[gpu] = (watch.holders, figures["reclaim_at"])
+    others = {gpu: w.holders if w else None for gpu, w in watches.items() if gpu not in warned}
+    goes_at = reclaim_times(warned, others)
     return {
-        gpu: gpu_state(watches[gpu], policy, models[gpu], now, zone, waiting=True)
-        if gpu in waiting
-        else state
-        for gpu, state in states.items()
+        gpu: gpu_state(watch, policy, models[gpu], now, zone, goes_at=goes_at.get(gpu))
+        for gpu, watch in watches.items()
     }
 
 
@@ -73,13 +70,11 @@ def gpu_state(
     now: float,
     zone: tzinfo,
     *,
-    waiting: bool = False,
+    goes_at: float | None = None,
 ) -> dict[str, Any]:
-    """The reclaim fields of one GPU (see the module's docstring); ``waiting``: another
-    GPU of the server is not idle long enough, so this one is not taken before it is."""
-    kept_until = watch.kept_until if watch is not None else None
-    if kept_until is not None and kept_until <= now:
-        kept_until = None  # a Keep that ran out
+    """The reclaim fields of one GPU (see the module's docstring); ``goes_at``: when a
+    warned one goes (None: it waits for another GPU of the server)."""
+    kept_until = _kept_until(watch, now)
     state: dict[str, Any] = {
         "idle_s": None,
         "utilization": None,
@@ -88,20 +83,38 @@ def gpu_state(
         "kept_until": None if kept_until is None else _at(kept_until, zone),
         "keeps_left": keeps_left(watch, policy),
     }
-    if watch is None or watch.since is None or not 0 <= now - watch.last_at <= policy.max_gap:
+    figures = _fresh_figures(watch, policy, now)
+    if watch is None or figures is None:
         return state  # no fresh reading: the reclaimer is not acting on this GPU either
-    figures = decide(watch, policy, now).figures
     state.update(
         idle_s=round(figures["idle_s"]),
         utilization=watch.utilization,
         memory_used_mib=watch.memory_used_mib,
     )
-    if "warned_at" in figures and kept_until is None:
+    if _warned(watch, figures, now):
         keeps = state["keeps_left"]
         state["warning"] = warning(
-            figures, policy, model, keeps, now, zone, holders=watch.holders, waiting=waiting
+            figures, policy, model, keeps, now, zone, holders=watch.holders, goes_at=goes_at
         )
     return state
+
+
+def _fresh_figures(
+    watch: GpuWatch | None, policy: ReclaimPolicy, now: float
+) -> Mapping[str, float] | None:
+    """The policy's figures of a GPU with a fresh reading; None without one."""
+    if watch is None or watch.since is None or not 0 <= now - watch.last_at <= policy.max_gap:
+        return None
+    return decide(watch, policy, now).figures
+
+
+def _kept_until(watch: GpuWatch | None, now: float) -> float | None:
+    kept_until = watch.kept_until if watch is not None else None
+    return kept_until if kept_until is not None and kept_until > now else None  # ran out
+
+
+def _warned(watch: GpuWatch, figures: Mapping[str, float], now: float) -> bool:
+    return "warned_at" in figures and _kept_until(watch, now) is None
 
 
 def with_states(
@@ -128,31 +141,38 @@ def warning(
     zone: tzinfo,
     *,
     holders: tuple[str, ...] | None = None,
-    waiting: bool = False,
+    goes_at: float | None = None,
 ) -> dict[str, Any]:
-    """The warning of a GPU the reclaimer warned about: when it goes, what goes with it
-    (:func:`ending`), and how to keep it."""
-    reclaim_at = figures["reclaim_at"]
-    when = "any moment now" if reclaim_at <= now else f"at {_clock(reclaim_at, zone)}"
-    if waiting:
+    """The warning of a GPU the reclaimer warned about: when it goes (``goes_at``; None:
+    it waits for another GPU of the server), what goes with it (:func:`ending`), and how
+    to keep it."""
+    if goes_at is None:
         when = (
             "once your server's other GPUs have been idle as long"
             if holders is None
-            else "once what holds it no longer holds another of your GPUs"
+            else "once the other GPUs its kernels may be using have been idle as long"
         )
+    else:
+        when = "any moment now" if goes_at <= now else f"at {_clock(goes_at, zone)}"
     idle = round(figures["idle_s"] / 60)
     allowed = keeps is None or keeps > 0
     how = "use it"
     if allowed:
         left = "" if keeps is None else f", {keeps} press{'es' if keeps != 1 else ''} left"
         how += f" or press Keep (holds it {_minutes(policy.keep_for)}{left})"
-    return {
-        "reclaim_at": None if waiting else _at(reclaim_at, zone),
-        "message": (
+    said = " ".join(
+        part
+        for part in (
             f"Your {model} has done no work for {idle} min. It goes back to the pool {when},"
-            f" unless you {how}. {ending(holders)} Your server and files stay; add a GPU"
-            " again whenever you need one."
-        ),
+            f" unless you {how}.",
+            ending(holders),
+            "Your server and files stay; add a GPU again whenever you need one.",
+        )
+        if part
+    )
+    return {
+        "reclaim_at": None if goes_at is None else _at(goes_at, zone),
+        "message": said,
         "keep_allowed": allowed,
         "keeps_left": keeps,
     }
@@ -161,13 +181,13 @@ def warning(
 def ending(holders: tuple[str, ...] | None) -> str:
     """What a reclaim ends besides the GPU, as the reclaimer does it
     (``Reclaimer._shut_down_kernels``): the kernels holding it where the activity source
-    names them, every kernel of the server where it cannot."""
+    names them, every kernel of the server where it cannot; "" when nothing holds it."""
     kernels = kernels_holding(holders)
-    if kernels is None or holders is None:
+    if kernels is None:
         return "Your server's kernels are shut down then."
-    programs = len(holders) > len(kernels)  # holders that are no kernel
+    programs = len(holders or ()) - len(kernels)  # holders that are no kernel's
     if not kernels:
-        return "The program holding it (no notebook kernel) loses it then."
+        return "The program holding it (no notebook kernel) loses it then." if programs else ""
     which = "The kernel holding it is" if len(kernels) == 1 else "The kernels holding it are"
     also = " The programs outside your kernels holding it lose it." if programs else ""
     return f"{which} shut down then; your other kernels stay.{also}"

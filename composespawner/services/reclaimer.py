@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from composespawner.activity import ActivitySource, ActivityUnreadable
-from composespawner.domain.activity import ActivityReading, GpuActivity, gpu_uuid
+from composespawner.domain.activity import ActivityReading, GpuActivity, gpu_uuid, kernel_in
 from composespawner.domain.hardware import Inventory
 from composespawner.domain.reclaim import (
     SITE_DEFAULT,
@@ -266,7 +266,7 @@ class Reclaimer:
         # after it (a long pass) is left for the next pass's reading.
         fresh_until = {gpu.key: started + policies[gpu.machine.cohort].max_gap for gpu, _ in acting}
         return [
-            await self._act(gpu, d, now, fresh_until[gpu.key], kernels_holding(holders[gpu.key]))
+            await self._act(gpu, d, now, fresh_until[gpu.key], holders[gpu.key])
             for gpu, d in acting
         ]
 
@@ -367,9 +367,9 @@ class Reclaimer:
         decision: Decision,
         now: float,
         fresh_until: float,
-        kernels: frozenset[str] | None,
+        holders: tuple[str, ...] | None,
     ) -> Action:
-        """Carry out ``decision``; a reclaim shuts down ``kernels`` (None: all the server's)."""
+        """Carry out ``decision`` on a GPU with these ``holders`` (None: unknown)."""
         kind = decision.action
         assert kind != "none"
         machine = gpu.machine
@@ -408,8 +408,9 @@ class Reclaimer:
             await self._may_take(gpu, now, fresh_until)
             shut = 0
             if kind == "reclaim":
-                shut = await self._shut_down_kernels(gpu, kernels)
+                shut = await self._shut_down_kernels(gpu, kernels_holding(holders))
                 await self._may_take(gpu, now, fresh_until)  # the shutdown took a while
+                await self._let_go(gpu, holders)
             await self.composer.shrink(machine.user_name, machine.server_name, [gpu.block_id])
         except (ComposeFailed, KernelsUnavailable, FabricError, LedgerError) as e:
             self.log.warning(
@@ -432,17 +433,16 @@ class Reclaimer:
     async def _shut_down_kernels(self, gpu: HeldGpu, holding: frozenset[str] | None) -> int:
         """Shut down the server's kernels that hold the GPU: how many went.
 
-        ``holding`` names them where the activity source names the processes holding
-        it (NVML on the notebooks' host): those of them the server runs go, every other
-        kernel stays. A holder that is no kernel (a terminal's program) cannot be ended
-        through the API: the GPU is detached under it, as its warning said. Where the
-        source names no processes (DCGM), ``holding`` is None and every kernel of the
-        server goes: any of them may hold a context on it (CUDA_VISIBLE_DEVICES names all
-        the machine's GPUs, and some frameworks take a context on every GPU they see),
-        and detaching a GPU under a live context breaks that kernel at its next CUDA call
-        instead of ending it cleanly. Busy kernels too: the GPU did no work for
-        reclaim_after, so what they are busy with is not this GPU (a kernel that may be
-        using another GPU the server keeps was ruled out by :func:`spare_other_gpus`).
+        ``holding`` names them where the source names the processes holding it (NVML on
+        the notebooks' host): those go, every other kernel stays; a holder that is no
+        kernel (a terminal's program) cannot be ended through the API and loses the GPU,
+        as its warning said. Where the source names none (DCGM), ``holding`` is None and
+        every kernel of the server goes: any may hold a context on it (CUDA_VISIBLE_DEVICES
+        names all the machine's GPUs, and some frameworks take a context on each GPU they
+        see), and a GPU detached under a live context breaks that kernel at its next CUDA
+        call instead of ending it cleanly. Busy kernels too: the GPU did no work for
+        reclaim_after, so their work is not on it (one that may be using a GPU the server
+        keeps was ruled out by :func:`spare_other_gpus`).
         """
         assert self.kernels is not None
         machine = gpu.machine
@@ -461,6 +461,23 @@ class Reclaimer:
             "" if holding is None else f" (holding it: {sorted(holding) or 'none'})",
         )
         return len(going)
+
+    async def _let_go(self, gpu: HeldGpu, holders: tuple[str, ...] | None) -> None:
+        """Raise _MovedOn unless, read again after its kernels were shut down, the GPU is
+        held by nothing but the programs the warning said would lose it: a kernel that
+        took it since the pass's reading, or a worker that outlived its kernel, is left
+        to the next pass rather than broken by the detach. Where the holders are unknown
+        (DCGM) this cannot be told; every kernel of the server was shut down."""
+        if holders is None:
+            return
+        reading = await self._read(gpu.machine.host_id or "")
+        activity = _activity(reading, gpu)
+        if activity is None or activity.holders is None:
+            raise _MovedOn("who holds it could not be read again: the next pass looks again")
+        losing = {h for h in holders if kernel_in(h) is None}
+        left = sorted({h.key for h in activity.holders} - losing)
+        if left:
+            raise _MovedOn(f"still held by {', '.join(left)}: the next pass looks again")
 
     async def _record(self, gpu: HeldGpu, decision: Decision, done: Action) -> Action:
         """The fabric confirmed the detach: record the give-back (and drop the watch)."""

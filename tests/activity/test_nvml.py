@@ -46,9 +46,12 @@ async def test_reads_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake(
         monkeypatch,
         FakeGpu(A, utilization=0, used_mib=3),
-        FakeGpu(B, utilization=87, used_mib=20480, pids=(4194305, 4194306)),
+        FakeGpu(B, utilization=87, used_mib=20480, pids=(4242, 4343)),
     )
-    source = NvmlSource(clock=lambda: 7.0)
+    # Naming holders is /proc's (tests/activity/test_processes.py): here it says kernel k<pid>.
+    source = NvmlSource(
+        clock=lambda: 7.0, name_holders=lambda pids: tuple(Holder(p, f"k{p}") for p in pids)
+    )
     assert isinstance(source, ActivitySource)
     reading = await source.read("host-01")
     assert (reading.host_id, reading.at) == ("host-01", 7.0)
@@ -56,13 +59,12 @@ async def test_reads_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         "0ab1c2d3-0000-1111-2222-333344445555": GpuActivity(
             "0ab1c2d3-0000-1111-2222-333344445555", 0.0, 3.0, 0, ()
         ),
-        # pids past Linux's largest (PID_MAX_LIMIT): no process, no kernel
         "9f8e7d6c-0000-1111-2222-333344445555": GpuActivity(
             "9f8e7d6c-0000-1111-2222-333344445555",
             87.0,
             20480.0,
             2,
-            (Holder(4194305), Holder(4194306)),
+            (Holder(4242, "k4242"), Holder(4343, "k4343")),
         ),
     }
     assert nvml.inits == 0  # every init was shut down again

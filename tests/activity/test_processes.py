@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from composespawner.activity.processes import (
+    ProcessUnreadable,
     holders_of,
+    in_initial_pid_namespace,
     kernel_id_in,
     kernel_of,
-    own_pid_namespace,
     parent_in,
 )
 from composespawner.domain.activity import Holder
@@ -63,28 +64,43 @@ def test_a_kernel_and_its_workers_are_that_kernels(kernel: tuple[int, int]) -> N
     )
 
 
-def test_a_process_that_is_no_kernels_or_has_ended_is_nones() -> None:
+def test_a_process_that_is_no_kernels_is_nones_and_one_unreadable_is_unknown() -> None:
     assert kernel_of(os.getpid()) is None  # pytest, and its parents up to init
-    assert kernel_of(4194305) is None  # past PID_MAX_LIMIT: no such process
     assert kernel_of(1) is None
-    assert holders_of([4194305]) == (Holder(4194305, None),)
+    assert holders_of([os.getpid()]) == (Holder(os.getpid(), None),)
+    with pytest.raises(ProcessUnreadable):
+        kernel_of(4194305)  # past PID_MAX_LIMIT: no such process (ended, say)
+    assert holders_of([os.getpid(), 4194305]) is None  # one unknown: all unknown
 
 
-def test_this_machine_sees_pids_as_its_host_does() -> None:
-    # The suite runs in the host's PID namespace (no container); a reclaimer in a
-    # container of its own would get False and name no holders.
-    assert own_pid_namespace()
+def test_the_outermost_kernel_is_the_one_the_server_runs(tmp_path: Path) -> None:
+    # A kernel that papermill started from a cell of the server's kernel holds the GPU.
+    chain = {
+        300: ("python -m ipykernel_launcher -f /tmp/pm/kernel-inner.json", 200),
+        200: ("papermill in.ipynb out.ipynb", 100),
+        100: ("python -m ipykernel_launcher -f /run/jupyter/kernel-outer.json", 50),
+        50: ("jupyterhub-singleuser", 1),
+    }
+    for pid, (command, parent) in chain.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(command.replace(" ", "\0").encode())
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (x) S {parent} {pid} {pid} 0")
+    assert kernel_of(300, tmp_path) == "outer"
+    assert kernel_of(200, tmp_path) == "outer"
+    assert kernel_of(50, tmp_path) is None
+    (tmp_path / "200" / "stat").unlink()  # a parent gone, or not ours to read
+    with pytest.raises(ProcessUnreadable):
+        kernel_of(300, tmp_path)
 
 
-def test_own_pid_namespace_reads_nspid(tmp_path: Path) -> None:
-    status = tmp_path / "self" / "status"
-    status.parent.mkdir()
-    status.write_text("Name:\tpython\nNSpid:\t812\t7\nPPid:\t1\n")
-    assert not own_pid_namespace(tmp_path)
-    status.write_text("Name:\tpython\nNSpid:\t812\n")
-    assert own_pid_namespace(tmp_path)
-    status.write_text("Name:\tpython\n")  # Linux before 4.1: cannot tell
-    assert not own_pid_namespace(tmp_path)
+def test_holders_are_named_only_in_the_hosts_pid_namespace(tmp_path: Path) -> None:
+    # The suite runs in the host's initial PID namespace; a /proc of another namespace
+    # (a container's own mount) is told apart by its ns/pid inode.
+    assert in_initial_pid_namespace()
+    (tmp_path / "self" / "ns").mkdir(parents=True)
+    (tmp_path / "self" / "ns" / "pid").write_text("")
+    assert not in_initial_pid_namespace(tmp_path)
+    assert holders_of([os.getpid()], tmp_path) is None
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,25 @@ def test_watches_round_trip_every_field(ledger: Ledger, running: str, gpus: list
     assert ledger.reclaims.watches()[(running, gpus[0])] == later
 
 
+def test_holders_round_trip_and_unknown_is_sql_null(
+    ledger: Ledger, running: str, gpus: list[str]
+) -> None:
+    named = replace(WATCH, holders=("kernel:3f2b", "pid:77"))
+    nobody = replace(WATCH, holders=())
+    ledger.reclaims.save_watches({(running, gpus[0]): named, (running, gpus[1]): nobody})
+    assert ledger.reclaims.watches() == {(running, gpus[0]): named, (running, gpus[1]): nobody}
+    # A Keep leaves the holders as the reclaimer read them; an unknown reading clears them.
+    kept = ledger.reclaims.keep("alice", "lab", gpus[0], SITE_DEFAULT, NOW + 10)
+    assert kept.holders == named.holders
+    ledger.reclaims.save_watches({(running, gpus[0]): replace(kept, holders=None)})
+    assert ledger.reclaims.watches()[(running, gpus[0])].holders is None
+    with ledger.engine.begin() as connection:
+        rows = connection.execute(
+            sa.text("SELECT block_id FROM gpu_watches WHERE holders IS NULL")
+        ).scalars()
+        assert list(rows) == [gpus[0]]  # SQL NULL, not JSON null: unknown, as before 0016
+
+
 def test_active_seconds_add_up_over_passes(ledger: Ledger, running: str, gpus: list[str]) -> None:
     key, other = (running, gpus[0]), (running, gpus[1])
     ledger.reclaims.save_watches({key: WATCH, other: WATCH}, {key: 15.0})

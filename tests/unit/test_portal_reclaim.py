@@ -359,21 +359,26 @@ async def test_where_holders_are_known_a_warned_gpu_waits_only_for_its_own_kerne
         status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
         assert status == 200, server
         warning: dict[str, Any] = server["gpus"][0]["warning"]
-        assert (warning["reclaim_at"] is None) == ("once what holds it" in warning["message"])
+        waits = "once the other GPUs its kernels may be using" in warning["message"]
+        assert (warning["reclaim_at"] is None) == waits
         return str(warning["message"])
 
     # Another kernel trains on the busy GPU: the idle one goes on time, with its kernel.
     apart = await told(("kernel:k1",), ("kernel:k2",))
     assert "The kernel holding it is shut down then; your other kernels stay." in apart
-    assert "once what holds it" not in apart
+    assert "once the other GPUs" not in apart
     # The same kernel holds both: it waits for that kernel to let the busy one go.
-    assert "once what holds it no longer holds another of your GPUs" in await told(
+    assert "once the other GPUs its kernels may be using have been idle as long" in await told(
         ("kernel:k1",), ("kernel:k1",)
     )
     # A terminal's program holds it: no kernel ends, the program loses the GPU.
     assert "The program holding it (no notebook kernel) loses it then." in await told(
         ("pid:77",), ("kernel:k2",)
     )
+    # Nothing holds it any more: nothing but the GPU goes.
+    alone = await told((), ("kernel:k2",))
+    assert "shut down" not in alone
+    assert "loses it" not in alone
 
 
 async def test_the_cohorts_form_sent_back_unchanged_keeps_every_override(portal: Portal) -> None:

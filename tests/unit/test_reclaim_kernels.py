@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from composespawner.domain.activity import GpuActivity, Holder
+from composespawner.domain.activity import ActivityReading, GpuActivity, Holder
 from composespawner.domain.reclaim import (
     Decision,
     ReclaimPolicy,
     kernels_holding,
+    reclaim_times,
     reclaims_that_wait,
 )
 from composespawner.domain.request import MachineRequest
@@ -46,6 +48,26 @@ TWO_T4 = MachineRequest(gpu_model="t4", gpu_count=2, network="shared", scratch_g
 
 def held_by(activity: GpuActivity, *holders: Holder) -> GpuActivity:
     return replace(activity, processes=len(holders), holders=holders)
+
+
+@dataclass
+class Driver:
+    """The GPUs as NVML reads them: the holders the test set, less the processes of the
+    kernels shut down since (a CUDA context ends with its process)."""
+
+    scripted: ScriptedActivity
+    kernels: FakeKernels
+
+    async def read(self, host_id: str) -> ActivityReading:
+        reading = await self.scripted.read(host_id)
+        running = set(self.kernels.kernel_ids("u", ""))
+        gpus = {}
+        for uuid, gpu in reading.gpus.items():
+            if gpu.holders is not None:
+                alive = [h for h in gpu.holders if h.kernel_id is None or h.kernel_id in running]
+                gpu = held_by(gpu, *alive)
+            gpus[uuid] = gpu
+        return replace(reading, gpus=gpus)
 
 
 @dataclass
@@ -98,7 +120,8 @@ async def two(tmp_path: Path) -> AsyncIterator[TwoGpus]:
         assert len(devices) == 2
         assert all(d.uuid for d in devices)
         source = ScriptedActivity()
-        reclaimer = Reclaimer(composer, source, site_policy=POLICY, kernels=client)
+        driver = Driver(source, server.fake)
+        reclaimer = Reclaimer(composer, driver, site_policy=POLICY, kernels=client)
         yield TwoGpus(
             composer,
             source,
@@ -177,7 +200,40 @@ async def test_a_gpu_a_program_outside_the_kernels_holds_is_taken_without_ending
     assert two.attached() == [two.blocks[1]]
 
 
+async def test_a_kernel_that_took_the_gpu_since_the_reading_is_not_broken_by_the_detach(
+    two: TwoGpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While k1 is being shut down the user runs a cell on k2 that takes the idle T4:
+    # read again before the detach, it is held by k2, so it stays for the next pass.
+    two.kernels.run("u", "", "k1", "k2")
+    second = held_by(busy(two.uuids[1]), Holder(201, None))
+    two.source.set(two.host, held_by(idle(two.uuids[0], held=True), Holder(101, "k1")), second)
+    handle = two.kernels.handle
+
+    def k2_takes_it(method: str, user: str, server: str, kernel_id: str | None) -> Any:
+        if method == "DELETE":
+            taken = held_by(idle(two.uuids[0], held=True), Holder(301, "k2"))
+            two.source.set(two.host, taken, second)
+        return handle(method, user, server, kernel_id)
+
+    monkeypatch.setattr(two.kernels, "handle", k2_takes_it)
+
+    done = await two.sweeps(0, 600)
+
+    [skipped] = done[600]
+    assert (skipped.kind, skipped.outcome) == ("reclaim", "skipped")
+    assert "still held by kernel:k2" in skipped.detail
+    assert two.kernels.deletes() == ["/user/u/api/kernels/k1"]
+    assert two.attached() == list(two.blocks)
+    # The next pass reads k2 holding it, still without work: k2 goes with it.
+    [reclaim] = (await two.sweeps(630, 630))[630]
+    assert (reclaim.kind, reclaim.outcome) == ("reclaim", "done")
+    assert two.kernels.kernel_ids("u", "") == []
+    assert two.attached() == [two.blocks[1]]
+
+
 async def test_holders_saved_in_the_watch_survive_the_ledger(two: TwoGpus) -> None:
+    two.kernels.run("u", "", "k1")
     two.source.set(
         two.host,
         held_by(idle(two.uuids[0], held=True), Holder(9, None), Holder(101, "k1")),
@@ -237,3 +293,26 @@ async def test_spare_other_gpus_keeps_the_reclaims_that_end_no_kernel_of_a_gpu_t
     assert spare_other_gpus(both, [first, second], unknown) == both
     apart = {first.key: ("kernel:1",), second.key: ("kernel:2",)}
     assert spare_other_gpus([(first, reclaim)], [first, second], apart) == [(first, reclaim)]
+
+
+def test_a_warned_gpu_goes_with_the_warned_gpus_it_is_entangled_with() -> None:
+    # a and b share kernel 1: a goes when b is due too; c is apart: on its own time;
+    # d shares kernel 2 with e, which is not warned about: d waits, with no time.
+    warned = {
+        "a": (("kernel:1",), 100.0),
+        "b": (("kernel:1", "kernel:3"), 160.0),
+        "c": (("kernel:4",), 130.0),
+        "d": (("kernel:2",), 90.0),
+    }
+    assert reclaim_times(warned, {"e": ("kernel:2",), "f": ()}) == {
+        "a": 160.0,
+        "b": 160.0,
+        "c": 130.0,
+        "d": None,
+    }
+    # Holders unknown anywhere: a server's GPUs go only all at once.
+    assert reclaim_times({"a": (None, 100.0), "b": (("kernel:1",), 50.0)}, {}) == {
+        "a": 100.0,
+        "b": 100.0,
+    }
+    assert reclaim_times({"a": (("kernel:1",), 100.0)}, {"b": None}) == {"a": None}

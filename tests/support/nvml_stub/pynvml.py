@@ -1,6 +1,7 @@
 """``pynvml`` for a hub's reclaimer under test: the strict fake of ``tests/activity``, whose
 GPUs are read from the JSON file ``$FAKE_NVML_STATE`` at every ``nvmlInit`` (a list of
-``FakeGpu`` fields: ``uuid`` as NVML gives it, ``utilization``, ``used_mib``, ``pids``).
+``FakeGpu`` fields: ``uuid`` as NVML gives it, ``utilization``, ``used_mib``, ``pids``;
+the pids of processes that have ended are left out, as the driver does).
 
 It stands where the NVIDIA driver would, and only in the reclaimer's environment
 (``PYTHONPATH`` of that service): the tests write the file (atomically) to say which
@@ -22,8 +23,13 @@ _nvml = FakeNvml()
 
 def nvmlInit() -> None:
     state = json.loads(Path(os.environ["FAKE_NVML_STATE"]).read_text())
-    _nvml.gpus = [FakeGpu(**{**gpu, "pids": tuple(gpu.get("pids", ()))}) for gpu in state]
+    _nvml.gpus = [FakeGpu(**{**gpu, "pids": _alive(gpu.get("pids", ()))}) for gpu in state]
     _nvml.nvmlInit()
+
+
+def _alive(pids: list[int]) -> tuple[int, ...]:
+    """As the driver lists them: a CUDA context ends with its process."""
+    return tuple(pid for pid in pids if Path(f"/proc/{pid}").exists())
 
 
 def __getattr__(name: str) -> Any:
