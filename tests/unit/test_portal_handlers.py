@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from datetime import UTC
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -182,14 +183,14 @@ async def portal(tmp_path: Path, hub_auth: Any) -> AsyncIterator[Portal]:
     await composer.close()
 
 
-async def running(portal: Portal, user: str) -> list[str]:
-    """Start ``user``'s default server on one T4; the GPUs its machine holds."""
+async def running(portal: Portal, user: str, gpus: int = 1) -> list[str]:
+    """Start ``user``'s default server on ``gpus`` T4s; the GPUs its machine holds."""
     composer = portal.composer
     composed = await composer.compose(
         user=user,
         groups=frozenset(),
         server="",
-        request=ONE_T4,
+        request=replace(ONE_T4, gpu_count=gpus),
         progress=lambda message: None,
         then=("launching", "starting notebook"),
     )

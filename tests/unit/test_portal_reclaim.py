@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 
 from composespawner.domain.reclaim import GpuWatch, ReclaimPolicy
-from tests.unit.test_portal_handlers import ONE_T4, Portal, hub_auth, portal, running
+from tests.unit.test_portal_handlers import Portal, hub_auth, portal, running
 
 __all__ = ["hub_auth", "portal"]  # the fixtures, used by name
 
@@ -304,17 +304,7 @@ async def test_admins_set_a_cohorts_policy_on_the_cohorts_page_in_minutes(portal
 
 
 async def test_a_warned_gpu_beside_a_busy_one_waits_for_it_and_says_so(portal: Portal) -> None:
-    composed = await portal.composer.compose(
-        user="student1",
-        groups=frozenset(),
-        server="",
-        request=replace(ONE_T4, gpu_count=2),
-        progress=lambda message: None,
-        then=("launching", "starting notebook"),
-    )
-    await portal.composer.record(composed.machine_id, "running", "notebook up")
-    status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
-    idle_gpu, busy_gpu = (gpu["id"] for gpu in server["gpus"])
+    idle_gpu, busy_gpu = await running(portal, "student1", gpus=2)
     now = idle_and_warned(portal, "student1", idle_gpu, idle_s=2000, warned_ago=600)
     busy = GpuWatch(since=now - 2000, last_at=now, last_work_at=now, last_held_at=now)
     portal.composer.ledger.reclaims.save_watches({(machine_of(portal, "student1"), busy_gpu): busy})
@@ -332,18 +322,7 @@ async def test_a_warned_gpu_beside_a_busy_one_waits_for_it_and_says_so(portal: P
 async def test_where_holders_are_known_a_warned_gpu_waits_only_for_its_own_kernels(
     portal: Portal,
 ) -> None:
-    composed = await portal.composer.compose(
-        user="student1",
-        groups=frozenset(),
-        server="",
-        request=replace(ONE_T4, gpu_count=2),
-        progress=lambda message: None,
-        then=("launching", "starting notebook"),
-    )
-    await portal.composer.record(composed.machine_id, "running", "notebook up")
-    status, server = await portal.json("GET", "api/me/server/gpus", user="student1")
-    assert status == 200, server
-    idle_gpu, busy_gpu = (gpu["id"] for gpu in server["gpus"])
+    idle_gpu, busy_gpu = await running(portal, "student1", gpus=2)
     machine = machine_of(portal, "student1")
     now = idle_and_warned(portal, "student1", idle_gpu, idle_s=2000, warned_ago=600)
     (idle,) = portal.composer.ledger.reclaims.watches([machine]).values()

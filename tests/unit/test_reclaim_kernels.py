@@ -18,12 +18,10 @@ import pytest
 from composespawner.domain.activity import ActivityReading, GpuActivity, Holder
 from composespawner.domain.reclaim import (
     Decision,
-    ReclaimPolicy,
     kernels_holding,
     reclaim_times,
     reclaims_that_wait,
 )
-from composespawner.domain.request import MachineRequest
 from composespawner.ledger import Machine
 from composespawner.services.composer import Composer
 from composespawner.services.kernels import NotebookKernels
@@ -38,12 +36,9 @@ from tests.support.activity_fakes import (
 )
 from tests.support.composers import demo_composer
 from tests.support.faulty import FaultyFabric
+from tests.unit.test_reclaimer import ONE_T4, POLICY, running_on, sweeps
 
 pytestmark = pytest.mark.timeout(60)
-
-POLICY = ReclaimPolicy(detach_after=120, warn_after=300, reclaim_after=600, max_gap=60)
-EVERY = 30.0
-TWO_T4 = MachineRequest(gpu_model="t4", gpu_count=2, network="shared", scratch_gb=0)
 
 
 def held_by(activity: GpuActivity, *holders: Holder) -> GpuActivity:
@@ -90,12 +85,7 @@ class TwoGpus:
         return [b for b in self.blocks if b in fabric.state.attached(self.host)]
 
     async def sweeps(self, start: float, end: float) -> dict[float, list[Action]]:
-        done: dict[float, list[Action]] = {}
-        at = start
-        while at <= end:
-            done[at] = await self.reclaimer.sweep(at)
-            at += EVERY
-        return done
+        return await sweeps(self.reclaimer, start, end)
 
 
 @pytest.fixture
@@ -105,16 +95,7 @@ async def two(tmp_path: Path) -> AsyncIterator[TwoGpus]:
     composer = demo_composer(tmp_path)
     client = NotebookKernels(server.url, TOKEN, timeout=5.0)
     try:
-        composed = await composer.compose(
-            user="u",
-            groups=frozenset(),
-            server="",
-            request=TWO_T4,
-            progress=lambda message: None,
-            then=("launching", "starting notebook"),
-        )
-        await composer.record(composed.machine_id, "running", "notebook up")
-        machine = await composer.running_machine("u", "")
+        machine = await running_on(composer, request=replace(ONE_T4, gpu_count=2))
         inventory = await composer.pool.known_inventory()
         devices = [d for b in machine.block_ids if (d := inventory.device(b)) and d.kind == "gpu"]
         assert len(devices) == 2

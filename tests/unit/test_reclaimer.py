@@ -81,21 +81,28 @@ class Scene:
         return self.composer.ledger.reclaims.givebacks(now - timedelta(days=1), now + timedelta(1))
 
     async def sweeps(self, start: float, end: float) -> dict[float, list[Action]]:
-        """A pass every EVERY seconds from ``start`` to ``end`` included: what each did."""
-        done: dict[float, list[Action]] = {}
-        at = start
-        while at <= end:
-            done[at] = await self.reclaimer.sweep(at)
-            at += EVERY
-        return done
+        return await sweeps(self.reclaimer, start, end)
 
 
-async def _running(composer: Composer, user: str = "u", server: str = "") -> Machine:
+async def sweeps(reclaimer: Reclaimer, start: float, end: float) -> dict[float, list[Action]]:
+    """A pass every EVERY seconds from ``start`` to ``end`` included: what each did."""
+    done: dict[float, list[Action]] = {}
+    at = start
+    while at <= end:
+        done[at] = await reclaimer.sweep(at)
+        at += EVERY
+    return done
+
+
+async def running_on(
+    composer: Composer, user: str = "u", server: str = "", request: MachineRequest = ONE_T4
+) -> Machine:
+    """``user``'s server running on a machine composed for ``request``."""
     composed = await composer.compose(
         user=user,
         groups=frozenset(),
         server=server,
-        request=ONE_T4,
+        request=request,
         progress=lambda message: None,
         then=("launching", "starting notebook"),
     )
@@ -116,7 +123,7 @@ async def scene(tmp_path: Path, kernels_server: FakeKernelsServer) -> AsyncItera
     composer = demo_composer(tmp_path)
     client = NotebookKernels(kernels_server.url, TOKEN, timeout=5.0)
     try:
-        machine = await _running(composer)
+        machine = await running_on(composer)
         inventory = await composer.pool.known_inventory()
         [block] = [b for b in machine.block_ids if (d := inventory.device(b)) and d.kind == "gpu"]
         device = inventory.device(block)
@@ -323,7 +330,7 @@ async def test_a_server_started_again_during_the_pass_keeps_its_new_gpu(
 
     async def restart() -> None:
         await scene.composer.release(scene.machine.id, reason="stopped")
-        started.append(await _running(scene.composer))
+        started.append(await running_on(scene.composer))
 
     source.restart = restart
     [skipped] = (await scene.sweeps(120, 120))[120]
