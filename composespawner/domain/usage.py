@@ -214,7 +214,7 @@ def _by_cohort(by_user: Mapping[str, float], cohorts: Mapping[str, set[str]]) ->
         return dict.fromkeys(cohorts, 0.0)
     # Three figures of 500 cohorts of 20: map's lookups, not a generator's, on every page.
     get = by_user.get
-    return {cohort: sum(map(get, users, repeat(0.0))) for cohort, users in cohorts.items()}
+    return {cohort: sum(map(get, users, repeat(0.0)), 0.0) for cohort, users in cohorts.items()}
 
 
 def _figure(

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, tzinfo
 from typing import Any
 
@@ -125,6 +125,18 @@ class LedgerPart:
         self._engine = engine
         self._write = write
         self._now = now
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[Connection]:
+        """A read whose statements all see one state of the ledger: figures read in parts
+        (ended machines' days, then the running machines) agree, so a machine that ends
+        meanwhile is counted once. PostgreSQL's default, READ COMMITTED, gives each
+        statement a snapshot of its own; a SQLite transaction already keeps one."""
+        with self._engine.connect() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execution_options(isolation_level="REPEATABLE READ")
+            with connection.begin():
+                yield connection
 
 
 class ZonedLedgerPart(LedgerPart):

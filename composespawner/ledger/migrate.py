@@ -6,6 +6,7 @@ made by any version of composespawner can be brought to head.
 
 from __future__ import annotations
 
+from datetime import UTC, tzinfo
 from pathlib import Path
 
 from alembic import command
@@ -23,16 +24,18 @@ def _packaged_config() -> Config:
     return config
 
 
-def alembic_config(connection: Connection) -> Config:
-    """Alembic's config for the packaged migrations, running on ``connection``."""
+def alembic_config(connection: Connection, usage_zone: tzinfo = UTC) -> Config:
+    """Alembic's config for the packaged migrations, running on ``connection``;
+    ``usage_zone``, the site's, splits the days a migration fills usage into."""
     config = _packaged_config()
     # migrations/env.py uses this connection instead of making its own engine.
     config.attributes["connection"] = connection
+    config.attributes["usage_zone"] = usage_zone
     return config
 
 
-def upgrade(connection: Connection, revision: str = "head") -> None:
-    command.upgrade(alembic_config(connection), revision)
+def upgrade(connection: Connection, revision: str = "head", usage_zone: tzinfo = UTC) -> None:
+    command.upgrade(alembic_config(connection, usage_zone), revision)
 
 
 def downgrade(connection: Connection, revision: str) -> None:

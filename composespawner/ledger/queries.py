@@ -230,12 +230,12 @@ class Queries(ZonedLedgerPart):
     def usage_sums(self, period: Period) -> UsageSums:
         """GPU-seconds in ``period``: ended use per day and model and per user, and
         running machines' use so far (see :func:`composespawner.domain.usage.usage_report`)."""
-        with self._engine.begin() as connection:
+        with self._snapshot() as connection:
             return usage_sums(connection, period, self._now(), self._usage_zone, self._user_sums)
 
     def day_uses(self, period: Period) -> list[DayUse]:
         """Every day, user and model in ``period`` with its use: ended, then running so far."""
-        with self._engine.begin() as connection:
+        with self._snapshot() as connection:
             return day_uses(connection, period) + live_uses(
                 connection, period, self._now(), self._usage_zone
             )

@@ -194,14 +194,19 @@ class Reclaims(LedgerPart):
             raise ValueError(
                 f"a GPU is given back by 'detach' or 'reclaim', not {decision.action!r}"
             )
-        now = self._now()
         key = (_W.machine_id == machine_id, _W.block_id == block_id)
         with self._write() as connection:
+            # Locked, and the time read under the lock: a machine's end writes the hours
+            # its GPUs were given back for (steps.end_machine), so a give-back recorded
+            # after that end counts from the end, for nothing, not for hours no day has.
             machine = connection.execute(
-                select(MACHINES).where(MACHINES.c.id == machine_id)
+                select(MACHINES).where(MACHINES.c.id == machine_id).with_for_update()
             ).first()
             if machine is None:
                 raise UnknownMachine(machine_id)
+            now = self._now()
+            if machine.ended_at is not None:
+                now = max(now, machine.ended_at)
             model = connection.scalar(select(DEVICES.c.model).where(DEVICES.c.block_id == block_id))
             active_s = connection.scalar(select(_W.active_s).where(*key))
             figures = {**decision.figures, "active_s": float(active_s or 0.0)}
@@ -251,7 +256,7 @@ class Reclaims(LedgerPart):
     def usage_figures(self, period: Period) -> list[DayUse]:
         """The *used* and *given back* seconds of ``period`` per day, user and model (see
         :mod:`composespawner.domain.usage`), used first: the usage CSV's added columns."""
-        with self._engine.begin() as connection:
+        with self._snapshot() as connection:
             return used_uses(connection, period) + given_back_uses(
                 connection, period, self._now(), self._usage_zone
             )

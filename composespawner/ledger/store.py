@@ -103,6 +103,7 @@ class Ledger:
         event.listen(self._engine, "before_execute", refuse_event_rewrites)
         self.policy = Policy(self._engine, self._write, self._now)
         self.submissions = Submissions(self._engine, self._write, self._now)
+        self._usage_zone = usage_zone
         self.reclaims = Reclaims(self._engine, self._write, self._now, usage_zone)
         self._claims = Claims(self._engine, self._write, self._now, usage_zone)
         self._machines = Machines(self._engine, self._write, self._now, usage_zone)
@@ -134,7 +135,7 @@ class Ledger:
     def upgrade(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` with the packaged Alembic migrations."""
         with self._write() as connection:
-            migrate.upgrade(connection, revision)
+            migrate.upgrade(connection, revision, self._usage_zone)
 
     def schema_revision(self) -> str | None:
         with self._engine.connect() as connection:

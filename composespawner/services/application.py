@@ -14,6 +14,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from traitlets import Unicode, default
 from traitlets.config import Application
@@ -68,7 +69,9 @@ class UpgradeDB(ComposeApplication):
     and back the database up first."""
 
     def start(self) -> None:
-        before, after = upgrade_ledger(self.settings.ledger_url)
+        before, after = upgrade_ledger(
+            self.settings.ledger_url, ZoneInfo(self.settings.site_timezone)
+        )
         if before == after:
             self.log.info("The ledger's schema is current (revision %s)", after)
         else:

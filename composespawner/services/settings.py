@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+from datetime import UTC, tzinfo
 from typing import Any
 from weakref import WeakSet
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -199,9 +200,10 @@ def open_ledger(settings: ComposeSettings) -> Ledger:
     return ledger
 
 
-def upgrade_ledger(url: str) -> tuple[str | None, str | None]:
-    """Bring the ledger at ``url`` to this version's schema; the revisions before and after."""
-    ledger = Ledger(url)
+def upgrade_ledger(url: str, zone: tzinfo = UTC) -> tuple[str | None, str | None]:
+    """Bring the ledger at ``url`` to this version's schema (usage it fills in split into
+    ``zone``'s days, the site's); the revisions before and after."""
+    ledger = Ledger(url, usage_zone=zone)
     try:
         before = ledger.schema_revision()
         ledger.upgrade()

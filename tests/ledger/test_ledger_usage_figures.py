@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from composespawner.domain.reclaim import Decision, GpuWatch
 from composespawner.domain.usage import DayUse, DayUserSeconds, Period, UsageReport, usage_report
 from composespawner.ledger import Ledger, migrate
+from composespawner.ledger import usage_sums as usage_sums_module
 from composespawner.ledger.database import writing
 from composespawner.ledger.usage_sums import (
     GIVEBACKS,
@@ -183,10 +184,27 @@ def test_a_machine_ending_without_gpus_still_writes_what_it_gave_back(
     assert given_back_days(ledger) == [(FIRST, "bob", MODEL, 1800.0)]
 
 
+@pytest.mark.parametrize(
+    ("zone", "written", "days"),
+    [
+        (
+            "UTC",
+            [(FIRST, "alice", MODEL, 3600.0), (SECOND, "alice", MODEL, 2 * 3600.0)],
+            [(FIRST, 2 * 3600.0), (SECOND, 4 * 3600.0)],
+        ),
+        # The site's days, as the page split them when it read the give-backs: in Tokyo
+        # everything here is on the 2nd.
+        ("Asia/Tokyo", [(SECOND, "alice", MODEL, 3 * 3600.0)], [(SECOND, 6 * 3600.0)]),
+    ],
+)
 def test_the_upgrade_fills_the_days_given_back_by_machines_already_ended(
-    db_url: str, clock: Clock
+    db_url: str,
+    clock: Clock,
+    zone: str,
+    written: list[tuple[date, str, str, float]],
+    days: list[tuple[date, float]],
 ) -> None:
-    ledger = Ledger(db_url, clock=clock)
+    ledger = Ledger(db_url, clock=clock, usage_zone=ZoneInfo(zone))
     try:
         with writing(ledger.engine).begin() as connection:
             migrate.upgrade(connection, "0014")
@@ -212,13 +230,9 @@ def test_the_upgrade_fills_the_days_given_back_by_machines_already_ended(
 
         ledger.upgrade()
 
-        assert given_back_days(ledger) == [
-            (FIRST, "alice", MODEL, 3600.0),
-            (SECOND, "alice", MODEL, 2 * 3600.0),
-        ]
+        assert given_back_days(ledger) == written
         assert ledger.usage_sums(MARCH).given_back == DayUserSeconds(
-            days=[(FIRST, 2 * 3600.0), (SECOND, 4 * 3600.0)],
-            users=[("alice", 3 * 3600.0), ("bob", 3 * 3600.0)],
+            days=days, users=[("alice", 3 * 3600.0), ("bob", 3 * 3600.0)]
         )
     finally:
         ledger.close()
@@ -263,3 +277,75 @@ def test_the_ledgers_zone_is_the_days_of_work(
         assert ledger.usage_sums(MARCH).used.days == [(SECOND, 9.0)]
     finally:
         ledger.close()
+
+
+def test_a_machines_end_writes_its_given_back_days_in_the_ledgers_zone(
+    migrated_url: str, clock: Clock, gpus: list[str]
+) -> None:
+    ledger = Ledger(migrated_url, clock=clock, usage_zone=ZoneInfo("Asia/Tokyo"))
+    try:
+        ledger.sync_devices(inventory())
+        machine = ledger.request_machine("alice", "", {})
+        ledger.claim(machine, host_id="host-1", zone="rack-1", block_ids=gpus[:1])
+        for state in ("composed", "launching", "running"):
+            ledger.transition(machine, state, state)
+        clock.now = datetime(2025, 3, 1, 14, 0, tzinfo=UTC)  # 23:00 on the 1st in Tokyo
+        ledger.reclaims.gave_back(machine, gpus[0], DETACH, "reclaimer")
+        clock.advance(hours=2)  # 01:00 on the 2nd in Tokyo, still the 1st in UTC
+        ledger.transition(machine, "stopping", "stop")
+        ledger.release(machine)
+
+        assert given_back_days(ledger) == [
+            (FIRST, "alice", MODEL, 3600.0),
+            (SECOND, "alice", MODEL, 3600.0),
+        ]
+    finally:
+        ledger.close()
+
+
+def test_a_machine_ending_while_the_report_is_read_is_counted_once(
+    ledger: Ledger, clock: Clock, alice: str, gpus: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ended machines' days are read, then the running machines: alice's ends between
+    # the two. One snapshot for the whole read (REPEATABLE READ on PostgreSQL) still
+    # sees her running, so her hours are counted once, not lost (nor, the other way
+    # round, counted twice).
+    clock.now = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
+    ledger.reclaims.gave_back(alice, gpus[0], DETACH, "reclaimer")
+    clock.advance(hours=1)
+    reading = usage_sums_module._running_given_back
+
+    def alice_stops_meanwhile(*args: object, **kwargs: object) -> object:
+        ledger.transition(alice, "stopping", "stop")
+        ledger.release(alice)
+        return reading(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(usage_sums_module, "_running_given_back", alice_stops_meanwhile)
+
+    given = ledger.usage_sums(MARCH).given_back
+
+    assert given == DayUserSeconds([(FIRST, 3600.0)], [("alice", 3600.0)])
+    assert given_back_days(ledger) == [(FIRST, "alice", MODEL, 3600.0)]  # it did end
+
+
+def test_a_give_back_recorded_after_its_machines_end_counts_from_the_end(
+    ledger: Ledger, clock: Clock, alice: str, gpus: list[str]
+) -> None:
+    # The reclaimer's shrink went through, then the server stopped before the give-back
+    # was recorded (its clock a second behind the hub's): the end already wrote the
+    # machine's days, so the record counts from the end (nothing), and every figure
+    # agrees with the days written.
+    clock.now = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
+    ledger.transition(alice, "stopping", "stop")
+    ledger.release(alice)
+    ended = report_of(ledger, MARCH), ledger.reclaims.usage_figures(MARCH)
+    clock.now = datetime(2025, 3, 1, 9, 59, 59, tzinfo=UTC)
+
+    ledger.reclaims.gave_back(alice, gpus[0], DETACH, "reclaimer")
+
+    [record] = ledger.reclaims.givebacks(
+        datetime(2025, 3, 1, tzinfo=UTC), datetime(2025, 3, 2, tzinfo=UTC)
+    )
+    assert record.at == datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
+    assert (report_of(ledger, MARCH), ledger.reclaims.usage_figures(MARCH)) == ended
+    assert given_back_days(ledger) == []

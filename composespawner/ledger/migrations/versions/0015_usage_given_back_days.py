@@ -2,8 +2,8 @@
 *given back*, which was summed from every give-back row on each read); filled from the
 give-backs of machines already ended.
 
-Days already recorded are split in UTC (the site's time zone is not known here, as in
-0005); those written from now on are split in the ledger's usage zone.
+Days are split in the site's time zone, as the usage page split them when it read the
+give-backs (the ledger passes it; UTC for an upgrade run without it, as by hand).
 
 Revision ID: 0015
 Revises: 0014
@@ -57,13 +57,15 @@ def upgrade() -> None:
         .where(m.ended_at.is_not(None))
         .order_by(g.at, g.id)
     )
+    config = op.get_context().config
+    zone = config.attributes.get("usage_zone", UTC) if config is not None else UTC
     spans = given_back_spans(
         (machine, _aware(at), _aware(ended), gpus_asked(request), (user, model))
         for machine, at, ended, request, user, model in op.get_bind().execute(query)
     )
     seconds: dict[tuple[date, str, str], float] = defaultdict(float)
     for begin, end, (user, model) in spans:
-        for day, share in day_shares(begin, end):
+        for day, share in day_shares(begin, end, zone):
             seconds[day, user, model] += share
     if seconds:
         op.bulk_insert(
