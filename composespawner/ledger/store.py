@@ -76,10 +76,9 @@ from composespawner.ledger.usage_sums import UsageSums
 class Ledger:
     """The allocation ledger on one database URL (``sqlite:///...`` or ``postgresql+psycopg://``).
 
-    ``clock`` must return aware datetimes; ``timeout`` (seconds) bounds
-    connecting and every wait for a lock held by another transaction;
-    ``usage_zone`` is where usage reports' days begin (the site's time zone).
-    """
+    ``clock`` must return aware datetimes; ``timeout`` (seconds) bounds connecting and every
+    wait for a lock held by another transaction; ``usage_zone`` is where usage reports' days
+    begin (the site's time zone)."""
 
     def __init__(
         self,
