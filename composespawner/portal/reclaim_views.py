@@ -50,15 +50,18 @@ def server_states(
     last is due, and is told it waits, with no time, while it is entangled with one not
     warned about (:func:`reclaim_times`, from the rule the reclaimer acts on).
     """
+    figures = {gpu: _fresh_figures(watch, policy, now) for gpu, watch in watches.items()}
     warned: dict[str, tuple[tuple[str, ...] | None, float]] = {}
     for gpu, watch in watches.items():
-        figures = _fresh_figures(watch, policy, now)
-        if watch is not None and figures is not None and _warned(watch, figures, now):
-            warned[gpu] = (watch.holders, figures["reclaim_at"])
+        found = figures[gpu]
+        if watch is not None and found is not None and _warned(watch, found, now):
+            warned[gpu] = (watch.holders, found["reclaim_at"])
     others = {gpu: w.holders if w else None for gpu, w in watches.items() if gpu not in warned}
     goes_at = reclaim_times(warned, others)
     return {
-        gpu: gpu_state(watch, policy, models[gpu], now, zone, goes_at=goes_at.get(gpu))
+        gpu: gpu_state(
+            watch, policy, models[gpu], now, zone, goes_at=goes_at.get(gpu), figures=figures[gpu]
+        )
         for gpu, watch in watches.items()
     }
 
@@ -71,9 +74,11 @@ def gpu_state(
     zone: tzinfo,
     *,
     goes_at: float | None = None,
+    figures: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The reclaim fields of one GPU (see the module's docstring); ``goes_at``: when a
-    warned one goes (None: it waits for another GPU of the server)."""
+    warned one goes (None: it waits for another GPU of the server); ``figures``: the
+    policy's, when the caller has them already (:func:`_fresh_figures`)."""
     kept_until = _kept_until(watch, now)
     state: dict[str, Any] = {
         "idle_s": None,
@@ -83,7 +88,8 @@ def gpu_state(
         "kept_until": None if kept_until is None else _at(kept_until, zone),
         "keeps_left": keeps_left(watch, policy),
     }
-    figures = _fresh_figures(watch, policy, now)
+    if figures is None:
+        figures = _fresh_figures(watch, policy, now)
     if watch is None or figures is None:
         return state  # no fresh reading: the reclaimer is not acting on this GPU either
     state.update(

@@ -4,6 +4,8 @@ machine's end (written to their days as it ends). On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -263,30 +265,33 @@ def test_a_gpu_given_back_before_the_period_counts_from_its_first_day(
     assert ledger.usage_sums(Period(SECOND, SECOND)).given_back == DayUserSeconds()
 
 
-def test_the_ledgers_zone_is_the_days_of_work(
-    migrated_url: str, clock: Clock, gpus: list[str]
-) -> None:
-    ledger = Ledger(migrated_url, clock=clock, usage_zone=ZoneInfo("Asia/Tokyo"))
+@contextmanager
+def in_tokyo(url: str, clock: Clock, gpus: list[str]) -> Iterator[tuple[Ledger, str]]:
+    """A ledger whose days are Tokyo's, and alice's machine holding the first GPU."""
+    ledger = Ledger(url, clock=clock, usage_zone=ZoneInfo("Asia/Tokyo"))
     try:
         ledger.sync_devices(inventory())
         machine = ledger.request_machine("alice", "", {})
         ledger.claim(machine, host_id="host-1", zone="rack-1", block_ids=gpus[:1])
+        yield ledger, machine
+    finally:
+        ledger.close()
+
+
+def test_the_ledgers_zone_is_the_days_of_work(
+    migrated_url: str, clock: Clock, gpus: list[str]
+) -> None:
+    with in_tokyo(migrated_url, clock, gpus) as (ledger, machine):
         clock.now = datetime(2025, 3, 1, 15, 30, tzinfo=UTC)  # 00:30 on the 2nd in Tokyo
         ledger.reclaims.save_watches({(machine, gpus[0]): WATCH}, {(machine, gpus[0]): 9.0})
 
         assert ledger.usage_sums(MARCH).used.days == [(SECOND, 9.0)]
-    finally:
-        ledger.close()
 
 
 def test_a_machines_end_writes_its_given_back_days_in_the_ledgers_zone(
     migrated_url: str, clock: Clock, gpus: list[str]
 ) -> None:
-    ledger = Ledger(migrated_url, clock=clock, usage_zone=ZoneInfo("Asia/Tokyo"))
-    try:
-        ledger.sync_devices(inventory())
-        machine = ledger.request_machine("alice", "", {})
-        ledger.claim(machine, host_id="host-1", zone="rack-1", block_ids=gpus[:1])
+    with in_tokyo(migrated_url, clock, gpus) as (ledger, machine):
         for state in ("composed", "launching", "running"):
             ledger.transition(machine, state, state)
         clock.now = datetime(2025, 3, 1, 14, 0, tzinfo=UTC)  # 23:00 on the 1st in Tokyo
@@ -299,8 +304,6 @@ def test_a_machines_end_writes_its_given_back_days_in_the_ledgers_zone(
             (FIRST, "alice", MODEL, 3600.0),
             (SECOND, "alice", MODEL, 3600.0),
         ]
-    finally:
-        ledger.close()
 
 
 def test_a_machine_ending_while_the_report_is_read_is_counted_once(
