@@ -22,7 +22,7 @@ from composespawner.domain.reclaim import GpuWatch
 from composespawner.ledger import Ledger
 from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
 from tests.e2e.test_faults import ledger_ready
-from tests.e2e.test_gpu_reclaim import LAB_TOKEN, gpus_of, lab, machine_of
+from tests.e2e.test_gpu_reclaim import LAB_TOKEN, given_back, gpus_of, lab, machine_of
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_a_reclaim_shuts_down_only_the_kernel_holding_the_idle_gpu(hub: Hub, sta
         held = {gpu: getattr(watch_of(gpu), "holders", None) for gpu in (idle_gpu, busy_gpu)}
         assert held == {idle_gpu: (f"kernel:{idle_kernel}",), busy_gpu: (f"kernel:{busy_kernel}",)}
         # ...then shuts down its kernel alone and takes it; the busy one keeps its own.
-        wait_for(lambda: idle_gpu not in hub.attached(host), 60, "the idle T4 reclaimed")
+        wait_for(lambda: given_back(hub, ledger, "student1", idle_gpu), 60, "the idle T4 reclaimed")
         kernels = lab(hub, "student1", "GET", "kernels")
         assert kernels.status_code == 200, kernels.text
         assert {k["id"] for k in kernels.json()} == {busy_kernel, no_gpu_kernel}
