@@ -21,13 +21,14 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,7 @@ class SSHHosts:
     home_root: Path
     cgroup_parent: str
     notebook_command: tuple[str, ...] = ()
+    agent_env: tuple[tuple[str, str], ...] = ()
 
     def hub_config(self, connect_timeout: float = 5) -> str:
         """The lines that make ``running_hub``'s demo hub run notebooks on these hosts."""
@@ -167,12 +169,14 @@ def ssh_hosts(
     memory_gib: int = 512,
     users: Sequence[str] = DEMO_USERS,
     notebook_command: Sequence[str] = (),
+    agent_env: Mapping[str, str] | None = None,
 ) -> Iterator[SSHHosts]:
     """Start an sshd per host in ``host_ids`` (capacity ``cores``/``memory_gib`` each,
     the demo inventory's); remove at the end the accounts among ``users`` the agents made.
 
     ``notebook_command``: what the agents run for a start without a stack (default:
-    this venv's jupyterhub-singleuser)."""
+    this venv's jupyterhub-singleuser). ``agent_env``: variables the forced command sets
+    for the agents (a stand-in NVML's)."""
     assert os.geteuid() == 0, "the hosts' sshd and agents run as root, as on a real host"
     existed = {user for user in users if _account(user) is not None}
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -192,6 +196,7 @@ def ssh_hosts(
         home_root=home_root,
         cgroup_parent=f"composespawner-test/{token}",
         notebook_command=tuple(notebook_command),
+        agent_env=tuple(sorted((agent_env or {}).items())),
     )
     try:
         for host in hosts.values():
@@ -233,6 +238,8 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
     )
     public = hosts.client_key.with_suffix(".pub").read_text().strip()
     command = f"{AGENT} --config {host.agent_config}"
+    if hosts.agent_env:
+        command = " ".join(["env", *(f"{k}={shlex.quote(v)}" for k, v in hosts.agent_env), command])
     (host.folder / "authorized_keys").write_text(f'restrict,command="{command}" {public}\n')
     host.sshd_config.write_text(
         f"""Port {host.port}

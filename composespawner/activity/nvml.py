@@ -56,45 +56,52 @@ class NvmlSource:
         # NVML blocks; a thread keeps the event loop free. A thread stuck in the driver
         # cannot be cancelled: the timeout stops the wait, the thread ends when NVML does.
         try:
-            gpus = await asyncio.wait_for(asyncio.to_thread(self._read_all), self.timeout)
+            gpus = await asyncio.wait_for(
+                asyncio.to_thread(read_gpus, self._name_holders), self.timeout
+            )
         except TimeoutError as err:
             raise ActivityUnreadable(host_id, WHERE, f"no answer within {self.timeout:g}s") from err
-        except _Unreadable as err:
+        except NvmlUnreadable as err:
             raise ActivityUnreadable(host_id, WHERE, str(err)) from err
         return ActivityReading(host_id, self._clock(), gpus)
 
-    def _read_all(self) -> dict[str, GpuActivity]:
-        nvml = _pynvml()
+
+class NvmlUnreadable(Exception):
+    """NVML could not be read at all (no driver, no package); the message says why."""
+
+
+def read_gpus(
+    name_holders: Callable[[list[int]], tuple[Holder, ...] | None] = holders_of,
+) -> dict[str, GpuActivity]:
+    """This host's GPUs now, by UUID (blocking: NVML answers in milliseconds when well).
+    Raises :class:`NvmlUnreadable`; a GPU that fails mid-read is left out (unknown)."""
+    nvml = _pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as err:
+        raise NvmlUnreadable(
+            f"NVML: cannot start ({_said(err)}); is the NVIDIA driver loaded?"
+        ) from err
+    try:
         try:
-            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as err:
-            raise _Unreadable(
-                f"NVML: cannot start ({_said(err)}); is the NVIDIA driver loaded?"
-            ) from err
-        try:
-            try:
-                count = nvml.nvmlDeviceGetCount()
-            except nvml.NVMLError as err:
-                raise _Unreadable(f"NVML: cannot count GPUs ({_said(err)})") from err
-            gpus = {}
-            for index in range(count):
-                gpu = _read_gpu(nvml, index, self._name_holders)
-                if gpu is not None:
-                    gpus[gpu.uuid] = gpu
-            return gpus
-        finally:
-            _shutdown(nvml)
-
-
-class _Unreadable(Exception):
-    """Raised in the reading thread; turned into ActivityUnreadable with the host's name."""
+            raise NvmlUnreadable(f"NVML: cannot count GPUs ({_said(err)})") from err
+        gpus = {}
+        for index in range(count):
+            gpu = _read_gpu(nvml, index, name_holders)
+            if gpu is not None:
+                gpus[gpu.uuid] = gpu
+        return gpus
+    finally:
+        _shutdown(nvml)
 
 
 def _pynvml() -> ModuleType:
     try:
         return importlib.import_module("pynvml")
     except ImportError as err:
-        raise _Unreadable(f"NVML: the nvidia-ml-py package is not installed ({err})") from err
+        raise NvmlUnreadable(f"NVML: the nvidia-ml-py package is not installed ({err})") from err
 
 
 def _read_gpu(

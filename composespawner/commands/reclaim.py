@@ -19,6 +19,7 @@ import time
 from traitlets import Bool, Enum, Float, TraitError, Unicode, default
 
 from composespawner.activity import ActivitySource
+from composespawner.activity.agent import AgentActivity, ssh_settings
 from composespawner.activity.dcgm import DcgmExporter
 from composespawner.activity.nvml import NvmlSource
 from composespawner.domain.reclaim import ReclaimPolicy
@@ -45,12 +46,15 @@ class ReclaimerApp(ComposeApplication):
         longest gap between readings a window may span), or no window ever fills.""",
     )
     activity_source = Enum(
-        ["dcgm", "nvml"],
+        ["dcgm", "nvml", "agent"],
         "dcgm",
         config=True,
         help="""Where GPU activity is read: 'dcgm', each host's DCGM exporter over HTTP
         (dcgm_url_template); 'nvml', this machine's own GPUs (a site of one host, where
-        the reclaimer runs beside its GPUs).""",
+        the reclaimer runs beside its GPUs); 'agent', each bare compute host's agent over
+        the SSH launcher's links (c.SSHLauncher.hosts, ssh_key, known_hosts), which reads
+        NVML on its host. 'nvml' and 'agent' name the kernels holding each GPU, so a
+        reclaim ends only those; with 'dcgm' it ends every kernel of the server.""",
     )
     dcgm_url_template = Unicode(
         "http://{host_id}:9400/metrics",
@@ -104,6 +108,14 @@ class ReclaimerApp(ComposeApplication):
     def source(self) -> ActivitySource:
         if self.activity_source == "nvml":
             return NvmlSource(self.activity_timeout)
+        if self.activity_source == "agent":
+            ssh = ssh_settings(self.config, self.log)
+            if not ssh.hosts:
+                raise SystemExit(
+                    f"{self.name}: activity_source 'agent' reads each host through its"
+                    " agent, but c.SSHLauncher.hosts lists no host"
+                )
+            return AgentActivity(ssh, self.activity_timeout, log=self.log)
         template = self.dcgm_url_template
         if "{host_id}" not in template:
             raise SystemExit(
@@ -147,7 +159,7 @@ class ReclaimerApp(ComposeApplication):
             else:
                 await reclaimer.run_forever(self.interval)
         finally:
-            if isinstance(source, DcgmExporter):
+            if isinstance(source, DcgmExporter | AgentActivity):
                 await source.close()
             if kernels is not None:
                 await kernels.close()

@@ -17,11 +17,13 @@ from composespawner.hostagent.starting import StartFailed
 from composespawner.launchers.agent_protocol import (
     ListNotebooks,
     PollNotebook,
+    ReadActivity,
     Refused,
     Request,
     StartNotebook,
     StopNotebook,
     WatchExits,
+    activity_fields,
     parse_request,
     reply,
 )
@@ -62,6 +64,8 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
         request = parse_request(data)
     except Refused as e:
         return refuse(who(data), str(e), say)
+    if isinstance(request, ReadActivity):
+        return read_activity(say)
     from composespawner.hostagent.notebooks import Notebooks
 
     notebooks = Notebooks(config)
@@ -77,6 +81,20 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
         return False
     if fields is not None:
         say(reply(ok=True, **fields))
+    return True
+
+
+def read_activity(say: Say) -> bool:
+    """Answer with this host's GPUs as NVML reads them, each with the processes holding
+    it and their kernels (the agent runs as root in the host's own PID namespace, so it
+    can name every notebook's kernel: the hub's reclaimer then ends only those)."""
+    from composespawner.activity.nvml import NvmlUnreadable, read_gpus
+
+    try:
+        gpus = read_gpus()
+    except NvmlUnreadable as e:
+        return fail("op=activity", str(e), say)
+    say(reply(ok=True, **activity_fields(gpus.values())))
     return True
 
 

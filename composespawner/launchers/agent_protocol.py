@@ -16,6 +16,7 @@ Requests (``"v": 1`` in each)::
     {"op": "poll", "machine": ...}
     {"op": "watch"}      stays open: one line per notebook of this host that exits
     {"op": "list"}       the notebooks this host's agent runs
+    {"op": "activity"}   what the host's GPUs are doing, from NVML on the host
 
 ``gpu_share`` n (2-64) asks for 1/n of its one GPU, which other notebooks may hold in
 shares of the same size; absent is 1, whole GPUs, and the hub leaves it out for them,
@@ -24,7 +25,8 @@ as a field it does not know).
 
 Replies: ``{"progress": "building…", "percent": 40}`` lines while a start builds
 its stack, then ``{"ok": true, ...}`` (a start: ``ip``, ``port``, ``pid``; a poll:
-``running`` and ``status``; a list: ``notebooks``), or ``{"ok": false, "refused":
+``running`` and ``status``; a list: ``notebooks``; an activity: ``gpus``, see
+:func:`activity_fields`), or ``{"ok": false, "refused":
 why}`` for a request the agent will not do (nothing was done), or ``{"ok": false,
 "error": why}`` for one that failed on the host (what was begun is undone). A
 watch writes ``{"exited": machine, "status": n | null}`` lines until the channel
@@ -42,8 +44,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from composespawner.domain.activity import GpuActivity, Holder, gpu_uuid
 
 VERSION = 1
 MAX_REQUEST_BYTES = 4 << 20  # a stack's lock and common files are the bulk
@@ -64,13 +69,19 @@ FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # on a shared host, by index only where the machine has the host to itself.
 GPU_SELECTOR = re.compile(r"(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}|[0-9]{1,3}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# A GPU's UUID as NVML gives it, and a Jupyter kernel's id as its connection file names it.
+GPU_UUID = re.compile(r"(GPU-)?[0-9A-Fa-f][0-9A-Fa-f-]{7,63}")
+KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_MIB = 1 << 24  # framebuffer of one GPU, far above any made
 # Set by the agent itself (PATH from the stack, the GPUs from "gpus"), or able to
 # change what a program loads before it runs: never taken from a request.
 ENV_REFUSED_PREFIXES = ("LD_", "COMPOSE_AGENT_")
 ENV_SET_BY_AGENT = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
 )
-OPS = ("start", "stop", "poll", "watch", "list")
+OPS = ("start", "stop", "poll", "watch", "list", "activity")
+MAX_GPUS_READ = 64  # GPUs of one host in an activity reply
+MAX_HOLDERS = 1024  # processes holding one GPU
 
 
 class Refused(ValueError):
@@ -130,7 +141,12 @@ class ListNotebooks:
     op: str = field(default="list", init=False)
 
 
-Request = StartNotebook | StopNotebook | PollNotebook | WatchExits | ListNotebooks
+@dataclass(frozen=True, slots=True)
+class ReadActivity:
+    op: str = field(default="activity", init=False)
+
+
+Request = StartNotebook | StopNotebook | PollNotebook | WatchExits | ListNotebooks | ReadActivity
 
 
 # -- replies -------------------------------------------------------------------
@@ -230,6 +246,77 @@ def _stack_body(stack: StackSource | None) -> dict[str, Any] | None:
     }
 
 
+# -- an activity's answer (the agent writes it, the hub reads it) -------------------
+
+
+def activity_fields(gpus: Iterable[GpuActivity]) -> dict[str, Any]:
+    """The fields of the agent's answer to an activity: ``{"gpus": [{"uuid",
+    "utilization", "memory_used_mib", "processes", "holders"}]}``, each holder a
+    ``[pid, kernel id or null]`` pair, ``holders`` null where they could not be named."""
+    return {
+        "gpus": [
+            {
+                "uuid": gpu.uuid,
+                "utilization": gpu.utilization,
+                "memory_used_mib": gpu.memory_used_mib,
+                "processes": gpu.processes,
+                "holders": None
+                if gpu.holders is None
+                else [[holder.pid, holder.kernel_id] for holder in gpu.holders],
+            }
+            for gpu in gpus
+        ]
+    }
+
+
+def parse_activity(fields: Mapping[str, Any]) -> dict[str, GpuActivity]:
+    """The GPUs of an activity's answer by UUID. Raises ValueError for anything the agent
+    does not send (a figure out of range, a GPU twice, a kernel id that is none): a
+    reading is never guessed at, so a garbled one counts as unread, never as idle."""
+    gpus = fields.get("gpus")
+    if not isinstance(gpus, list) or len(gpus) > MAX_GPUS_READ:
+        raise ValueError(f"gpus is not a list of at most {MAX_GPUS_READ} GPUs")
+    read: dict[str, GpuActivity] = {}
+    for gpu in gpus:
+        if not isinstance(gpu, dict):
+            raise ValueError(f"a GPU is not an object: {_excerpt(repr(gpu))}")
+        uuid = gpu_uuid(_matching(gpu.get("uuid"), GPU_UUID, "uuid", ValueError))
+        if uuid in read:
+            raise ValueError(f"GPU {uuid} is listed twice")
+        processes = gpu.get("processes")
+        read[uuid] = GpuActivity(
+            uuid,
+            _figure(gpu.get("utilization"), "utilization", 100),
+            _figure(gpu.get("memory_used_mib"), "memory_used_mib", MAX_MIB),
+            None if processes is None else _int(processes, "processes", 0, MAX_HOLDERS),
+            _holders(gpu.get("holders")),
+        )
+    return read
+
+
+def _holders(holders: Any) -> tuple[Holder, ...] | None:
+    if holders is None:
+        return None
+    if not isinstance(holders, list) or len(holders) > MAX_HOLDERS:
+        raise ValueError(f"holders is a list of at most {MAX_HOLDERS} [pid, kernel] pairs")
+    named = []
+    for holder in holders:
+        if not isinstance(holder, list) or len(holder) != 2:
+            raise ValueError(f"a holder is not a [pid, kernel] pair: {_excerpt(repr(holder))}")
+        pid, kernel = holder
+        if kernel is not None:
+            kernel = _matching(kernel, KERNEL_ID, "a holder's kernel", ValueError)
+        named.append(Holder(_int(pid, "a holder's pid", 1, 1 << 22), kernel))
+    return tuple(sorted(named))
+
+
+def _figure(value: Any, what: str, most: float) -> float:
+    # bool is an int in Python, and JSON's true is not a figure; NaN is no reading.
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= most:
+        raise ValueError(f"{what}: {_excerpt(repr(value))} is not a figure 0-{most:g}")
+    return float(value)
+
+
 # -- the agent's side ------------------------------------------------------------
 
 
@@ -260,7 +347,9 @@ def parse_request(data: bytes) -> Request:
         machine = _matching(body.get("machine"), MACHINE_ID, "machine")
         return StopNotebook(machine) if op == "stop" else PollNotebook(machine)
     _only(body, {"v", "op"})
-    return WatchExits() if op == "watch" else ListNotebooks()
+    if op == "watch":
+        return WatchExits()
+    return ListNotebooks() if op == "list" else ReadActivity()
 
 
 def _start(body: dict[str, Any]) -> StartNotebook:
@@ -369,9 +458,11 @@ def _only(body: dict[str, Any], allowed: set[str], what: str = "the request") ->
         raise Refused(f"{what} has fields this agent does not know: {', '.join(unknown)}")
 
 
-def _matching(value: Any, pattern: re.Pattern[str], what: str) -> str:
+def _matching(
+    value: Any, pattern: re.Pattern[str], what: str, error: type[ValueError] = Refused
+) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise Refused(f"{what}: {_excerpt(repr(value))} is not allowed ({pattern.pattern})")
+        raise error(f"{what}: {_excerpt(repr(value))} is not allowed ({pattern.pattern})")
     return value
 
 

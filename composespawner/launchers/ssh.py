@@ -165,6 +165,20 @@ class SSHSettings(LoggingConfigurable):
     stack_variant = "cpu"
     machine: ComposedMachine | None = None  # the mixin's; set before start
 
+    def link_settings(self, where: str) -> LinkSettings:
+        """How to reach the agent at ``where`` (an address of ``hosts``)."""
+        address, port = parse_address(where)
+        return LinkSettings(
+            address=address,
+            port=port,
+            username=self.ssh_user,
+            key=self.ssh_key,
+            known_hosts=self.known_hosts,
+            connect_timeout=self.connect_timeout,
+            keepalive_interval=self.keepalive_interval,
+            max_sessions=self.max_sessions,
+        )
+
     @validate("hosts")
     def _valid_hosts(self, proposal: dict[str, Any]) -> dict[str, str]:
         hosts: dict[str, str] = proposal["value"]
@@ -252,19 +266,6 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
 
     # -- the host -----------------------------------------------------------------------
 
-    def _settings(self, where: str) -> LinkSettings:
-        address, port = parse_address(where)
-        return LinkSettings(
-            address=address,
-            port=port,
-            username=self.ssh_user,
-            key=self.ssh_key,
-            known_hosts=self.known_hosts,
-            connect_timeout=self.connect_timeout,
-            keepalive_interval=self.keepalive_interval,
-            max_sessions=self.max_sessions,
-        )
-
     def machine_states(self) -> MachineStates | None:
         """How to ask the ledger what became of machines; the composing spawner says
         (None: no ledger, and no notebook on a host is ever taken for an orphan)."""
@@ -274,7 +275,7 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
         states = self.machine_states()
         if states is not None:
             SSHLauncher._ledger_states = states
-        return self.links.link(self._settings(where), HOOKS, self.log)
+        return self.links.link(self.link_settings(where), HOOKS, self.log)
 
     # -- start ----------------------------------------------------------------------------
 
@@ -418,7 +419,7 @@ def _unreachable(
     """The refusal of a start that could not reach the host; the log says why."""
     detail = describe(error)
     if isinstance(error, asyncssh.HostKeyNotVerifiable):
-        settings = launcher._settings(where)
+        settings = launcher.link_settings(where)
         detail = host_key_problem(settings.known_hosts, settings.address, settings.port)
     log_line, refusal = unreachable(error, host_id, where, detail, launcher.connect_timeout)
     launcher.log.error("%s: %s", log_name(launcher), log_line)

@@ -125,11 +125,15 @@ class Trips:
 
 
 class HostLink:
-    """The connection to one host's agent, made on first use and again after a loss."""
+    """The connection to one host's agent, made on first use and again after a loss.
+
+    With ``hooks`` it watches the host's notebook exits from its first request on (the
+    launcher's links); without, it only asks (the reclaimer's, which reads activity).
+    """
 
     counters: ClassVar[Counters] = Counters()
 
-    def __init__(self, settings: LinkSettings, hooks: LinkHooks, log: Log) -> None:
+    def __init__(self, settings: LinkSettings, hooks: LinkHooks | None, log: Log) -> None:
         self.settings = settings
         self._hooks = hooks
         self.log = log
@@ -266,7 +270,8 @@ class HostLink:
     async def _reached(self) -> asyncssh.SSHClientConnection:
         """The connection, with the watch on; made again if it is found broken."""
         connection = await self.connection()
-        self.ensure_watch()
+        if self._hooks is not None:
+            self.ensure_watch()
         return connection
 
     @asynccontextmanager
@@ -351,7 +356,8 @@ class HostLink:
     async def _watching(self) -> None:
         """Until cancelled, or the host is away and runs none of this hub's notebooks (a
         request starts it again)."""
-        s, delay = self.settings, WATCH_RETRY_FIRST
+        s, delay, hooks = self.settings, WATCH_RETRY_FIRST, self._hooks
+        assert hooks is not None, "a link without hooks watches nothing"
         while True:
             try:
                 connection = await self.connection()
@@ -374,7 +380,7 @@ class HostLink:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # anything: the watch must outlive it
-                if not self._hooks.watched(self.settings):
+                if not hooks.watched(self.settings):
                     self.log.info("SSH: %s runs no notebook of this hub; not watched", s.where)
                     return
                 self.log.warning(
@@ -389,6 +395,7 @@ class HostLink:
             delay = min(delay * 2, WATCH_RETRY_MOST)
 
     async def _exited(self, exit: Exited) -> None:
+        assert self._hooks is not None
         try:
             await self._hooks.exited(self.settings, exit.machine, exit.status)
         except Exception:
@@ -402,6 +409,7 @@ class HostLink:
         """Hand the hub the notebooks the host runs (once its watch is made)."""
         try:
             answer = await self.request(ListNotebooks(), LIST_TIMEOUT)
+            assert self._hooks is not None
             await self._hooks.listed(self, listed_machines(answer))
         except asyncio.CancelledError:
             raise
@@ -462,7 +470,7 @@ class HostLinks:
     def __init__(self) -> None:
         self._links: dict[LinkSettings, HostLink] = {}
 
-    def link(self, settings: LinkSettings, hooks: LinkHooks, log: Log) -> HostLink:
+    def link(self, settings: LinkSettings, hooks: LinkHooks | None, log: Log) -> HostLink:
         link = self._links.get(settings)
         # A link belongs to the event loop it was made on (a test's loop ends with it).
         if link is None or link.loop is not asyncio.get_running_loop():

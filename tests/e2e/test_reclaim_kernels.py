@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,21 +29,25 @@ ROOT = Path(__file__).resolve().parents[2]
 STUB = ROOT / "tests" / "support" / "nvml_stub"
 
 
-def config(state: Path) -> str:
+def config(state: Path, source: str = "nvml") -> str:
     """The demo's hub with a reclaimer of its own, as the demo config runs one (its
-    command, role and config file), reading NVML through the stub."""
+    command, role and config file), reading NVML through the stub: itself (``"nvml"``),
+    or each host's agent (``"agent"``: the stub is then in the agents' environment)."""
+    stub = f"""
+reclaimer["environment"]["PYTHONPATH"] = "{STUB}:{ROOT}"
+reclaimer["environment"]["FAKE_NVML_STATE"] = "{state}"
+"""
     return f"""
 from pathlib import Path
 from composespawner.commands.hubconfig import RECLAIMER, Services
 
 c.ReclaimerApp.interval = 1
-c.ReclaimerApp.activity_source = "nvml"
+c.ReclaimerApp.activity_source = "{source}"
 c.ComposeSettings.reclaim_policy = {{
     "detach_after": 6, "warn_after": 8, "reclaim_after": 20, "max_gap": 5
 }}
 reclaimer = Services(Path("{ROOT}/hub_config/jupyterhub_config.py"), portal_port=0).reclaimer()
-reclaimer["environment"]["PYTHONPATH"] = "{STUB}:{ROOT}"
-reclaimer["environment"]["FAKE_NVML_STATE"] = "{state}"
+{stub if source == "nvml" else ""}
 c.JupyterHub.services.append(reclaimer)
 c.JupyterHub.load_roles.append(
     {{"name": RECLAIMER, "scopes": ["access:servers"], "services": [RECLAIMER]}}
@@ -55,8 +59,9 @@ c.JupyterHub.load_roles.append(
 """
 
 
-def set_nvml(state: Path, gpus: list[dict[str, object]]) -> None:
-    """What NVML says from now on, written whole (the reclaimer never reads half)."""
+def set_nvml(state: Path, gpus: list[dict[str, object]] | str) -> None:
+    """What NVML says from now on, written whole (the reclaimer never reads half): the
+    GPUs, or "no driver" (see tests/support/nvml_stub)."""
     partial = state.with_suffix(".partial")
     partial.write_text(json.dumps(gpus))
     os.replace(partial, state)
@@ -102,12 +107,21 @@ def start_kernel(hub: Hub, user: str) -> str:
 
 @pytest.mark.timeout(300)
 def test_a_reclaim_shuts_down_only_the_kernel_holding_the_idle_gpu(hub: Hub, state: Path) -> None:
+    only_the_holding_kernel_goes(hub, state, lambda: process_env(notebook_pid(hub, "student1")))
+
+
+def only_the_holding_kernel_goes(
+    hub: Hub, state: Path, notebook_env: Callable[[], dict[str, str]]
+) -> None:
+    """student1's server on two T4s, three kernels: one holds a T4 idle, one works on the
+    other, one holds none. Only the first is shut down, with its T4. ``notebook_env``:
+    the environment of the server's notebook process (where its launcher says it is)."""
     ledger = Ledger(hub.ledger_url())
     try:
         response = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 2})
         assert response.status_code in (201, 202), response.text
         hub.wait_ready("student1", timeout=180)
-        env = process_env(notebook_pid(hub, "student1", ""))
+        env = notebook_env()
         (idle_gpu, idle_uuid), (busy_gpu, busy_uuid) = (
             (gpu["id"], gpu["uuid"]) for gpu in json.loads(env["COMPOSE_GPUS"])
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from composespawner.domain.activity import GpuActivity, Holder
 from composespawner.launchers.agent_protocol import (
     MAX_REQUEST_BYTES,
     Done,
@@ -17,13 +18,16 @@ from composespawner.launchers.agent_protocol import (
     ListNotebooks,
     PollNotebook,
     Progress,
+    ReadActivity,
     Refused,
     RefusedReply,
     StackSource,
     StartNotebook,
     StopNotebook,
     WatchExits,
+    activity_fields,
     encode_request,
+    parse_activity,
     parse_reply,
     parse_request,
     reply,
@@ -60,8 +64,8 @@ def start_body(**changes: Any) -> bytes:
 
 @pytest.mark.parametrize(
     "request_",
-    [START, StopNotebook("m1"), PollNotebook("m1"), WatchExits(), ListNotebooks()],
-    ids=["start", "stop", "poll", "watch", "list"],
+    [START, StopNotebook("m1"), PollNotebook("m1"), WatchExits(), ListNotebooks(), ReadActivity()],
+    ids=["start", "stop", "poll", "watch", "list", "activity"],
 )
 def test_every_request_goes_round_intact(request_: Any) -> None:
     assert parse_request(encode_request(request_)) == request_
@@ -192,3 +196,64 @@ def test_replies_read_back(line: bytes, expected: object) -> None:
 def test_a_reply_that_is_not_the_agents_is_an_error(line: bytes) -> None:
     with pytest.raises(ValueError, match="not"):
         parse_reply(line)
+
+
+# -- an activity's answer ----------------------------------------------------------
+
+UUID = "1b2f4c3e-55aa-4bb0-8c1d-2e3f4a5b6c7d"
+GPUS = [
+    GpuActivity(UUID, 0.0, 2000.0, 2, (Holder(41, "4f0c3a52-1d2e"), Holder(77, None))),
+    GpuActivity("9" + UUID[1:], 87.5, 9000.0, None, None),  # holders not named
+]
+
+
+def test_an_activity_goes_round_intact_through_a_reply_line() -> None:
+    line = reply(ok=True, **activity_fields(GPUS))
+    done = parse_reply(line)
+    assert isinstance(done, Done)
+    assert parse_activity(done.fields) == {gpu.uuid: gpu for gpu in GPUS}
+
+
+def test_an_activity_names_gpus_as_nvml_gives_them() -> None:
+    gpu = {"uuid": f"GPU-{UUID.upper()}", "utilization": 3, "memory_used_mib": 1}
+    (read,) = parse_activity({"gpus": [gpu | {"processes": 0, "holders": []}]}).values()
+    assert read == GpuActivity(UUID, 3.0, 1.0, 0, ())
+
+
+def gpu(**changes: Any) -> dict[str, Any]:
+    body = activity_fields(GPUS[:1])["gpus"][0]
+    body.update(changes)
+    return {"gpus": [body]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({}, "gpus is not a list"),
+        ({"gpus": {"a": 1}}, "gpus is not a list"),
+        ({"gpus": [gpu()["gpus"][0]] * 65}, "at most 64"),
+        ({"gpus": ["GPU-1"]}, "a GPU is not an object"),
+        ({"gpus": [gpu()["gpus"][0]] * 2}, "listed twice"),
+        (gpu(uuid="../etc"), "uuid"),
+        (gpu(uuid=None), "uuid"),
+        (gpu(utilization=101), "utilization"),
+        (gpu(utilization=-1), "utilization"),
+        (gpu(utilization=float("nan")), "utilization"),
+        (gpu(utilization=True), "utilization"),
+        (gpu(utilization="5"), "utilization"),
+        (gpu(memory_used_mib=1e12), "memory_used_mib"),
+        (gpu(memory_used_mib=None), "memory_used_mib"),
+        (gpu(processes=-1), "processes"),
+        (gpu(processes=False), "processes"),
+        (gpu(holders="kernel"), "holders is a list"),
+        (gpu(holders=[[41]]), "not a \\[pid, kernel\\] pair"),
+        (gpu(holders=[{"pid": 41}]), "not a \\[pid, kernel\\] pair"),
+        (gpu(holders=[[0, None]]), "pid"),
+        (gpu(holders=[["41", None]]), "pid"),
+        (gpu(holders=[[41, "../../api/users"]]), "kernel"),
+        (gpu(holders=[[41, ""]]), "kernel"),
+    ],
+)
+def test_an_activity_that_is_not_the_agents_is_an_error(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_activity(fields)

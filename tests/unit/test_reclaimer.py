@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from composespawner.activity.agent import AgentActivity
 from composespawner.commands import hubconfig
 from composespawner.commands.reclaim import ReclaimerApp
 from composespawner.domain.activity import ActivityReading, GpuActivity
@@ -543,6 +544,7 @@ def test_the_service_reads_its_policy_and_source_from_the_hubs_config(tmp_path: 
             "max_gap",
         ),
         ("c.ReclaimerApp.dcgm_url_template = 'http://one/metrics'\n", "has no {host_id}"),
+        ("c.ReclaimerApp.activity_source = 'agent'\n", "c.SSHLauncher.hosts lists no host"),
     ],
 )
 def test_a_policy_or_source_that_cannot_work_stops_the_service_at_start(
@@ -552,6 +554,29 @@ def test_a_policy_or_source_that_cannot_work_stops_the_service_at_start(
 
     with pytest.raises(SystemExit, match=re.escape(said)):
         _checked_at_start(app)
+
+
+def test_the_agent_source_reaches_the_hosts_as_the_ssh_launcher_does(tmp_path: Path) -> None:
+    app = _app(
+        tmp_path,
+        "c.ReclaimerApp.activity_source = 'agent'\n"
+        "c.ReclaimerApp.activity_timeout = 4\n"
+        "c.SSHLauncher.hosts = {'host-01': '10.0.0.1', 'host-02': '10.0.0.2:2222'}\n"
+        "c.SSHLauncher.ssh_key = '/etc/composespawner/hub_key'\n"
+        "c.ComposeSSHSpawner.known_hosts = '/etc/composespawner/known_hosts'\n",
+    )
+
+    source = app.source()
+
+    assert isinstance(source, AgentActivity)
+    assert source.timeout == 4
+    settings = source.settings.link_settings(source.hosts["host-02"])
+    assert (settings.address, settings.port, settings.key, settings.known_hosts) == (
+        "10.0.0.2",
+        2222,
+        "/etc/composespawner/hub_key",
+        "/etc/composespawner/known_hosts",
+    )
 
 
 def _checked_at_start(app: ReclaimerApp) -> None:

@@ -1,7 +1,8 @@
 """``pynvml`` for a hub's reclaimer under test: the strict fake of ``tests/activity``, whose
 GPUs are read from the JSON file ``$FAKE_NVML_STATE`` at every ``nvmlInit`` (a list of
 ``FakeGpu`` fields: ``uuid`` as NVML gives it, ``utilization``, ``used_mib``, ``pids``;
-the pids of processes that have ended are left out, as the driver does).
+the pids of processes that have ended are left out, as the driver does), or the string
+``"no driver"``: NVML then cannot start, as on a host whose NVIDIA driver is not loaded.
 
 It stands where the NVIDIA driver would, and only in the reclaimer's environment
 (``PYTHONPATH`` of that service): the tests write the file (atomically) to say which
@@ -23,6 +24,9 @@ _nvml = FakeNvml()
 
 def nvmlInit() -> None:
     state = json.loads(Path(os.environ["FAKE_NVML_STATE"]).read_text())
+    no_driver = state == "no driver"
+    _nvml.init_error = fake_pynvml.NVMLError_DriverNotLoaded if no_driver else None
+    state = [] if no_driver else state
     _nvml.gpus = [FakeGpu(**{**gpu, "pids": _alive(gpu.get("pids", ()))}) for gpu in state]
     _nvml.nvmlInit()
 
