@@ -54,6 +54,16 @@
 #   COMPOSE_MAX_GPUS_PER_USER   (4)
 #   COMPOSE_ENFORCE_SHARES      required (a share no cgroup can hold refuses the start)
 #                               or best-effort (it runs unlimited, with a warning)
+# Giving idle GPUs back while servers run (README: "Idle GPUs go back")
+#   COMPOSE_RECLAIM             1 runs the reclaimer (0: off, idle GPUs stay with servers)
+#   COMPOSE_RECLAIM_POLICY      what differs from the defaults, field=seconds comma-separated
+#                               (detach_after=600,warn_after=1800,reclaim_after=3600; off
+#                               turns a step off; keeps_allowed=2 limits Keep presses)
+#   COMPOSE_DCGM_URL_TEMPLATE   with compose-kubernetes: each node's DCGM exporter,
+#                               http://{host_id}:9400/metrics (the GPU operator runs one);
+#                               compose-ssh reads each host's agent, compose this host's NVML
+#   COMPOSE_HUB_CA_BUNDLE       CA bundle for the public URL's certificate, where the system
+#                               does not trust it (the reclaimer reaches kernels through it)
 #   COMPOSE_EXTRA_CONFIG        a further config file loaded last (local overrides)
 #
 # Schema upgrades are a deploy step, as for JupyterHub itself:
@@ -65,7 +75,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from composespawner.commands.embedded import hub_templates_dir
-from composespawner.commands.hubconfig import CUSTOM_SCOPES, Services, roles, setting, setting_list
+from composespawner.commands.hubconfig import (
+    CUSTOM_SCOPES,
+    Services,
+    policy_setting,
+    roles,
+    setting,
+    setting_list,
+)
 from composespawner.launchers.ssh_requests import parse_address
 
 
@@ -193,14 +210,40 @@ c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 120
 
 # --- services, scopes and roles (as the embedded default's) -------------------
-c.JupyterHub.services = Services(
+SERVICES = Services(
     config_file=Path(__file__),
     portal_port=PORTAL_PORT,
     cull_timeout=int(setting("COMPOSE_CULL_TIMEOUT", "3600")),
     cull_every=int(setting("COMPOSE_CULL_EVERY", "300")),
-).services()
+)
+c.JupyterHub.services = SERVICES.services()
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
-c.JupyterHub.load_roles = roles(admins={"groups": setting_list("COMPOSE_ADMIN_GROUPS")})
+
+# --- giving idle GPUs back (COMPOSE_RECLAIM=1) ---------------------------------
+# Off unless the site turns it on. Activity is read where the spawner runs notebooks:
+# each bare host's agent (compose-ssh) or NVML on this host (compose), which name the
+# kernels holding a GPU, or each node's DCGM exporter (compose-kubernetes), which does
+# not (a reclaim then ends every kernel of the server). Kernels are reached through the
+# public URL, as users reach them. The portal reads the same policy to tell users.
+RECLAIM = setting("COMPOSE_RECLAIM", "0") == "1"
+c.ComposeSettings.reclaim_policy = policy_setting("COMPOSE_RECLAIM_POLICY")
+if RECLAIM:
+    SOURCES = {"compose": "nvml", "compose-ssh": "agent", "compose-kubernetes": "dcgm"}
+    c.ReclaimerApp.activity_source = SOURCES.get(c.JupyterHub.spawner_class, "dcgm")
+    if c.ReclaimerApp.activity_source == "dcgm":
+        TEMPLATE = setting("COMPOSE_DCGM_URL_TEMPLATE", "")  # the role writes it empty
+        if not TEMPLATE:
+            raise SystemExit(
+                "composespawner: set COMPOSE_DCGM_URL_TEMPLATE to where each node's DCGM"
+                " exporter answers, e.g. http://{host_id}:9400/metrics, or COMPOSE_RECLAIM=0"
+            )
+        c.ReclaimerApp.dcgm_url_template = TEMPLATE
+    c.ReclaimerApp.hub_url = PUBLIC_URL
+    c.ReclaimerApp.hub_ca_bundle = setting("COMPOSE_HUB_CA_BUNDLE", "")
+    c.JupyterHub.services.append(SERVICES.reclaimer())
+c.JupyterHub.load_roles = roles(
+    admins={"groups": setting_list("COMPOSE_ADMIN_GROUPS")}, reclaimer=RECLAIM
+)
 
 if os.environ.get("COMPOSE_EXTRA_CONFIG"):
     load_subconfig(os.environ["COMPOSE_EXTRA_CONFIG"])  # noqa: F821 (injected like get_config)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composespawner.domain.reclaim import SITE_DEFAULT, policy_problems
+
 CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
     "custom:compose:staff": {
         "description": "Manage cohorts in the GPU portal: dates, sessions, stacks, starter"
@@ -193,6 +195,34 @@ def setting(name: str, default: str | None = None) -> str:
     if value is None:
         raise SystemExit(f"composespawner: set {name} (see the config file's header for what)")
     return value
+
+
+def policy_setting(name: str) -> dict[str, Any]:
+    """A reclaim policy from the environment: the fields that differ from the defaults,
+    ``field=value`` comma-separated (``warn_after=1800,keeps_allowed=2``; ``off`` turns a
+    step off), {} when unset. One that cannot be used ends the hub saying why."""
+    policy: dict[str, Any] = {}
+    for entry in setting_list(name):
+        field, _, value = (part.strip() for part in entry.partition("="))
+        if not field or not value:
+            raise SystemExit(
+                f"composespawner: {name}: {entry!r} is not field=value (e.g. warn_after=1800)"
+            )
+        policy[field] = None if value == "off" else _number(value)
+    problems = policy_problems(policy, over=SITE_DEFAULT)
+    if problems:
+        raise SystemExit(f"composespawner: {name} cannot be used: {'; '.join(problems.values())}")
+    return policy
+
+
+def _number(text: str) -> int | float | str:
+    """``text`` as the number it is; as it is when none (the policy's check names it)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 def setting_list(name: str) -> list[str]:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import time
 
 from traitlets import Bool, Enum, Float, TraitError, Unicode, default
@@ -76,6 +77,12 @@ class ReclaimerApp(ComposeApplication):
         kernels API is. Empty: kernels cannot be shut down, so idle GPUs are warned about
         but never reclaimed.""",
     )
+    hub_ca_bundle = Unicode(
+        "",
+        config=True,
+        help="""A CA bundle (PEM) to check hub_url's certificate with, where it is not one
+        the system trusts (a self-signed or campus CA). Empty: the system's CAs.""",
+    )
     kernels_timeout = Float(10.0, config=True, help="Seconds for one call to a kernels API.")
     once = Bool(False, config=True, help="Make one pass, print what it did as JSON, and exit.")
     aliases = {
@@ -125,17 +132,19 @@ class ReclaimerApp(ComposeApplication):
         return DcgmExporter(lambda host: template.format(host_id=host), self.activity_timeout)
 
     def start(self) -> None:
-        policy, source = self.site_policy(), self.source()  # config errors before anything runs
+        # Config errors before anything runs.
+        policy, source, kernels = self.site_policy(), self.source(), self._kernels()
         with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-            asyncio.run(self._run(policy, source))
+            asyncio.run(self._run(policy, source, kernels))
 
-    async def _run(self, policy: ReclaimPolicy, source: ActivitySource) -> None:
+    async def _run(
+        self, policy: ReclaimPolicy, source: ActivitySource, kernels: NotebookKernels | None
+    ) -> None:
         # The hub stops its services with SIGINT, then SIGTERM: either way the pass in
         # progress is cancelled and the clients closed.
         main = asyncio.current_task()
         assert main is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-        kernels = self._kernels()
         composer = build_composer(self.settings, self.log, for_spawns=False)
         reclaimer = Reclaimer(
             composer,
@@ -173,4 +182,9 @@ class ReclaimerApp(ComposeApplication):
                 " detached when unheld, but never reclaimed from kernels"
             )
             return None
-        return NotebookKernels(self.hub_url, token, self.kernels_timeout)
+        try:
+            return NotebookKernels(self.hub_url, token, self.kernels_timeout, self.hub_ca_bundle)
+        except (OSError, ssl.SSLError) as e:
+            raise SystemExit(
+                f"{self.name}: hub_ca_bundle {self.hub_ca_bundle!r} cannot be used: {e}"
+            ) from None

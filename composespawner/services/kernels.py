@@ -14,6 +14,7 @@ its shutdown) is shut down.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -46,9 +47,13 @@ def server_prefix(user: str, server: str) -> str:
 class NotebookKernels:
     """The kernels API of every user's server, reached through the hub's public URL."""
 
-    def __init__(self, hub_url: str, token: str, timeout: float = KERNELS_TIMEOUT) -> None:
+    def __init__(
+        self, hub_url: str, token: str, timeout: float = KERNELS_TIMEOUT, ca_bundle: str = ""
+    ) -> None:
         self.hub_url = hub_url.rstrip("/")
         self.timeout = timeout
+        # "": the system's CAs. Read now: a bundle that cannot be read fails at start.
+        self._tls = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else True
         self._headers = {"Authorization": f"token {token}"}
         self._session: aiohttp.ClientSession | None = None
 
@@ -102,7 +107,10 @@ class NotebookKernels:
 
     def _session_(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers)
+            # Made on first use, on the loop that uses it (as aiohttp wants).
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, connector=aiohttp.TCPConnector(ssl=self._tls)
+            )
         return self._session
 
 

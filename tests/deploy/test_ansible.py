@@ -117,6 +117,10 @@ def test_the_playbook_passes_ansible_lint_with_the_production_profile() -> None:
     assert "Profile 'production' was required, and it passed" in lint.stdout + lint.stderr
 
 
+# The site's reclaim policy, as a site writes it in its variables (YAML's null: no detach).
+RECLAIM_POLICY = {"warn_after": 1200, "reclaim_after": 2400, "detach_after": None}
+
+
 def catalog_without_stacks(path: Path) -> Path:
     """The demo catalog's hardware; notebooks on the venv's own JupyterLab (no stacks,
     whose environments would be built from PyTorch wheels this host cannot fetch)."""
@@ -226,6 +230,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                         "composespawner_host_memory_gib": 512,
                         "composespawner_host_manage_service": False,
                         "composespawner_host_cgroup_parent": cgroup_parent,
+                        # Idle GPUs back while servers run: read through the host's agent.
+                        "composespawner_reclaim": True,
+                        "composespawner_reclaim_policy": RECLAIM_POLICY,
+                        "composespawner_hub_ca_bundle_file": str(tls.ca_bundle),
                     }
                 )
             )
@@ -436,6 +444,35 @@ def test_the_converged_host_serves_https_uses_postgresql_and_spawns(
     wait_for(lambda: hub.attached(host) == [], 60, "the GPU to go back to the pool")
     wait_for(
         lambda: host_notebook(deployment.root, "researcher1") is None, 30, "the notebook to end"
+    )
+
+
+def test_the_reclaimer_runs_with_the_sites_policy_reading_the_hosts_agents(
+    deployment: Deployment, hub: Hub
+) -> None:
+    environment = hub_environment(deployment.root)
+    assert environment["COMPOSE_RECLAIM"] == "1"
+    assert set(environment["COMPOSE_RECLAIM_POLICY"].split(",")) == {
+        "warn_after=1200",
+        "reclaim_after=2400",
+        "detach_after=off",
+    }
+    ca_bundle = environment["COMPOSE_HUB_CA_BUNDLE"]
+    assert (deployment.root / ca_bundle.lstrip("/")).read_bytes() == (
+        deployment.tls.ca_bundle.read_bytes()
+    )
+
+    def started() -> str | None:
+        log = hub.log_path.read_text(errors="replace")
+        return next((line for line in log.splitlines() if "Reclaiming idle GPUs" in line), None)
+
+    line = wait_for(started, 60, "the reclaimer to start")
+    assert "activity from agent" in line
+    policy = json.loads(line.split("policy ", 1)[1])
+    assert (policy["detach_after"], policy["warn_after"], policy["reclaim_after"]) == (
+        None,
+        1200,
+        2400,
     )
 
 

@@ -16,6 +16,7 @@ to answer every request with a status. Every request is recorded.
 from __future__ import annotations
 
 import json
+import ssl
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,13 +144,13 @@ class _Handler(RequestHandler):
 class FakeKernelsServer(LoopbackServer):
     """Serves a :class:`FakeKernels` on a free port of 127.0.0.1, as the hub's proxy would."""
 
-    def __init__(self, fake: FakeKernels) -> None:
-        super().__init__()
+    def __init__(self, fake: FakeKernels, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(tls)
         self.fake = fake
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def application(self) -> Application:
         one = "([^/]+)"

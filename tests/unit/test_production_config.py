@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from traitlets.config import Config
@@ -70,3 +71,87 @@ def test_one_account_for_all_notebooks_is_refused_with_why(
     extra.write_text("c.ComposeSpawner.shared_account = True\n")
     with pytest.raises(SystemExit, match="never runs notebooks under one shared account"):
         load(tmp_path, monkeypatch, COMPOSE_EXTRA_CONFIG=str(extra))
+
+
+def reclaimer_of(config: Config) -> dict[str, Any] | None:
+    return next((s for s in config.JupyterHub.services if s["name"] == "compose-reclaimer"), None)
+
+
+def test_the_reclaimer_runs_only_where_the_site_turns_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    off = load(tmp_path, monkeypatch)
+    assert reclaimer_of(off) is None
+    assert "compose-reclaimer" not in {role["name"] for role in off.JupyterHub.load_roles}
+
+    on = load(tmp_path, monkeypatch, COMPOSE_RECLAIM="1")
+    service = reclaimer_of(on)
+    assert service is not None
+    assert service["command"][-2:] == ["reclaimer", f"--config={HUB_CONFIG}/production_config.py"]
+    [role] = [r for r in on.JupyterHub.load_roles if r["name"] == "compose-reclaimer"]
+    assert role["scopes"] == ["access:servers"]
+    # It reaches the servers' kernels as users do, through the public URL.
+    assert on.ReclaimerApp.hub_url == "https://gpu-hub.example.edu"
+
+
+@pytest.mark.parametrize(
+    ("spawner", "source"),
+    [("compose", "nvml"), ("compose-ssh", "agent"), ("compose-kubernetes", "dcgm")],
+)
+def test_activity_is_read_where_the_spawner_runs_notebooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawner: str, source: str
+) -> None:
+    ssh = {
+        "COMPOSE_SSH_HOSTS": "host-1=10.0.0.11",
+        "COMPOSE_SSH_KEY": "/k",
+        "COMPOSE_SSH_KNOWN_HOSTS": "/kh",
+        "COMPOSE_HUB_API_IP": "10.0.0.1",
+    }
+    config = load(
+        tmp_path,
+        monkeypatch,
+        COMPOSE_SPAWNER=spawner,
+        COMPOSE_RECLAIM="1",
+        COMPOSE_DCGM_URL_TEMPLATE="http://{host_id}.gpu.example.edu:9400/metrics",
+        **(ssh if spawner == "compose-ssh" else {}),
+    )
+    assert config.ReclaimerApp.activity_source == source
+    assert ("dcgm_url_template" in config.ReclaimerApp) == (source == "dcgm")
+
+
+def test_kubernetes_needs_where_each_nodes_dcgm_exporter_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for unset in ({}, {"COMPOSE_DCGM_URL_TEMPLATE": ""}):
+        with pytest.raises(SystemExit, match="set COMPOSE_DCGM_URL_TEMPLATE"):
+            load(
+                tmp_path,
+                monkeypatch,
+                COMPOSE_SPAWNER="compose-kubernetes",
+                COMPOSE_RECLAIM="1",
+                **unset,
+            )
+
+
+def test_the_sites_policy_is_read_and_one_that_cannot_work_stops_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = "warn_after=900, reclaim_after=1800,detach_after=off,busy_percent=2.5"
+    config = load(tmp_path, monkeypatch, COMPOSE_RECLAIM_POLICY=policy)
+    assert config.ComposeSettings.reclaim_policy == {
+        "warn_after": 900,
+        "reclaim_after": 1800,
+        "detach_after": None,
+        "busy_percent": 2.5,
+    }
+    assert load(tmp_path, monkeypatch).ComposeSettings.reclaim_policy == {}  # the defaults
+    for bad, said in [
+        ("warn_after", "'warn_after' is not field=value"),
+        ("=900", "is not field=value"),
+        ("warn_after=soon", "warn_after must be a number"),
+        ("warn_after=-5", "warn_after must be"),
+        ("wait_after=900", "unknown field 'wait_after'"),
+        ("warn_after=3600,reclaim_after=1800", "cannot be used"),
+    ]:
+        with pytest.raises(SystemExit, match=said):
+            load(tmp_path, monkeypatch, COMPOSE_RECLAIM_POLICY=bad)

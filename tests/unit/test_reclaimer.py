@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from composespawner.services.reclaimer import (
     gpus_by_host,
     judge,
 )
+from harness.tls import make_tls_files
 from tests.support.activity_fakes import (
     TOKEN,
     FakeKernels,
@@ -501,6 +503,27 @@ async def test_the_kernels_client_takes_no_refusal_for_an_answer(
     assert server_prefix("a/b", "") == "/user/a%2Fb/"
 
 
+async def test_the_kernels_client_checks_the_hubs_certificate_with_its_ca_bundle(
+    tmp_path: Path,
+) -> None:
+    files = make_tls_files(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(files.cert, files.key)
+    server = FakeKernelsServer(FakeKernels(), tls)
+    server.start()
+    server.fake.run("u", "", "k1")
+    trusting = NotebookKernels(server.url, TOKEN, 5.0, ca_bundle=str(files.ca_bundle))
+    system = NotebookKernels(server.url, TOKEN, 5.0)  # the system's CAs: not this one
+    try:
+        assert [k.id for k in await trusting.kernels("u", "")] == ["k1"]
+        with pytest.raises(KernelsUnavailable, match="certificate verify failed"):
+            await system.kernels("u", "")
+    finally:
+        await trusting.close()
+        await system.close()
+        await server.stop()
+
+
 # -- the service's configuration ---------------------------------------------------------
 
 
@@ -577,6 +600,20 @@ def test_the_agent_source_reaches_the_hosts_as_the_ssh_launcher_does(tmp_path: P
         "/etc/composespawner/hub_key",
         "/etc/composespawner/known_hosts",
     )
+
+
+def test_a_hub_ca_bundle_that_cannot_be_read_stops_the_service_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+    app = _app(
+        tmp_path,
+        "c.ReclaimerApp.hub_url = 'https://gpu-hub.example.edu'\n"
+        f"c.ReclaimerApp.hub_ca_bundle = '{tmp_path}/missing.pem'\n",
+    )
+
+    with pytest.raises(SystemExit, match=r"hub_ca_bundle .*missing\.pem.* cannot be used"):
+        app._kernels()
 
 
 def _checked_at_start(app: ReclaimerApp) -> None:

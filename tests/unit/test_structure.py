@@ -27,10 +27,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "composespawner.domain": set(),
     "composespawner.ledger": {"domain"},
     "composespawner.fabric": {"domain"},
-    "composespawner.activity": {"domain"},
+    # Bare hosts' activity comes through their agents, over the SSH launcher's links.
+    "composespawner.activity": {"domain", "launchers"},
     "composespawner.launchers": {"domain", "ledger", "client"},
     # The compute host's agent: a launcher's far end, built from the launchers' parts.
-    "composespawner.hostagent": {"domain", "launchers", "client"},
+    "composespawner.hostagent": {"domain", "launchers", "client", "activity"},
     "composespawner.services": BELOW_SERVICES,
     "composespawner.spawners": BELOW_SERVICES | {"services"},
     "composespawner.auth": BELOW_SERVICES,
