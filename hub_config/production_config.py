@@ -56,9 +56,9 @@
 #                               or best-effort (it runs unlimited, with a warning)
 # Giving idle GPUs back while servers run (README: "Idle GPUs go back")
 #   COMPOSE_RECLAIM             1 runs the reclaimer (0: off, idle GPUs stay with servers)
-#   COMPOSE_RECLAIM_POLICY      what differs from the defaults, field=seconds comma-separated
-#                               (detach_after=600,warn_after=1800,reclaim_after=3600; off
-#                               turns a step off; keeps_allowed=2 limits Keep presses)
+#   COMPOSE_RECLAIM_POLICY      what differs from the defaults, field=value comma-separated:
+#                               detach_after=600,warn_after=1800,reclaim_after=3600 (seconds;
+#                               off turns that step off), keeps_allowed=2 (0: no Keep)
 #   COMPOSE_DCGM_URL_TEMPLATE   with compose-kubernetes: each node's DCGM exporter,
 #                               http://{host_id}:9400/metrics (the GPU operator runs one);
 #                               compose-ssh reads each host's agent, compose this host's NVML
@@ -83,6 +83,7 @@ from composespawner.commands.hubconfig import (
     setting,
     setting_list,
 )
+from composespawner.commands.reclaim import ReclaimerApp
 from composespawner.launchers.ssh_requests import parse_address
 
 
@@ -240,6 +241,9 @@ if RECLAIM:
         c.ReclaimerApp.dcgm_url_template = TEMPLATE
     c.ReclaimerApp.hub_url = PUBLIC_URL
     c.ReclaimerApp.hub_ca_bundle = setting("COMPOSE_HUB_CA_BUNDLE", "")
+    # What the service would stop on at its start stops the hub now, saying what to change
+    # (the hub would restart a failed service over and over).
+    ReclaimerApp(config=c).check()
     c.JupyterHub.services.append(SERVICES.reclaimer())
 c.JupyterHub.load_roles = roles(
     admins={"groups": setting_list("COMPOSE_ADMIN_GROUPS")}, reclaimer=RECLAIM

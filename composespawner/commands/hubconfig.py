@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from composespawner.domain.reclaim import SITE_DEFAULT, policy_problems
+from composespawner.domain.reclaim import SITE_DEFAULT, WINDOWS, policy_problems
 
 CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
     "custom:compose:staff": {
@@ -200,13 +200,19 @@ def setting(name: str, default: str | None = None) -> str:
 def policy_setting(name: str) -> dict[str, Any]:
     """A reclaim policy from the environment: the fields that differ from the defaults,
     ``field=value`` comma-separated (``warn_after=1800,keeps_allowed=2``; ``off`` turns a
-    step off), {} when unset. One that cannot be used ends the hub saying why."""
+    step off), {} when unset. One that cannot be used ends the hub saying why. (``off``
+    for anything but a step is refused: keeps_allowed's null means no limit.)"""
     policy: dict[str, Any] = {}
     for entry in setting_list(name):
         field, _, value = (part.strip() for part in entry.partition("="))
         if not field or not value:
             raise SystemExit(
                 f"composespawner: {name}: {entry!r} is not field=value (e.g. warn_after=1800)"
+            )
+        if value == "off" and field not in WINDOWS:
+            raise SystemExit(
+                f"composespawner: {name}: {field}=off: only a step ({', '.join(WINDOWS)}) can"
+                " be turned off; keeps_allowed=0 allows no Keep"
             )
         policy[field] = None if value == "off" else _number(value)
     problems = policy_problems(policy, over=SITE_DEFAULT)

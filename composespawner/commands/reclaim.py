@@ -117,10 +117,12 @@ class ReclaimerApp(ComposeApplication):
             return NvmlSource(self.activity_timeout)
         if self.activity_source == "agent":
             ssh = ssh_settings(self.config, self.log)
-            if not ssh.hosts:
+            unset = [name for name in ("hosts", "ssh_key", "known_hosts") if not getattr(ssh, name)]
+            if unset:
+                # No known_hosts would have asyncssh trust ~/.ssh/known_hosts instead.
                 raise SystemExit(
-                    f"{self.name}: activity_source 'agent' reads each host through its"
-                    " agent, but c.SSHLauncher.hosts lists no host"
+                    f"{self.name}: activity_source 'agent' reads each host through its agent"
+                    f" as the SSH launcher reaches it: set c.SSHLauncher.{unset[0]}"
                 )
             return AgentActivity(ssh, self.activity_timeout, log=self.log)
         template = self.dcgm_url_template
@@ -131,9 +133,23 @@ class ReclaimerApp(ComposeApplication):
             )
         return DcgmExporter(lambda host: template.format(host_id=host), self.activity_timeout)
 
+    def check(self) -> tuple[ReclaimPolicy, ActivitySource]:
+        """The policy and the source, or a stop saying what to change in a config that
+        cannot run. A hub config runs it too, so a reclaimer that could not start stops
+        the hub at its start instead of being restarted by it over and over."""
+        policy, source = self.site_policy(), self.source()
+        if self.hub_ca_bundle:
+            try:
+                ssl.create_default_context(cafile=self.hub_ca_bundle)
+            except (OSError, ssl.SSLError) as e:
+                raise SystemExit(
+                    f"{self.name}: hub_ca_bundle {self.hub_ca_bundle!r} cannot be used: {e}"
+                ) from None
+        return policy, source
+
     def start(self) -> None:
-        # Config errors before anything runs.
-        policy, source, kernels = self.site_policy(), self.source(), self._kernels()
+        policy, source = self.check()  # config errors before anything runs
+        kernels = self._kernels()
         with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
             asyncio.run(self._run(policy, source, kernels))
 
@@ -182,9 +198,4 @@ class ReclaimerApp(ComposeApplication):
                 " detached when unheld, but never reclaimed from kernels"
             )
             return None
-        try:
-            return NotebookKernels(self.hub_url, token, self.kernels_timeout, self.hub_ca_bundle)
-        except (OSError, ssl.SSLError) as e:
-            raise SystemExit(
-                f"{self.name}: hub_ca_bundle {self.hub_ca_bundle!r} cannot be used: {e}"
-            ) from None
+        return NotebookKernels(self.hub_url, token, self.kernels_timeout, self.hub_ca_bundle)

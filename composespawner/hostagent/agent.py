@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import select
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ from composespawner.launchers.agent_protocol import (
 )
 
 ALLOWED_COMMAND = "composespawner-host"
+ACTIVITY_SECONDS = 60  # NVML answers in milliseconds; the hub waits far less than this
 log = logging.getLogger("composespawner.hostagent")
 Say = Callable[[bytes], None]
 
@@ -90,10 +92,19 @@ def read_activity(say: Say) -> bool:
     can name every notebook's kernel: the hub's reclaimer then ends only those)."""
     from composespawner.activity.nvml import NvmlUnreadable, read_gpus
 
+    # A driver stuck in a call is not interrupted by the hub giving up: the alarm ends
+    # this process, so stuck reads do not pile up one per pass (and sshd session).
+    signal.alarm(ACTIVITY_SECONDS)
     try:
         gpus = read_gpus()
     except NvmlUnreadable as e:
         return fail("op=activity", str(e), say)
+    except Exception as e:  # the hub gets a line whatever broke; the log has the trace
+        log.exception("op=activity failed")
+        say(reply(ok=False, error=f"the agent failed: {type(e).__name__}: {e}"))
+        return False
+    finally:
+        signal.alarm(0)
     say(reply(ok=True, **activity_fields(gpus.values())))
     return True
 

@@ -45,7 +45,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from composespawner.domain.activity import GpuActivity, Holder, gpu_uuid
@@ -252,7 +252,12 @@ def _stack_body(stack: StackSource | None) -> dict[str, Any] | None:
 def activity_fields(gpus: Iterable[GpuActivity]) -> dict[str, Any]:
     """The fields of the agent's answer to an activity: ``{"gpus": [{"uuid",
     "utilization", "memory_used_mib", "processes", "holders"}]}``, each holder a
-    ``[pid, kernel id or null]`` pair, ``holders`` null where they could not be named."""
+    ``[pid, kernel id or null]`` pair, ``holders`` null where they could not be named.
+
+    A GPU whose holders include a kernel id the hub would refuse (a connection file any
+    user can name) is sent with its holders unknown: one such process must not make the
+    whole host's reading garbage, nor pass for a process that is no kernel's."""
+    gpus = [_nameable(gpu) for gpu in gpus]
     return {
         "gpus": [
             {
@@ -267,6 +272,14 @@ def activity_fields(gpus: Iterable[GpuActivity]) -> dict[str, Any]:
             for gpu in gpus
         ]
     }
+
+
+def _nameable(gpu: GpuActivity) -> GpuActivity:
+    if gpu.holders is None or all(
+        h.kernel_id is None or KERNEL_ID.fullmatch(h.kernel_id) for h in gpu.holders
+    ):
+        return gpu
+    return replace(gpu, holders=None)
 
 
 def parse_activity(fields: Mapping[str, Any]) -> dict[str, GpuActivity]:
@@ -284,12 +297,18 @@ def parse_activity(fields: Mapping[str, Any]) -> dict[str, GpuActivity]:
         if uuid in read:
             raise ValueError(f"GPU {uuid} is listed twice")
         processes = gpu.get("processes")
+        if processes is not None:
+            processes = _int(processes, "processes", 0, MAX_HOLDERS)
+        holders = _holders(gpu.get("holders"))
+        # NVML names each process it counts: never more holders than processes.
+        if holders is not None and (processes is None or len(holders) > processes):
+            raise ValueError(f"GPU {uuid}: {len(holders)} holders of {processes} processes")
         read[uuid] = GpuActivity(
             uuid,
             _figure(gpu.get("utilization"), "utilization", 100),
             _figure(gpu.get("memory_used_mib"), "memory_used_mib", MAX_MIB),
-            None if processes is None else _int(processes, "processes", 0, MAX_HOLDERS),
-            _holders(gpu.get("holders")),
+            processes,
+            holders,
         )
     return read
 
@@ -307,7 +326,9 @@ def _holders(holders: Any) -> tuple[Holder, ...] | None:
         if kernel is not None:
             kernel = _matching(kernel, KERNEL_ID, "a holder's kernel", ValueError)
         named.append(Holder(_int(pid, "a holder's pid", 1, 1 << 22), kernel))
-    return tuple(sorted(named))
+    if len({h.pid for h in named}) != len(named):
+        raise ValueError("holders name a process twice")
+    return tuple(sorted(named, key=lambda h: h.pid))
 
 
 def _figure(value: Any, what: str, most: float) -> float:

@@ -220,6 +220,15 @@ def test_an_activity_names_gpus_as_nvml_gives_them() -> None:
     assert read == GpuActivity(UUID, 3.0, 1.0, 0, ())
 
 
+def test_a_kernel_id_the_hub_would_refuse_leaves_that_gpus_holders_unknown() -> None:
+    # Any user may start a process naming a "connection file" (kernel-<é>.json): its GPU's
+    # holders go unnamed, and the rest of the host's reading stays good.
+    odd = GpuActivity(UUID, 0.0, 900.0, 2, (Holder(41, "é"), Holder(42, "k" * 129)))
+    fields = activity_fields([odd, GPUS[1]])
+    read = parse_activity(json.loads(json.dumps(fields)))
+    assert read == {UUID: replace(odd, holders=None), GPUS[1].uuid: GPUS[1]}
+
+
 def gpu(**changes: Any) -> dict[str, Any]:
     body = activity_fields(GPUS[:1])["gpus"][0]
     body.update(changes)
@@ -252,6 +261,10 @@ def gpu(**changes: Any) -> dict[str, Any]:
         (gpu(holders=[["41", None]]), "pid"),
         (gpu(holders=[[41, "../../api/users"]]), "kernel"),
         (gpu(holders=[[41, ""]]), "kernel"),
+        (gpu(holders=[[41, None], [41, "k"]]), "twice"),
+        (gpu(holders=[[41, "k"], [41, "k"]]), "twice"),
+        (gpu(processes=1), "2 holders of 1 processes"),
+        (gpu(processes=None), "2 holders of None processes"),
     ],
 )
 def test_an_activity_that_is_not_the_agents_is_an_error(fields: dict[str, Any], says: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,27 @@ def test_the_sites_policy_is_read_and_one_that_cannot_work_stops_the_hub(
         ("warn_after=-5", "warn_after must be"),
         ("wait_after=900", "unknown field 'wait_after'"),
         ("warn_after=3600,reclaim_after=1800", "cannot be used"),
+        ("keeps_allowed=off", "keeps_allowed=0 allows no Keep"),
     ]:
         with pytest.raises(SystemExit, match=said):
             load(tmp_path, monkeypatch, COMPOSE_RECLAIM_POLICY=bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        # the reclaimer reads every 60 s: a gap of 60 s between readings never fills a window
+        ({"COMPOSE_RECLAIM_POLICY": "max_gap=60"}, "must be less than the policy's max_gap"),
+        ({"COMPOSE_HUB_CA_BUNDLE": "/nonexistent/ca.pem"}, "hub_ca_bundle"),
+        (
+            {"COMPOSE_SPAWNER": "compose-kubernetes", "COMPOSE_DCGM_URL_TEMPLATE": "http://x/m"},
+            "has no {host_id}",
+        ),
+    ],
+)
+def test_a_reclaimer_that_could_not_start_stops_the_hub_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, str], said: str
+) -> None:
+    with pytest.raises(SystemExit, match=re.escape(said)):
+        load(tmp_path, monkeypatch, COMPOSE_RECLAIM="1", **extra)
+    load(tmp_path, monkeypatch, **extra)  # with the reclaimer off, nothing reads them

@@ -567,7 +567,12 @@ def test_the_service_reads_its_policy_and_source_from_the_hubs_config(tmp_path: 
             "max_gap",
         ),
         ("c.ReclaimerApp.dcgm_url_template = 'http://one/metrics'\n", "has no {host_id}"),
-        ("c.ReclaimerApp.activity_source = 'agent'\n", "c.SSHLauncher.hosts lists no host"),
+        ("c.ReclaimerApp.activity_source = 'agent'\n", "set c.SSHLauncher.hosts"),
+        (
+            "c.ReclaimerApp.activity_source = 'agent'\n"
+            "c.SSHLauncher.hosts = {'host-01': '10.0.0.1'}\nc.SSHLauncher.ssh_key = '/k'\n",
+            "set c.SSHLauncher.known_hosts",
+        ),
     ],
 )
 def test_a_policy_or_source_that_cannot_work_stops_the_service_at_start(
@@ -576,7 +581,7 @@ def test_a_policy_or_source_that_cannot_work_stops_the_service_at_start(
     app = _app(tmp_path, config)
 
     with pytest.raises(SystemExit, match=re.escape(said)):
-        _checked_at_start(app)
+        app.check()
 
 
 def test_the_agent_source_reaches_the_hosts_as_the_ssh_launcher_does(tmp_path: Path) -> None:
@@ -602,10 +607,7 @@ def test_the_agent_source_reaches_the_hosts_as_the_ssh_launcher_does(tmp_path: P
     )
 
 
-def test_a_hub_ca_bundle_that_cannot_be_read_stops_the_service_at_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+def test_a_hub_ca_bundle_that_cannot_be_read_stops_the_service_at_start(tmp_path: Path) -> None:
     app = _app(
         tmp_path,
         "c.ReclaimerApp.hub_url = 'https://gpu-hub.example.edu'\n"
@@ -613,13 +615,7 @@ def test_a_hub_ca_bundle_that_cannot_be_read_stops_the_service_at_start(
     )
 
     with pytest.raises(SystemExit, match=r"hub_ca_bundle .*missing\.pem.* cannot be used"):
-        app._kernels()
-
-
-def _checked_at_start(app: ReclaimerApp) -> None:
-    """What ``start`` checks before it runs anything."""
-    app.site_policy()
-    app.source()
+        app.check()
 
 
 def test_the_reclaimers_role_may_reach_servers_and_nothing_more(tmp_path: Path) -> None:
