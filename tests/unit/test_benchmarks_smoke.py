@@ -237,13 +237,39 @@ def test_percentiles() -> None:
     assert hubload.percentile([3.0], 95) == 3.0
 
 
+def errors_in(log: Path) -> list[str]:
+    """The log's error lines and the traceback lines after them."""
+    found, inside = [], False
+    for line in log.read_text(errors="replace").splitlines():
+        inside = line.startswith("[E ") or (inside and not line.startswith("["))
+        if inside:
+            found.append(f"{log.name}: {line}")
+    return found
+
+
 @pytest.mark.e2e
 def test_spawn_storm_on_three_users(tmp_path: Path) -> None:
     """Both hubs at toy size, two rounds (~20 s): everyone ready, nothing double-held or left."""
-    spawn_storm.main(["--users", "3", "--rounds", "2", "--out", str(tmp_path / "storm.json")])
+    logs = tmp_path / "logs"
+    spawn_storm.main(
+        [
+            "--users",
+            "3",
+            "--rounds",
+            "2",
+            "--out",
+            str(tmp_path / "storm.json"),
+            "--logs",
+            str(logs),
+        ]
+    )
     storm = json.loads((tmp_path / "storm.json").read_text())
     assert storm["rounds"] == len(storm["per_round"]) == 2
-    assert all(r["compose"]["ready"] == r["stock"]["ready"] == 3 for r in storm["per_round"])
+    # A spawn that failed says why in its hub's log: shown with the failure.
+    errors = [line for log in sorted(logs.rglob("*.log")) for line in errors_in(log)]
+    assert all(r["compose"]["ready"] == r["stock"]["ready"] == 3 for r in storm["per_round"]), (
+        "\n".join(errors)
+    )
     ratios = sorted(r["p95_ratio"] for r in storm["per_round"])
     assert storm["p95_ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two
     assert storm["failures"] == storm["stock_failures"] == storm["http_429"] == 0
