@@ -257,7 +257,6 @@ def activity_fields(gpus: Iterable[GpuActivity]) -> dict[str, Any]:
     A GPU whose holders include a kernel id the hub would refuse (a connection file any
     user can name) is sent with its holders unknown: one such process must not make the
     whole host's reading garbage, nor pass for a process that is no kernel's."""
-    gpus = [_nameable(gpu) for gpu in gpus]
     return {
         "gpus": [
             {
@@ -269,7 +268,7 @@ def activity_fields(gpus: Iterable[GpuActivity]) -> dict[str, Any]:
                 if gpu.holders is None
                 else [[holder.pid, holder.kernel_id] for holder in gpu.holders],
             }
-            for gpu in gpus
+            for gpu in map(_nameable, gpus)
         ]
     }
 
