@@ -6,7 +6,16 @@ import json
 import sys
 from pathlib import Path
 
-from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
+from composespawner.hostagent.decisions import parse_gpu_list, resolve_gpus
+from composespawner.launchers.agent_protocol import Refused
+
+
+def finds(gpu: str, listed: list[str]) -> bool:
+    """Whether the agent takes ``gpu`` as one of the host's (``listed``)."""
+    try:
+        return resolve_gpus([gpu], listed) != ()
+    except Refused:
+        return False
 
 
 def main(uuid: str, out: Path) -> int:
@@ -21,8 +30,8 @@ def main(uuid: str, out: Path) -> int:
         "all_allocated_and_ran": all(h["alloc_ok"] and h["run_ok"] for h in holders),
         "ran_together_s": round(overlap, 3),
         "compute_apps_on_gpu": len(apps),
-        "agent_finds_uuid": missing_gpus([uuid], listed) == [],
-        "agent_finds_uuid_without_prefix": missing_gpus([uuid.removeprefix("GPU-")], listed),
+        "agent_finds_uuid": finds(uuid, listed),
+        "agent_finds_uuid_without_prefix": finds(uuid.removeprefix("GPU-"), listed),
         "holders": holders,
     }
     (out / "gpu_share_check.json").write_text(json.dumps(verdict, indent=2))

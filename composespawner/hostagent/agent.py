@@ -47,7 +47,7 @@ def who(data: bytes) -> str:
     """op, user and machine of a request, however bad, for the log (never its env)."""
     try:
         body = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "op=? (not JSON)"
     if not isinstance(body, dict):
         return "op=? (not an object)"
@@ -66,6 +66,8 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
         request = parse_request(data)
     except Refused as e:
         return refuse(who(data), str(e), say)
+    except Exception as e:  # a request that breaks the parser still gets its line
+        return crashed(who(data), e, say)
     try:
         if isinstance(request, ReadActivity):
             return read_activity(say)
@@ -77,9 +79,7 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
     except StartFailed as e:
         return fail(describe(request), str(e), say)
     except Exception as e:  # the hub gets a line whatever broke; the log has the trace
-        log.exception("%s failed", describe(request))
-        say(reply(ok=False, error=f"the agent failed: {type(e).__name__}: {e}"))
-        return False
+        return crashed(describe(request), e, say)
     if fields is not None:
         say(reply(ok=True, **fields))
     return True
@@ -136,6 +136,12 @@ def channel_closed(fd: int) -> bool:
 def refuse(whose: str, why: str, say: Say) -> bool:
     log.warning("refused %s: %s", whose, why)
     say(reply(ok=False, refused=why))
+    return False
+
+
+def crashed(whose: str, error: Exception, say: Say) -> bool:
+    log.error("%s failed", whose, exc_info=error)
+    say(reply(ok=False, error=f"the agent failed: {type(error).__name__}: {error}"))
     return False
 
 

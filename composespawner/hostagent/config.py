@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from composespawner.launchers.agent_protocol import ACCOUNT_NAME
-from composespawner.launchers.cgroups import parent_parts
+from composespawner.launchers.cgroups import PIDS_PER_GIB, parent_parts
+from composespawner.launchers.gpu_devices import NVIDIA_PROC
 
 DEFAULT_STATE_DIR = "/var/lib/composespawner-host"
 DEFAULT_STACKS_DIR = "/var/cache/composespawner/stacks"
@@ -60,6 +61,8 @@ KEYS = frozenset(
         "build_account",
         "refused_groups",
         "keep_logs_days",
+        "pids_per_gib",
+        "nvidia_proc_dir",
     }
 )
 
@@ -86,6 +89,8 @@ class AgentConfig:
     refused_groups: tuple[str, ...]  # an account in one of these runs no notebook
     keep_logs_days: int = 14  # an ended notebook's log in state_dir is kept this long
     max_uid: int = DEFAULT_MAX_UID  # the highest uid a notebook runs as
+    pids_per_gib: int = PIDS_PER_GIB  # a notebook's processes and threads per GiB of memory
+    nvidia_proc_dir: Path = NVIDIA_PROC  # where the driver lists each GPU's device minor
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,8 @@ def parse_config(
         build_account=_account_name(table, "build_account", BUILD_ACCOUNT),
         refused_groups=_names(table, "refused_groups", REFUSED_GROUPS),
         keep_logs_days=_number(table, "keep_logs_days", 14, least=0),
+        pids_per_gib=_number(table, "pids_per_gib", PIDS_PER_GIB, least=1),
+        nvidia_proc_dir=_absolute(table, "nvidia_proc_dir", str(NVIDIA_PROC)),
     )
 
 

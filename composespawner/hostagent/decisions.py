@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from composespawner.launchers.agent_protocol import Refused
+
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Accounts no notebook runs as whatever their uid: the kernel's overflow id (nobody)
 # and the "no id" of chown(2).
@@ -167,9 +169,11 @@ def start_refusal(
     holders: dict[str, list[Record]] = {}
     for record in records:
         for gpu in record.gpus:
-            holders.setdefault(gpu, []).append(record)
+            holders.setdefault(gpu.lower(), []).append(record)  # a UUID in any case is one GPU
     taken = [
-        f"{gpu} ({why})" for gpu in gpus if (why := gpu_taken(holders.get(gpu, []), gpu_share))
+        f"{gpu} ({why})"
+        for gpu in gpus
+        if (why := gpu_taken(holders.get(gpu.lower(), []), gpu_share))
     ]
     if taken:
         return f"GPUs held by another notebook on this host: {', '.join(taken)}"
@@ -206,14 +210,42 @@ def _held_as(gpu_share: int) -> str:
     return "whole" if gpu_share == 1 else f"as a 1/{gpu_share} share"
 
 
-def missing_gpus(asked: Sequence[str], listed: Sequence[str]) -> list[str]:
-    """Of ``asked`` (UUIDs or indexes), those the host's GPU list does not have."""
-    present = {line.strip() for line in listed if line.strip()}
-    return [
-        gpu
-        for gpu in asked
-        if gpu not in present and not (gpu.isdigit() and int(gpu) < len(present))
-    ]
+def resolve_gpus(asked: Sequence[str], listed: Sequence[str] | None) -> tuple[str, ...]:
+    """``asked`` (UUIDs or indexes) as the host's own UUIDs, before anything compares them.
+
+    ``listed`` is the host's GPU list in index order (``nvidia-smi``'s), or None where
+    the host has none to read. One GPU has many names (its UUID in either case, its
+    index), and a check that compares names lets ``["GPU-aaaa…"]``, ``["0"]`` and a
+    share of ``"00"`` all hold it whole: so each is resolved to the UUID the host lists,
+    and two that are one GPU are refused. Without a list an index cannot be told from
+    a neighbour's GPU, so only UUIDs pass. Raises :class:`Refused` saying which.
+    """
+    if listed is None:
+        indexes = [gpu for gpu in asked if gpu.isdigit()]
+        if indexes:
+            raise Refused(
+                f"GPU {indexes[0]} is an index, and this host lists no GPUs (gpu_list_command)"
+                " to tell which it is: name GPUs by UUID"
+            )
+        uuids = list(asked)
+    else:
+        names = {uuid.lower(): uuid for uuid in listed}
+        names.update((str(index), uuid) for index, uuid in enumerate(listed))
+        missing = [gpu for gpu in asked if _gpu_name(gpu) not in names]
+        if missing:
+            raise Refused(f"GPUs not on this host: {', '.join(missing)}")
+        uuids = [names[_gpu_name(gpu)] for gpu in asked]
+    seen: set[str] = set()
+    for uuid in uuids:
+        if uuid.lower() in seen:
+            raise Refused(f"gpus names the GPU {uuid} twice (by its index and its UUID?)")
+        seen.add(uuid.lower())
+    return tuple(uuids)
+
+
+def _gpu_name(gpu: str) -> str:
+    """How :func:`resolve_gpus` looks a GPU up: UUIDs in lower case, indexes as numbers."""
+    return str(int(gpu)) if gpu.isdigit() else gpu.lower()
 
 
 def service_url(url: str | None, ip: str, port: int) -> str:

@@ -18,6 +18,7 @@ import select
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,10 @@ from composespawner.hostagent.decisions import Record, notebook_env, start_refus
 from composespawner.hostagent.starting import (
     Say,
     StartFailed,
-    check_gpus_present,
     deliver,
     notebook_command,
     popen_as,
+    resolved_gpus,
     stack_environment,
 )
 from composespawner.hostagent.state import StateDir, alive
@@ -45,14 +46,19 @@ from composespawner.launchers.agent_protocol import Refused, StartNotebook, repl
 from composespawner.launchers.cgroups import (
     REMOVE_TIMEOUT,
     CgroupError,
+    Hierarchy,
+    Limits,
     balance_cpu_weight,
     cgroup_name,
+    devices_confined,
     find_hierarchies,
     make_cgroup,
     new_token,
+    pids_limit,
     plan_cgroup,
     remove_cgroups,
 )
+from composespawner.launchers.gpu_devices import gpu_device_rules
 from composespawner.launchers.processes import process_started
 
 STOP_GRACE = 8.0  # seconds between SIGTERM and what is left being killed
@@ -75,7 +81,9 @@ class Notebooks:
         listen = self.config.listen_address
         if not listen:
             raise StartFailed("no listen_address configured, and SSH_CONNECTION is not set")
-        check_gpus_present(request, self.config)
+        # Compared, held and given to the notebook by the UUIDs the host lists, whatever
+        # names the request used.
+        request = replace(request, gpus=resolved_gpus(request, self.config))
         with self.state.locked():
             self._check_fits(request)
             account = existing_account(request.user, self.config)
@@ -104,6 +112,20 @@ class Notebooks:
             return Share(self.config.cores, self.config.memory_gib)
         return Share(request.cores, request.memory_gib)
 
+    def _limits(self, request: StartNotebook) -> Limits:
+        share = self._share(request)
+        devices = gpu_device_rules(request.gpus, self.config.nvidia_proc_dir)
+        return Limits(share, pids_limit(share, self.config.pids_per_gib), devices)
+
+    def _hierarchies(self) -> tuple[Hierarchy, ...]:
+        found = find_hierarchies()
+        if not devices_confined(found):
+            log.warning(
+                "no v1 devices controller: notebooks here can open every GPU's device node"
+                " (cgroup v2 needs a BPF program; the container runtime loads one)"
+            )
+        return found
+
     def _check_fits(self, request: StartNotebook) -> None:
         share = self._share(request)
         refusal = start_refusal(
@@ -131,7 +153,9 @@ class Notebooks:
         share = self._share(request)
         name = cgroup_name(request.user, request.server, new_token())
         try:
-            plan = plan_cgroup(find_hierarchies(), self.config.cgroup_parent, name, share)
+            plan = plan_cgroup(
+                self._hierarchies(), self.config.cgroup_parent, name, self._limits(request)
+            )
             make_cgroup(plan)
         except CgroupError as e:
             raise StartFailed(f"cannot hold the notebook to its share: {e}") from e

@@ -23,9 +23,9 @@ from typing import Any
 from composespawner.hostagent import logsink
 from composespawner.hostagent.accounts import becoming
 from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
-from composespawner.hostagent.decisions import missing_gpus, parse_gpu_list
+from composespawner.hostagent.decisions import parse_gpu_list, resolve_gpus
 from composespawner.launchers import notebook_files
-from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
+from composespawner.launchers.agent_protocol import StartNotebook, reply
 from composespawner.launchers.cgroups import join_then
 
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
@@ -42,13 +42,14 @@ class StartFailed(Exception):
     """The start failed on the host (what was begun is undone); the message says why."""
 
 
-def check_gpus_present(request: StartNotebook, config: AgentConfig) -> None:
-    """Refused if the host's GPU list lacks one the request names (not checked without one)."""
+def resolved_gpus(request: StartNotebook, config: AgentConfig) -> tuple[str, ...]:
+    """The request's GPUs as this host's UUIDs (:func:`.decisions.resolve_gpus`): Refused
+    for one the host lacks or names twice, or an index where the host lists no GPUs."""
     if not request.gpus:
-        return
+        return ()
     if not config.gpu_list_command:
         log.warning("no gpu_list_command: not checking that %s are on this host", request.gpus)
-        return
+        return resolve_gpus(request.gpus, None)
     try:
         done = subprocess.run(
             config.gpu_list_command,
@@ -61,9 +62,7 @@ def check_gpus_present(request: StartNotebook, config: AgentConfig) -> None:
         raise StartFailed(f"cannot list this host's GPUs: {e}") from e
     if done.returncode != 0:
         raise StartFailed(f"cannot list this host's GPUs: {done.stderr.strip()[-300:]}")
-    missing = missing_gpus(request.gpus, parse_gpu_list(done.stdout))
-    if missing:
-        raise Refused(f"GPUs not on this host: {', '.join(missing)}")
+    return resolve_gpus(request.gpus, parse_gpu_list(done.stdout))
 
 
 def stack_environment(request: StartNotebook, config: AgentConfig, say: Say) -> Any:

@@ -67,7 +67,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # A GPU as CUDA_VISIBLE_DEVICES names it: by UUID (GPU-…, or a MIG instance's MIG-…)
 # on a shared host, by index only where the machine has the host to itself.
-GPU_SELECTOR = re.compile(r"(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}|[0-9]{1,3}")
+# An index has no leading zero: "00" is "0" by another name.
+GPU_SELECTOR = re.compile(r"(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}|0|[1-9][0-9]{0,2}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # A GPU's UUID as NVML gives it, and a Jupyter kernel's id as its connection file names it.
 GPU_UUID = re.compile(r"(GPU-)?[0-9A-Fa-f][0-9A-Fa-f-]{7,63}")
@@ -353,6 +354,8 @@ def parse_request(data: bytes) -> Request:
         body = json.loads(data)
     except ValueError:
         raise Refused("the request is not one JSON object") from None
+    except RecursionError:  # 100,000 "[": Python's parser nests one call per level
+        raise Refused("the request nests deeper than any request does") from None
     if not isinstance(body, dict):
         raise Refused("the request is not one JSON object")
     if body.get("v") != VERSION:
@@ -388,7 +391,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
     if not isinstance(gpus, list) or len(gpus) > 64:
         raise Refused("gpus is a list of at most 64 GPUs")
     selectors = tuple(_matching(g, GPU_SELECTOR, "a GPU (GPU-<uuid> or an index)") for g in gpus)
-    if len(set(selectors)) != len(selectors):
+    if len({s.lower() for s in selectors}) != len(selectors):  # a UUID's case is no other GPU
         raise Refused("gpus names a GPU twice")
     cores, memory = body.get("cores"), body.get("memory_gib")
     if (cores is None) != (memory is None):

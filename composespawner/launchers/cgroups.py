@@ -39,10 +39,17 @@ from typing import Any
 from composespawner.domain.hardware import Share
 
 MOUNTS = Path("/proc/self/mounts")
-CONTROLLERS = ("cpu", "memory")  # what a share limits
+# What a notebook is held to: its share (cpu, memory), how many processes and threads it
+# may have (pids: one notebook must not use up the host's pid_max, and with it every
+# neighbour's fork, the agent's and sshd's), and the device nodes it may open (devices:
+# only its own GPUs', where the v1 controller is mounted; v2 has no file for it).
+CONTROLLERS = ("cpu", "memory", "pids", "devices")
+REQUIRED = ("cpu", "memory", "pids")
 CPU_PERIOD_US = 100_000  # the kernel's default CFS period
 GIB = 1 << 30
 REMOVE_TIMEOUT = 10.0  # seconds for a stopped notebook's leftovers to die
+LEAST_PIDS = 64  # processes and threads any notebook may have, whatever its size
+PIDS_PER_GIB = 256  # the default of the sites' setting: 2,048 for an 8 GiB notebook
 # The notebook's process enters its cgroups itself, then execs the command (see
 # join_command). $$ is that process: sh execs, it does not fork.
 JOIN_SCRIPT = (
@@ -135,21 +142,41 @@ def hierarchies_in(mounts: str, v2_controllers: Callable[[Path], str]) -> tuple[
         if held:
             placed |= held
             found.append(Hierarchy(mount, v2, held))
-    missing = [c for c in CONTROLLERS if c not in placed]
+    missing = [c for c in REQUIRED if c not in placed]
     if missing:
         raise CgroupError(
-            f"no mounted cgroup hierarchy holds the {' and '.join(missing)} controller"
+            f"no mounted cgroup hierarchy holds the {', '.join(missing)} controller"
             f"{'s' if len(missing) > 1 else ''} (see /proc/self/mounts)"
         )
     return tuple(found)
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a notebook's cgroups hold it to."""
+
+    share: Share
+    pids: int  # processes and threads together, at most (see pids_limit)
+    # The device nodes it may open, as devices.allow rules (see gpu_devices.py); every
+    # other node is denied. None: devices are left as the parent has them.
+    devices: tuple[str, ...] | None = None
+
+
+def pids_limit(share: Share, per_gib: int) -> int:
+    """The processes and threads a notebook of ``share`` may have: ``per_gib`` for each
+    GiB of its memory, and never fewer than :data:`LEAST_PIDS` (JupyterLab, a kernel and
+    its BLAS threads need some tens). Memory is what the host's room divides, so the
+    notebooks on a host together hold no more than ``per_gib`` × its memory: a site sets
+    ``per_gib`` so that this stays well under the host's ``kernel.pid_max``."""
+    return max(LEAST_PIDS, per_gib * share.memory_gib)
+
+
 def plan_cgroup(
-    hierarchies: Sequence[Hierarchy], parent: Sequence[str], name: str, share: Share
+    hierarchies: Sequence[Hierarchy], parent: Sequence[str], name: str, limits: Limits
 ) -> CgroupPlan:
-    """The cgroups a notebook with ``share`` runs in, and the values that limit it."""
-    quota = share.cores * CPU_PERIOD_US
-    memory = str(share.memory_gib * GIB)
+    """The cgroups a notebook held to ``limits`` runs in, and the values that hold it."""
+    quota = limits.share.cores * CPU_PERIOD_US
+    memory = str(limits.share.memory_gib * GIB)
     cgroups: list[Path] = []
     writes: list[Write] = []
     for hierarchy in hierarchies:
@@ -158,7 +185,7 @@ def plan_cgroup(
         has = hierarchy.controllers
         if hierarchy.v2:
             # A controller reaches a cgroup only if every ancestor enables it for its children.
-            enable = " ".join(f"+{c}" for c in CONTROLLERS if c in has)
+            enable = " ".join(f"+{c}" for c in REQUIRED if c in has)
             for depth in range(len(parent) + 1):
                 ancestor = hierarchy.mount.joinpath(*parent[:depth])
                 writes.append(Write(ancestor / "cgroup.subtree_control", enable))
@@ -167,6 +194,8 @@ def plan_cgroup(
             if "memory" in has:
                 writes.append(Write(cgroup / "memory.max", memory))
                 writes.append(Write(cgroup / "memory.swap.max", "0", optional=True))
+            if "pids" in has:
+                writes.append(Write(cgroup / "pids.max", str(limits.pids)))
             continue
         if "cpu" in has:
             writes.append(Write(cgroup / "cpu.cfs_period_us", str(CPU_PERIOD_US)))
@@ -175,7 +204,19 @@ def plan_cgroup(
             # memsw (memory + swap) may never be below the memory limit: that goes first.
             writes.append(Write(cgroup / "memory.limit_in_bytes", memory))
             writes.append(Write(cgroup / "memory.memsw.limit_in_bytes", memory, optional=True))
+        if "pids" in has:
+            writes.append(Write(cgroup / "pids.max", str(limits.pids)))
+        if "devices" in has and limits.devices is not None:
+            # Everything denied first, then each node allowed: the kernel's own order.
+            writes.append(Write(cgroup / "devices.deny", "a"))
+            writes.extend(Write(cgroup / "devices.allow", rule) for rule in limits.devices)
     return CgroupPlan(tuple(cgroups), tuple(writes))
+
+
+def devices_confined(hierarchies: Sequence[Hierarchy]) -> bool:
+    """Whether a plan on ``hierarchies`` can hold a notebook to its device nodes: the v1
+    devices controller is mounted (v2 would need a BPF program, which this does not load)."""
+    return any("devices" in h.controllers and not h.v2 for h in hierarchies)
 
 
 # A cgroup's CPU weight file, what one process weighs there by default, and its most:

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from traitlets import Bool, Float, Unicode, default
 
 from composespawner.domain.catalog import Kit, Stack
-from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
+from composespawner.domain.machine import nvidia_visible_devices
 from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
     make_home,
@@ -118,7 +118,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
     _assigned_port = 0  # the port start chose (not configured), chosen afresh each start
 
     stack_variant = "cpu"
-    machine: ComposedMachine | None = None  # the mixin's; set before start
     _environment: StackEnvironment | None = None
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
     # What start() writes there, just before the notebook: (path, content, owner).

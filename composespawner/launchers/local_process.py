@@ -18,25 +18,31 @@ from subprocess import Popen
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Bool, TraitError, Unicode, validate
+from traitlets import Bool, Integer, TraitError, Unicode, validate
 
 from composespawner.domain.hardware import Share
+from composespawner.domain.machine import ComposedMachine, gpu_selection
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.cgroups import (
+    PIDS_PER_GIB,
     REMOVE_TIMEOUT,
     CgroupError,
     CgroupPlan,
+    Limits,
     balance_cpu_weight,
     cgroup_name,
+    devices_confined,
     find_hierarchies,
     join_command,
     join_then,
     make_cgroup,
     new_token,
     parent_parts,
+    pids_limit,
     plan_cgroup,
     remove_cgroups,
 )
+from composespawner.launchers.gpu_devices import NVIDIA_PROC, gpu_device_rules
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.processes import process_started, started_from_stat
 from composespawner.ledger.runner import whole_in_thread
@@ -97,7 +103,25 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
         others share.""",
     )
 
+    pids_per_gib = Integer(
+        PIDS_PER_GIB,
+        min=1,
+        config=True,
+        help="""Processes and threads a notebook may have per GiB of its share's memory
+        (at least 64 whatever its size): a fork bomb in one notebook then stops at its
+        own limit, and its neighbours and the hub can still start processes. Keep it
+        so that this times the host's memory stays well under kernel.pid_max.""",
+    )
+    nvidia_proc_dir = Unicode(
+        str(NVIDIA_PROC),
+        config=True,
+        help="""Where the NVIDIA driver lists each GPU's device minor (gpus/*/information):
+        a notebook may open its own GPUs' device nodes and no other's (with the v1
+        devices controller). Change it only where /proc is mounted elsewhere.""",
+    )
+
     share: Share | None = None  # Launcher's: set by the composing mixin before start
+    machine: ComposedMachine | None = None  # the mixin's; set before start
     _cgroups: tuple[Path, ...] = ()  # this notebook's cgroups, until removed
     _cgroups_removal: asyncio.Future[None] | None = None
 
@@ -135,16 +159,33 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
             cgroups, self._cgroups = self._cgroups, ()
             self._remove(cgroups)
         name = cgroup_name(self.user.name, self.name, new_token())
+        share = self.share
         try:
             hierarchies = find_hierarchies()
-            plan = plan_cgroup(hierarchies, parent_parts(self.cgroup_parent), name, self.share)
+            devices = gpu_device_rules(self.notebook_gpus(), Path(self.nvidia_proc_dir))
+            limits = Limits(share, pids_limit(share, self.pids_per_gib), devices)
+            plan = plan_cgroup(hierarchies, parent_parts(self.cgroup_parent), name, limits)
             make_cgroup(plan)
         except CgroupError as e:
             self._unenforced(self.share, e)
             return None
+        if not devices_confined(hierarchies):
+            self.log.warning(
+                "%s: no v1 devices controller, so the notebook can open every GPU's device"
+                " node on this host (cgroup v2 needs a BPF program; the container runtime"
+                " loads one)",
+                log_name(self),
+            )
         self._cgroups = plan.cgroups
         self._balance(plan.cgroups)
         return plan
+
+    def notebook_gpus(self) -> tuple[str, ...]:
+        """The GPUs (``GPU-<uuid>``) whose device nodes the notebook may open: its
+        machine's. An index (a fabric without UUIDs) names no node: the driver lists
+        none by index, so such a notebook opens no GPU's."""
+        selection = gpu_selection(self.machine) if self.machine is not None else ""
+        return tuple(selection.split(",")) if selection else ()
 
     def _balance(self, cgroups: tuple[Path, ...]) -> None:
         """The notebooks' parents weigh as their notebooks (see parent_cpu_weight)."""

@@ -28,7 +28,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from composespawner.launchers.cgroups import CgroupError, find_hierarchies, remove_cgroups
+from composespawner.hostagent.accounts import becoming
+from composespawner.launchers.cgroups import (
+    CgroupError,
+    find_hierarchies,
+    join_then,
+    remove_cgroups,
+)
 from harness.paths import ROOT
 
 AGENT = Path(sys.executable).with_name("composespawner-host")
@@ -119,6 +125,29 @@ class Host:
     def existing_accounts(self) -> list[str]:
         return [name for name in self.accounts if _account(name) is not None]
 
+    def in_notebook(self, machine: str, code: str, *args: str) -> subprocess.Popen[str]:
+        """``code`` run as a cell of ``machine``'s notebook would run: as its account, in
+        its cgroups, without new privileges (stdin, stdout and stderr piped)."""
+        record = json.loads((self.state_dir / f"{machine}.json").read_text())
+        account = pwd.getpwnam(record["user"])
+        procs = [Path(cgroup) / "cgroup.procs" for cgroup in record["cgroups"]]
+        return subprocess.Popen(
+            [sys.executable, "-I", "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"PATH": os.defpath},
+            preexec_fn=join_then(procs, becoming(account, account.pw_dir)),
+        )
+
+    def run_in_notebook(self, machine: str, code: str, *args: str) -> str:
+        """What ``code`` run in ``machine``'s notebook (:meth:`in_notebook`) printed."""
+        process = self.in_notebook(machine, code, *args)
+        out, err = process.communicate(timeout=AGENT_TIMEOUT)
+        assert process.returncode == 0, err
+        return out
+
 
 def start_request(
     user: str,
@@ -147,6 +176,14 @@ def start_request(
         "manifest": {"machine": machine},
         **more,
     }
+
+
+def started(host: Host, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's answer to a start that must succeed."""
+    lines, status, stderr = host.ask(request)
+    assert status == 0, (lines, stderr)
+    assert lines[-1]["ok"] is True, (lines, stderr)
+    return dict(lines[-1])
 
 
 def write_config(

@@ -32,6 +32,7 @@ from tests.hostagent.hosts import (
     environ_of,
     fake_hub_api,
     start_request,
+    started,
     status_of,
     users_gid,
 )
@@ -40,13 +41,6 @@ from tests.support.stacks import COMMON, make_lock
 pytestmark = [pytest.mark.timeout(120), pytest.mark.host_processes]
 
 GIB = 1 << 30
-
-
-def started(host: Host, request: dict[str, Any]) -> dict[str, Any]:
-    lines, status, stderr = host.ask(request)
-    assert status == 0, (lines, stderr)
-    assert lines[-1]["ok"] is True, (lines, stderr)
-    return lines[-1]
 
 
 def answering(reply: dict[str, Any], path: str = "/") -> None:
@@ -209,8 +203,36 @@ def test_gpus_the_host_lacks_and_accounts_it_may_not_make_are_refused(host: Host
     assert host.records() == []
 
 
+def test_one_gpu_by_its_index_or_another_name_is_the_same_held_gpu(host: Host) -> None:
+    # The probe's: on a host listing one GPU, ["GPU-aaaa…"] whole, ["0"] whole and ["00"]
+    # as a quarter all started, as did ["0", "00"] in one request.
+    gpu = "GPU-aaaa0000-0000-0000-0000-000000000001"
+    listed = host.root / "gpus.txt"
+    listed.write_text(gpu + "\n")
+    host.reconfigure(gpu_list_command=["/bin/cat", str(listed)])
+    first = started(host, start_request(host.new_user(), "m1", ["0"]))
+    assert environ_of(first["pid"])["CUDA_VISIBLE_DEVICES"] == gpu  # the UUID, never the index
+    other = host.new_user()
+    for alias in ([gpu], [gpu.upper()], ["0"]):
+        assert "held by another notebook" in refused(host, start_request(other, "m2", alias))
+    assert "held by another notebook" in refused(
+        host, start_request(other, "m2", ["0"], gpu_share=4)
+    )
+    assert "'00' is not allowed" in refused(host, start_request(other, "m2", ["00"]))
+    host.ask({"v": 1, "op": "stop", "machine": "m1"})
+    assert "twice" in refused(host, start_request(other, "m2", ["0", gpu]))
+    assert host.records() == []
+    assert host.cgroups() == []
+
+
 def test_not_json_is_refused(host: Host) -> None:
     assert "not one JSON object" in refused(host, b"id; rm -rf /")
+
+
+def test_a_request_nested_past_the_parser_is_refused_with_a_line(host: Host) -> None:
+    # The probe's: 100,000 "[" made an uncaught RecursionError, no answer and no log line.
+    assert "nests deeper" in refused(host, b"[" * 100_000)
+    assert "nests deeper" in refused(host, b'{"v": 1, "op": "start", "env": ' + b"[" * 100_000)
 
 
 def test_a_held_gpu_a_second_start_and_a_full_host_are_refused(host: Host) -> None:

@@ -24,16 +24,16 @@ from composespawner.hostagent.decisions import (
     creation_refusal,
     directory_sources,
     interpreter_of,
-    missing_gpus,
     notebook_env,
     parse_gpu_list,
     passwd_sources,
+    resolve_gpus,
     service_url,
     start_refusal,
 )
 from composespawner.hostagent.stacks import source_key, stack_of
 from composespawner.hostagent.state import StateDir
-from composespawner.launchers.agent_protocol import StackSource, StartNotebook
+from composespawner.launchers.agent_protocol import Refused, StackSource, StartNotebook
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -298,7 +298,37 @@ def test_a_share_past_the_host_is_refused(share: tuple[int, int]) -> None:
 def test_gpus_the_host_lacks() -> None:
     listed = parse_gpu_list("GPU-aaaa0000\n GPU-bbbb0000 \n\n")
     assert listed == ["GPU-aaaa0000", "GPU-bbbb0000"]
-    assert missing_gpus(["GPU-aaaa0000", "GPU-cccc0000", "1", "2"], listed) == ["GPU-cccc0000", "2"]
+    with pytest.raises(Refused, match=r"not on this host: GPU-cccc0000, 2$"):
+        resolve_gpus(["GPU-aaaa0000", "GPU-cccc0000", "1", "2"], listed)
+
+
+def test_every_name_of_a_gpu_is_its_uuid_before_anything_compares() -> None:
+    listed = ["GPU-aaaa0000", "GPU-bbbb0000"]
+    assert resolve_gpus(["1", "GPU-AAAA0000"], listed) == ("GPU-bbbb0000", "GPU-aaaa0000")
+    assert resolve_gpus(["00"], listed) == ("GPU-aaaa0000",)
+
+
+@pytest.mark.parametrize(
+    "asked", [["0", "GPU-aaaa0000"], ["0", "00"], ["GPU-aaaa0000", "GPU-AAAA0000"]]
+)
+def test_one_gpu_by_two_names_is_refused(asked: list[str]) -> None:
+    with pytest.raises(Refused, match="names the GPU GPU-aaaa0000 twice"):
+        resolve_gpus(asked, ["GPU-aaaa0000"])
+
+
+def test_without_a_gpu_list_only_uuids_pass() -> None:
+    with pytest.raises(Refused, match=r"GPU 0 is an index.*name GPUs by UUID"):
+        resolve_gpus(["GPU-aaaa0000", "0"], None)
+    with pytest.raises(Refused, match="twice"):
+        resolve_gpus(["GPU-aaaa0000", "GPU-AAAA0000"], None)
+    assert resolve_gpus(["GPU-aaaa0000"], None) == ("GPU-aaaa0000",)
+
+
+def test_a_uuid_in_another_case_is_the_held_gpu() -> None:
+    held = [record("m1", gpus=("GPU-aaaa0000",))]
+    refusal = start_refusal("m2", ("GPU-AAAA0000",), (1, 1), held, (4, 16))
+    assert refusal is not None
+    assert "held by another notebook" in refusal
 
 
 # -- what the notebook is given -------------------------------------------------------------

@@ -7,6 +7,7 @@ own (as a kernel outlives a notebook that dies) and answers its pid. SIGTERM
 and SIGINT end it at once, as a local spawner stops it.
 """
 
+import errno
 import os
 import signal
 import subprocess
@@ -23,6 +24,10 @@ class Answer(BaseHTTPRequestHandler):
             for _ in range(int(self.path.rsplit("/", 1)[1]) * (1 << 20) // CHUNK):
                 held.append(b"\x01" * CHUNK)  # written, not a lazily mapped zero page
             body = f"holding {len(held) * CHUNK >> 20} MiB"
+        elif self.path == "/forks":
+            body = forks_until_refused()
+        elif self.path.startswith("/open/"):
+            body = opened(self.path.removeprefix("/open"))
         elif self.path == "/child":
             child = subprocess.Popen(
                 [sys.executable, "-I", "-c", "import time; time.sleep(600)"],
@@ -39,6 +44,38 @@ class Answer(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: the test says what matters."""
+
+
+def forks_until_refused(most: int = 1000) -> str:
+    """Fork until the kernel refuses (at most ``most``: a host without a limit must
+    survive its test), then let the children go: how many, and the error."""
+    read, write = os.pipe()
+    made, said = 0, "none"
+    while made < most:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            said = errno.errorcode[e.errno]
+            break
+        if pid == 0:
+            os.close(write)
+            os.read(read, 1)  # until the parent closes its end
+            os._exit(0)
+        made += 1
+    os.close(write)
+    os.close(read)
+    for _ in range(made):  # reaped: the next count starts from the notebook alone
+        os.wait()
+    return f"{made} {said}"
+
+
+def opened(path: str) -> str:
+    """Whether ``path`` (a device node) opens: "opened", or the error's name."""
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "opened"
 
 
 def main() -> None:

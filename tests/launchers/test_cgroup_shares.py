@@ -16,8 +16,11 @@ import asyncio
 import http.client
 import os
 import pwd
+import shutil
 import signal
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +30,14 @@ from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 
-from composespawner.domain.hardware import Share
+from composespawner.domain.hardware import Device, Share
+from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.cgroups import (
     GIB,
     CgroupError,
     Hierarchy,
+    devices_confined,
     find_hierarchies,
     new_token,
 )
@@ -250,3 +255,68 @@ async def test_a_restarted_hub_removes_the_cgroups_its_state_names(
         assert not any(c.exists() for c in cgroups)
     finally:
         await first.stop()
+
+
+async def test_a_fork_bomb_stops_at_the_notebooks_pids_limit_and_its_neighbour_forks(
+    users: list[User], tmp_path: Path, parent: str
+) -> None:
+    bomber = notebook(users[0], tmp_path, parent, pids_per_gib=32)  # 1 GiB: 64 at most
+    neighbour = notebook(users[1], tmp_path, parent, pids_per_gib=32)
+    spawners = [bomber, neighbour]
+    try:
+        await asyncio.gather(*(s.start() for s in spawners))
+        for spawner in spawners:
+            assert await asyncio.to_thread(answers, spawner) == "ok"
+        made, said = (await asyncio.to_thread(get, bomber, "/forks", 60)).split()
+        assert said == "EAGAIN"
+        assert 0 < int(made) < 64
+        # The bomber's children went with its count; the neighbour's count is its own.
+        made, said = (await asyncio.to_thread(get, neighbour, "/forks", 60)).split()
+        assert (said, 0 < int(made) < 64) == ("EAGAIN", True)
+        assert await bomber.poll() is None
+    finally:
+        await asyncio.gather(*(s.stop() for s in spawners))
+
+
+@pytest.fixture
+def nodes() -> Iterator[Path]:
+    """A folder the notebook account can reach (pytest's own are root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="cs-nodes-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+async def test_a_notebook_opens_its_own_gpus_node_and_never_its_neighbours(
+    users: list[User], tmp_path: Path, parent: str, nodes: Path
+) -> None:
+    hierarchies = usable_hierarchies()
+    if not devices_confined(hierarchies):
+        pytest.fail("this machine mounts the v1 devices controller (TESTING.md): it should")
+    uuids = ("aaaa0000-0000-0000-0000-000000000001", "bbbb0000-0000-0000-0000-000000000002")
+    driver = tmp_path / "driver"
+    for minor, uuid in enumerate(uuids):
+        (driver / "gpus" / f"0000:1{minor}:00.0").mkdir(parents=True)
+        (driver / "gpus" / f"0000:1{minor}:00.0" / "information").write_text(
+            f"GPU UUID: \t GPU-{uuid}\nDevice Minor: \t {minor}\n"
+        )
+    for minor in (0, 1):  # as the driver makes them by default: open to every account
+        os.mknod(nodes / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+        (nodes / f"nvidia{minor}").chmod(0o666)
+    holder = notebook(users[0], tmp_path, parent, nvidia_proc_dir=str(driver))
+    gpu = Device("r1-t4-1", "gpu", "NVIDIA T4", frozenset({"r1"}), "c1", "attached", uuid=uuids[0])
+    holder.machine = ComposedMachine("m-1", "host-01", "r1", (gpu,), None, (), SHARE)
+    other = notebook(users[1], tmp_path, parent, nvidia_proc_dir=str(driver))
+    spawners = [holder, other]
+    try:
+        await asyncio.gather(*(s.start() for s in spawners))
+        for spawner in spawners:
+            assert await asyncio.to_thread(answers, spawner) == "ok"
+        own, neighbours = (f"/open{nodes}/nvidia{minor}" for minor in (0, 1))
+        # Its own node passes the cgroup (ENXIO: no driver behind it); the other does not.
+        assert await asyncio.to_thread(get, holder, own) == "ENXIO"
+        assert await asyncio.to_thread(get, holder, neighbours) == "EPERM"
+        assert await asyncio.to_thread(get, other, own) == "EPERM"
+        assert await asyncio.to_thread(get, other, "/open/dev/null") == "opened"
+    finally:
+        await asyncio.gather(*(s.stop() for s in spawners))

@@ -101,6 +101,8 @@ def test_a_share_goes_round_and_a_whole_gpu_says_nothing_of_shares() -> None:
         ({"machine": "m/../../x"}, "machine"),
         ({"gpus": ["GPU-1;rm -rf /"]}, "a GPU"),
         ({"gpus": ["0", "0"]}, "names a GPU twice"),
+        ({"gpus": ["00"]}, "'00' is not allowed"),
+        ({"gpus": ["GPU-aaaa0000", "GPU-AAAA0000"]}, "names a GPU twice"),
         ({"gpus": "0"}, "gpus is a list"),
         ({"cores": 0}, "cores"),
         ({"cores": -4}, "cores"),
@@ -270,3 +272,8 @@ def gpu(**changes: Any) -> dict[str, Any]:
 def test_an_activity_that_is_not_the_agents_is_an_error(fields: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         parse_activity(fields)
+
+
+def test_a_request_nested_past_the_parser_is_refused() -> None:
+    with pytest.raises(Refused, match="nests deeper"):
+        parse_request(b"[" * 100_000)

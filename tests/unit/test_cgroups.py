@@ -23,19 +23,23 @@ from composespawner.domain.hardware import Share
 from composespawner.launchers import local_process
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.cgroups import (
+    LEAST_PIDS,
     CgroupError,
     CgroupPlan,
     Hierarchy,
+    Limits,
     Write,
     balance_cpu_weight,
     cgroup_name,
     controllers_to_enable,
+    devices_confined,
     hierarchies_in,
     join_command,
     join_then,
     make_cgroup,
     parent_cpu_weight,
     parent_parts,
+    pids_limit,
     plan_cgroup,
     remove_cgroups,
 )
@@ -51,6 +55,7 @@ cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
 cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0
 cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 """
 PURE_V2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
@@ -71,38 +76,44 @@ def test_on_a_hybrid_host_each_controller_comes_from_its_v1_mount() -> None:
     assert hierarchies_in(HYBRID, controllers) == (
         Hierarchy(CG / "cpu", False, frozenset({"cpu"})),
         Hierarchy(CG / "memory", False, frozenset({"memory"})),
+        Hierarchy(CG / "pids", False, frozenset({"pids"})),
+        Hierarchy(CG / "devices", False, frozenset({"devices"})),
     )
+    assert devices_confined(hierarchies_in(HYBRID, controllers))
 
 
-def test_on_a_pure_v2_host_one_hierarchy_holds_both() -> None:
+def test_on_a_pure_v2_host_one_hierarchy_holds_all_but_devices() -> None:
     assert hierarchies_in(PURE_V2, controllers) == (
-        Hierarchy(CG, True, frozenset({"cpu", "memory"})),
+        Hierarchy(CG, True, frozenset({"cpu", "memory", "pids"})),
     )
+    assert not devices_confined(hierarchies_in(PURE_V2, controllers))
 
 
 def test_cpu_and_cpuacct_mounted_together_and_a_second_mount_of_it_counts_once() -> None:
     mounts = (
         "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n"
         "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
+        "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
         "cgroup /mnt/again cgroup rw,cpu,cpuacct 0 0\n"
     )
     assert [h.mount for h in hierarchies_in(mounts, controllers)] == [
         CG / "cpu,cpuacct",
         CG / "memory",
+        CG / "pids",
     ]
 
 
 def test_a_mount_path_is_read_as_the_kernel_escapes_it() -> None:
     mounts = "cgroup2 /srv/my\\040cgroups cgroup2 rw 0 0\n"
-    found = hierarchies_in(mounts, lambda mount: "cpu memory")
+    found = hierarchies_in(mounts, lambda mount: "cpu memory pids")
     assert found[0].mount == Path("/srv/my cgroups")
 
 
-def test_without_a_memory_controller_it_says_which_is_missing() -> None:
+def test_without_a_memory_or_pids_controller_it_says_which_is_missing() -> None:
     only_cpu = "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
-    with pytest.raises(CgroupError, match="holds the memory controller"):
+    with pytest.raises(CgroupError, match="holds the memory, pids controllers"):
         hierarchies_in(only_cpu, controllers)
-    with pytest.raises(CgroupError, match="the cpu and memory controllers"):
+    with pytest.raises(CgroupError, match="the cpu, memory, pids controllers"):
         hierarchies_in("proc /proc proc rw 0 0\n", controllers)
 
 
@@ -126,26 +137,45 @@ def test_a_parent_stays_below_the_root() -> None:
 # -- limits -----------------------------------------------------------------------------
 
 
-def test_v1_limits_a_quota_of_cores_times_the_period_and_memory_without_swap() -> None:
-    plan = plan_cgroup(hierarchies_in(HYBRID, controllers), ("cs",), "ada-default-1", Share(2, 8))
-    cpu, memory = CG / "cpu/cs/ada-default-1", CG / "memory/cs/ada-default-1"
+def test_v1_limits_cores_memory_without_swap_processes_and_device_nodes() -> None:
+    limits = Limits(Share(2, 8), pids=2048, devices=("c 1:3 rwm", "c 195:1 rwm"))
+    plan = plan_cgroup(hierarchies_in(HYBRID, controllers), ("cs",), "ada-default-1", limits)
+    cpu, memory, pids, devices = (
+        CG / controller / "cs/ada-default-1" for controller in ("cpu", "memory", "pids", "devices")
+    )
     assert plan == CgroupPlan(
-        (cpu, memory),
+        (cpu, memory, pids, devices),
         (
             Write(cpu / "cpu.cfs_period_us", "100000"),
             Write(cpu / "cpu.cfs_quota_us", "200000"),
             Write(memory / "memory.limit_in_bytes", str(8 * GIB)),
             Write(memory / "memory.memsw.limit_in_bytes", str(8 * GIB), optional=True),
+            Write(pids / "pids.max", "2048"),
+            Write(devices / "devices.deny", "a"),
+            Write(devices / "devices.allow", "c 1:3 rwm"),
+            Write(devices / "devices.allow", "c 195:1 rwm"),
         ),
     )
-    assert plan.procs == (cpu / "cgroup.procs", memory / "cgroup.procs")
+    assert plan.procs[:2] == (cpu / "cgroup.procs", memory / "cgroup.procs")
+
+
+def test_without_device_rules_the_devices_cgroup_is_joined_but_not_written() -> None:
+    plan = plan_cgroup(hierarchies_in(HYBRID, controllers), ("cs",), "a-1", Limits(Share(1, 1), 64))
+    assert not [w for w in plan.writes if w.path.name.startswith("devices.")]
+
+
+def test_a_notebooks_processes_are_counted_by_its_memory_and_never_below_the_least() -> None:
+    assert pids_limit(Share(2, 8), per_gib=256) == 2048
+    assert pids_limit(Share(1, 1), per_gib=16) == LEAST_PIDS
+    # What a host's notebooks hold together is bounded by its memory, as the room is.
+    assert sum(pids_limit(Share(1, gib), 256) for gib in (8, 8, 16)) == 256 * 32
 
 
 def test_v2_enables_the_controllers_down_to_the_parent_then_limits() -> None:
     found = hierarchies_in(PURE_V2, controllers)
-    plan = plan_cgroup(found, ("hub", "nb"), "bob-thesis-2", Share(4, 32))
+    plan = plan_cgroup(found, ("hub", "nb"), "bob-thesis-2", Limits(Share(4, 32), 8192, ("x",)))
     leaf = CG / "hub/nb/bob-thesis-2"
-    enable = "+cpu +memory"
+    enable = "+cpu +memory +pids"
     assert plan == CgroupPlan(
         (leaf,),
         (
@@ -155,6 +185,7 @@ def test_v2_enables_the_controllers_down_to_the_parent_then_limits() -> None:
             Write(leaf / "cpu.max", "400000 100000"),
             Write(leaf / "memory.max", str(32 * GIB)),
             Write(leaf / "memory.swap.max", "0", optional=True),
+            Write(leaf / "pids.max", "8192"),
         ),
     )
 

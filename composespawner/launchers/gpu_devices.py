@@ -1,0 +1,110 @@
+"""The device nodes a notebook may open: the basics every program needs, and its own GPUs.
+
+``CUDA_VISIBLE_DEVICES`` only selects GPUs; the nodes of every GPU on a shared host
+(``/dev/nvidia0``, ``/dev/nvidia1``, …) stay open to any account, so a notebook that
+unsets the variable reaches its neighbour's. A cgroup's device rules close them, as
+Slurm's ``ConstrainDevices`` and container runtimes do: everything is denied, then
+the nodes below allowed. A GPU's node is ``c 195:<minor>``, and its minor is what the
+NVIDIA driver says of it in ``/proc/driver/nvidia/gpus/<bus>/information`` (``GPU
+UUID`` and ``Device Minor`` lines), so a GPU named by UUID is found without NVML.
+Besides its own GPUs a notebook with any gets ``nvidiactl`` (``c 195:255``) and the
+unified-memory nodes (``nvidia-uvm``, ``nvidia-uvm-tools``: one major the driver
+takes at load, in ``/proc/devices``).
+
+Deciding is pure (:func:`minors_in`, :func:`uvm_major_in`, :func:`device_rules`); the
+reads are :func:`gpu_device_rules`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+NVIDIA_PROC = Path("/proc/driver/nvidia")
+PROC_DEVICES = Path("/proc/devices")
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+# What any program may open, as Docker's and runc's defaults allow (mknod is not among
+# them): null, zero, full, random, urandom, tty, the pty multiplexer and the ptys.
+BASIC_DEVICES = (
+    "c 1:3 rwm",
+    "c 1:5 rwm",
+    "c 1:7 rwm",
+    "c 1:8 rwm",
+    "c 1:9 rwm",
+    "c 5:0 rwm",
+    "c 5:2 rwm",
+    "c 136:* rwm",
+)
+_FIELD = re.compile(r"^\s*(GPU UUID|Device Minor)\s*:\s*(\S+)\s*$", re.MULTILINE)
+log = logging.getLogger(__name__)
+
+
+def minors_in(informations: Iterable[str]) -> dict[str, int]:
+    """Each GPU's minor by its UUID (lower case), from the driver's ``information`` files;
+    a file lacking either line names no GPU."""
+    minors = {}
+    for text in informations:
+        fields = dict(_FIELD.findall(text))
+        uuid, minor = fields.get("GPU UUID"), fields.get("Device Minor")
+        if uuid and minor and minor.isdigit():
+            minors[uuid.lower()] = int(minor)
+    return minors
+
+
+def uvm_major_in(proc_devices: str) -> int | None:
+    """The major of ``nvidia-uvm`` in ``/proc/devices`` (None: the module is not loaded)."""
+    for line in proc_devices.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] == "nvidia-uvm" and fields[0].isdigit():
+            return int(fields[0])
+    return None
+
+
+def device_rules(gpus: Sequence[int], uvm_major: int | None) -> tuple[str, ...]:
+    """The ``devices.allow`` rules of a notebook holding the GPUs of minors ``gpus``."""
+    if not gpus:
+        return BASIC_DEVICES
+    own = [f"c {NVIDIA_MAJOR}:{minor} rwm" for minor in sorted(set(gpus))]
+    uvm = [f"c {uvm_major}:* rwm"] if uvm_major is not None else []
+    return (*BASIC_DEVICES, *own, f"c {NVIDIA_MAJOR}:{NVIDIACTL_MINOR} rwm", *uvm)
+
+
+def unfound(uuids: Sequence[str], minors: Mapping[str, int]) -> list[str]:
+    """Of ``uuids`` (``GPU-…``, any case), those the driver lists no node for."""
+    return [uuid for uuid in uuids if uuid.lower() not in minors]
+
+
+def gpu_device_rules(
+    uuids: Sequence[str], nvidia_proc: Path = NVIDIA_PROC, proc_devices: Path = PROC_DEVICES
+) -> tuple[str, ...]:
+    """The rules of a notebook holding the GPUs ``uuids`` on this host.
+
+    A GPU whose node the driver does not list (no driver loaded, a UUID this host does
+    not have) is given no node: the notebook cannot open it, nor any other GPU. That is
+    logged, never guessed around.
+    """
+    if not uuids:
+        return BASIC_DEVICES
+    informations = []
+    for information in sorted((nvidia_proc / "gpus").glob("*/information")):
+        try:
+            informations.append(information.read_text())
+        except OSError as e:
+            log.warning("cannot read %s: %s", information, e.strerror)
+    minors = minors_in(informations)
+    missing = unfound(uuids, minors)
+    if missing:
+        log.warning(
+            "no device node listed under %s for GPUs %s: the notebook gets none for them",
+            nvidia_proc,
+            ", ".join(missing),
+        )
+    try:
+        uvm = uvm_major_in(proc_devices.read_text())
+    except OSError:
+        uvm = None
+    found = [minors[uuid.lower()] for uuid in uuids if uuid.lower() in minors]
+    return device_rules(found, uvm) if found else BASIC_DEVICES
