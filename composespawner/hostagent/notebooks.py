@@ -59,6 +59,7 @@ from composespawner.launchers.cgroups import (
     remove_cgroups,
 )
 from composespawner.launchers.gpu_devices import gpu_device_rules
+from composespawner.launchers.ipc import remove_ipc_of
 from composespawner.launchers.processes import process_started
 
 STOP_GRACE = 8.0  # seconds between SIGTERM and what is left being killed
@@ -279,12 +280,22 @@ class Notebooks:
         (under the lock, which ``locked`` says is held: a start may be writing a new one)."""
         self._remove_cgroups(tuple(Path(c) for c in record.cgroups))
         if locked:
-            self.state.remove(record)
+            self._forget(record)
         else:
             with self.state.locked():
-                self.state.remove(record)
+                self._forget(record)
         # Its log stays for a while (why did it exit?); older ones go, or they pile up.
         self.state.prune_logs(older_than=time.time() - self.config.keep_logs_days * DAY)
+
+    def _forget(self, record: Record) -> None:
+        """Under the lock: its record gone, and what the account left in shared memory
+        too where this was its last notebook here (no start of its next one meanwhile)."""
+        self.state.remove(record)
+        others = (r for r in self.state.records() if r.uid == record.uid and alive(r))
+        if next(others, None) is None:
+            removed = remove_ipc_of(record.uid)
+            if removed:
+                log.info("removed %d shared-memory objects %s left", removed, record.user)
 
     def _remove_cgroups(self, cgroups: tuple[Path, ...]) -> None:
         try:

@@ -122,9 +122,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
     _run_manifest: str | None = None  # where this start's run manifest is, for the notebook
     # What start() writes there, just before the notebook: (path, content, owner).
     _manifest_file: tuple[Path, bytes, pwd.struct_passwd | None] | None = None
-    # When the notebook's process started (clock ticks after boot): with its pid, which
-    # process is the notebook, so a restarted hub never takes a stranger for it.
-    _pid_started: int | None = None
 
     # -- the stack's environment -----------------------------------------------
 
@@ -271,40 +268,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
 
-    # -- after a hub restart -----------------------------------------------------
-
-    async def poll(self) -> int | None:
-        """LocalProcessSpawner's poll, which after a hub restart knows the notebook by
-        its pid alone: a zombie (the dead notebook of a crashed hub, not yet reaped)
-        or another process given the same pid since would pass for it, keep its
-        machine and get its stop's signals. The pid must name the process that
-        started when the notebook did."""
-        if self.proc is None and self.pid and not self._is_the_notebook():
-            self.log.info("%s: notebook process %d is gone", log_name(self), self.pid)
-            self.pid = 0  # and so gone to LocalProcessSpawner's poll, which clears the state
-        status: int | None = await super().poll()
-        return status
-
-    def _is_the_notebook(self) -> bool:
-        started = process_started(self.pid)
-        # A state saved before the start time was kept: the pid alone says.
-        return started is not None and self._pid_started in (None, started)
-
-    def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()
-        if self.pid and self._pid_started is not None:
-            state["pid_started"] = self._pid_started
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        started = state.get("pid_started")
-        self._pid_started = started if isinstance(started, int) else None
-
-    def clear_state(self) -> None:
-        super().clear_state()
-        self._pid_started = None
-
     def _free_port(self) -> int:
         self._launchers.add(self)
         others = {launcher.port for launcher in self._launchers if launcher is not self}
@@ -325,6 +288,12 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
     def _runs_as(self) -> pwd.struct_passwd | None:
         """The account notebooks run as, or None for the hub's own."""
         return notebook_account(self.shared_account, self.notebook_account)
+
+    def notebook_uid(self) -> int | None:
+        if not self.shared_account:
+            return super().notebook_uid()
+        owner = self._runs_as()
+        return owner.pw_uid if owner is not None else os.geteuid()
 
     @default("popen_kwargs")
     def _default_popen_kwargs(self) -> dict[str, Any]:

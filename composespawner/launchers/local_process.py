@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from subprocess import Popen
-from typing import Any
+from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Integer, TraitError, Unicode, validate
@@ -43,11 +45,18 @@ from composespawner.launchers.cgroups import (
     remove_cgroups,
 )
 from composespawner.launchers.gpu_devices import NVIDIA_PROC, gpu_device_rules
+from composespawner.launchers.ipc import remove_ipc_of
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.processes import process_started, started_from_stat
 from composespawner.ledger.runner import whole_in_thread
 
-__all__ = ["CgroupLimitedSpawner", "process_started", "started_from_stat", "watch_exit"]
+__all__ = [
+    "CgroupLimitedSpawner",
+    "KnownProcessSpawner",
+    "process_started",
+    "started_from_stat",
+    "watch_exit",
+]
 
 
 def watch_exit(
@@ -76,7 +85,50 @@ def watch_exit(
     loop.add_reader(pidfd, readable)
 
 
-class CgroupLimitedSpawner(LocalProcessSpawner):
+class KnownProcessSpawner(LocalProcessSpawner):
+    """A LocalProcessSpawner that knows its notebook's process by pid and start time.
+
+    After a hub restart LocalProcessSpawner knows the notebook by its pid alone: a
+    zombie (the dead notebook of a crashed hub, not yet reaped) or another process
+    given the same pid since would pass for it, keep its machine and get its stop's
+    signals. The start time (clock ticks after boot, set by the start) says which
+    process is the notebook.
+    """
+
+    _pid_started: int | None = None
+
+    async def poll(self) -> int | None:
+        """LocalProcessSpawner's poll, where the pid must name the process that started
+        when the notebook did."""
+        pid: int = self.pid  # type: ignore[has-type]  # an untyped trait
+        if self.proc is None and pid and not self._is_the_notebook():
+            self.log.info("%s: notebook process %d is gone", log_name(self), pid)
+            self.pid = 0  # and so gone to LocalProcessSpawner's poll, which clears the state
+        status: int | None = await super().poll()
+        return status
+
+    def _is_the_notebook(self) -> bool:
+        started = process_started(self.pid)
+        # A state saved before the start time was kept: the pid alone says.
+        return started is not None and self._pid_started in (None, started)
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.pid and self._pid_started is not None:
+            state["pid_started"] = self._pid_started
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        started = state.get("pid_started")
+        self._pid_started = started if isinstance(started, int) else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._pid_started = None
+
+
+class CgroupLimitedSpawner(KnownProcessSpawner):
     """A LocalProcessSpawner whose notebook runs in a cgroup of its share, when it has one.
 
     Without a share (:attr:`share` None) nothing changes. With one, the start
@@ -120,6 +172,8 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
         devices controller). Change it only where /proc is mounted elsewhere.""",
     )
 
+    # This hub's notebooks with cgroups: an account's shared memory goes after its last.
+    _running: ClassVar[weakref.WeakSet[CgroupLimitedSpawner]] = weakref.WeakSet()
     share: Share | None = None  # Launcher's: set by the composing mixin before start
     machine: ComposedMachine | None = None  # the mixin's; set before start
     _cgroups: tuple[Path, ...] = ()  # this notebook's cgroups, until removed
@@ -177,6 +231,7 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
                 log_name(self),
             )
         self._cgroups = plan.cgroups
+        self._running.add(self)
         self._balance(plan.cgroups)
         return plan
 
@@ -244,6 +299,28 @@ class CgroupLimitedSpawner(LocalProcessSpawner):
                 "%s: %s; remove it (rmdir) once its processes have ended", log_name(self), e
             )
         self._balance(cgroups)
+        self._running.discard(self)
+        self._remove_leftover_ipc()
+
+    def notebook_uid(self) -> int | None:
+        """The account the notebook runs as (LocalProcessSpawner's: the user's own);
+        None where it has none here."""
+        try:
+            return pwd.getpwnam(self.user.name).pw_uid
+        except KeyError:
+            return None
+
+    def _remove_leftover_ipc(self) -> None:
+        """What the notebook's account left in shared memory (:mod:`.ipc`), once no other
+        notebook of this hub runs as it; never the hub's own."""
+        uid = self.notebook_uid()
+        if uid is None or uid == os.geteuid():
+            return
+        if any(other.notebook_uid() == uid for other in list(self._running)):
+            return
+        removed = remove_ipc_of(uid)
+        if removed:
+            self.log.info("%s: removed %d shared-memory objects left", log_name(self), removed)
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)

@@ -35,6 +35,7 @@ from composespawner.launchers.cgroups import (
     join_then,
     remove_cgroups,
 )
+from composespawner.launchers.ipc import remove_ipc_of
 from harness.paths import ROOT
 
 AGENT = Path(sys.executable).with_name("composespawner-host")
@@ -212,6 +213,8 @@ def clean(host: Host) -> None:
     for pid in _pids_of(uids):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for uid in uids:  # what a failed test's notebooks left in shared memory
+        remove_ipc_of(uid)
     with contextlib.suppress(CgroupError):
         remove_cgroups(host.cgroups(), 10.0)
         for hierarchy in find_hierarchies():

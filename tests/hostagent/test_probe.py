@@ -9,6 +9,7 @@ Starts processes, accounts and cgroups (root): run under ``flock /tmp/heavy.lock
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -113,3 +114,48 @@ def test_a_notebook_opens_its_own_gpus_node_and_never_its_neighbours(
     for machine in ("m1", "m2"):
         host.ask({"v": 1, "op": "stop", "machine": machine})
     assert host.cgroups() == []
+
+
+# Leaves 40 MiB in /dev/shm and a 16 MiB System V segment, written, as a DataLoader's
+# workers or a crashed multiprocessing pool do; says the segment's id.
+SHARED_MEMORY = """
+import ctypes, os
+with open(f"/dev/shm/cs-probe-{os.getpid()}", "wb") as file:
+    file.write(b"x" * (40 << 20))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+segment = libc.shmget(0, 16 << 20, 0o1000 | 0o600)
+address = libc.shmat(segment, None, 0)
+ctypes.memset(address, 1, 16 << 20)
+print(segment)
+"""
+
+
+def shared_memory_of(uid: int) -> tuple[int, list[int]]:
+    """Bytes in /dev/shm files ``uid`` owns, and the System V segments it owns."""
+    held = sum(p.lstat().st_size for p in Path("/dev/shm").iterdir() if p.lstat().st_uid == uid)
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    header = lines[0].split()
+    shmid, owner = header.index("shmid"), header.index("uid")
+    segments = [int(f[shmid]) for line in lines[1:] if int((f := line.split())[owner]) == uid]
+    return held, segments
+
+
+def test_what_a_notebook_leaves_in_shared_memory_goes_with_its_users_last_notebook(
+    host: Host,
+) -> None:
+    user, neighbour = host.new_user(), host.new_user()
+    started(host, start_request(neighbour, "n1"))
+    host.run_in_notebook("n1", SHARED_MEMORY)
+    neighbours = pwd.getpwnam(neighbour).pw_uid
+    for cycle in range(4):
+        started(host, start_request(user, f"m{cycle}"))
+        uid = pwd.getpwnam(user).pw_uid
+        segment = int(host.run_in_notebook(f"m{cycle}", SHARED_MEMORY))
+        assert shared_memory_of(uid) == (40 << 20, [segment])  # left behind by the cell
+        host.ask({"v": 1, "op": "stop", "machine": f"m{cycle}"})
+        assert shared_memory_of(uid) == (0, [])
+        # The neighbour's notebook runs on: what it holds is its own, and stays.
+        assert shared_memory_of(neighbours)[0] == 40 << 20
+    host.ask({"v": 1, "op": "stop", "machine": "n1"})
+    assert shared_memory_of(neighbours) == (0, [])

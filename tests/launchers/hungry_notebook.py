@@ -7,6 +7,7 @@ own (as a kernel outlives a notebook that dies) and answers its pid. SIGTERM
 and SIGINT end it at once, as a local spawner stops it.
 """
 
+import ctypes
 import errno
 import os
 import signal
@@ -28,6 +29,8 @@ class Answer(BaseHTTPRequestHandler):
             body = forks_until_refused()
         elif self.path.startswith("/open/"):
             body = opened(self.path.removeprefix("/open"))
+        elif self.path.startswith("/shm/"):
+            body = left_in_shared_memory(int(self.path.rsplit("/", 1)[1]))
         elif self.path == "/child":
             child = subprocess.Popen(
                 [sys.executable, "-I", "-c", "import time; time.sleep(600)"],
@@ -67,6 +70,19 @@ def forks_until_refused(most: int = 1000) -> str:
     for _ in range(made):  # reaped: the next count starts from the notebook alone
         os.wait()
     return f"{made} {said}"
+
+
+def left_in_shared_memory(mib: int) -> str:
+    """A file of ``mib`` MiB in /dev/shm and a System V segment of as many, written, as a
+    DataLoader's workers or a crashed multiprocessing pool leave them."""
+    with open(f"/dev/shm/cs-hungry-{os.getpid()}-{len(held)}", "wb") as file:
+        file.write(b"x" * (mib << 20))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    segment = libc.shmget(0, mib << 20, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    ctypes.memset(libc.shmat(segment, None, 0), 1, mib << 20)
+    held.append(b"")  # the next file's name differs
+    return f"left {mib} MiB"
 
 
 def opened(path: str) -> str:

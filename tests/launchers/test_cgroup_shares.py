@@ -320,3 +320,30 @@ async def test_a_notebook_opens_its_own_gpus_node_and_never_its_neighbours(
         assert await asyncio.to_thread(get, other, "/open/dev/null") == "opened"
     finally:
         await asyncio.gather(*(s.stop() for s in spawners))
+
+
+def shared_memory_of(uid: int) -> tuple[int, int]:
+    """Bytes in /dev/shm files ``uid`` owns, and how many System V segments it owns."""
+    held = sum(p.lstat().st_size for p in Path("/dev/shm").iterdir() if p.lstat().st_uid == uid)
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    owner = lines[0].split().index("uid")
+    return held, sum(1 for line in lines[1:] if int(line.split()[owner]) == uid)
+
+
+async def test_what_notebooks_leave_in_shared_memory_goes_after_the_accounts_last(
+    users: list[User], tmp_path: Path, parent: str
+) -> None:
+    uid = notebook_uid()  # the shared account both notebooks run as
+    for _cycle in range(4):
+        first, second = (notebook(user, tmp_path, parent) for user in users)
+        try:
+            await asyncio.gather(first.start(), second.start())
+            for spawner in (first, second):
+                assert await asyncio.to_thread(answers, spawner) == "ok"
+                assert await asyncio.to_thread(get, spawner, "/shm/8") == "left 8 MiB"
+            assert shared_memory_of(uid) == (16 << 20, 2)
+            await first.stop()
+            assert shared_memory_of(uid) == (16 << 20, 2)  # the account's other notebook runs
+        finally:
+            await asyncio.gather(first.stop(), second.stop())
+        assert shared_memory_of(uid) == (0, 0)
