@@ -14,7 +14,9 @@ root's with the sticky bit and writable by that account's group (it makes new
 environments there, and cannot rename or remove root's). The child adds the
 notebook side (repro.py, the client) too, as the agent's version has it.
 
-Once built, every process of the build account is ended, and only then is the
+The build runs in a cgroup of its own (:func:`build_cgroup`), killed whole once
+it is done, so nothing it started outlives it, however dead it looks to ``/proc``;
+then every process of the build account is ended, and only then is the
 environment made root's and written by root alone (:func:`_make_roots`): walked
 by folder descriptor, never through a link, so that no later build can change
 what notebooks run. Root never writes into the environment, nor through
@@ -39,19 +41,33 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from composespawner.domain.catalog import Stack, StackBuild
+from composespawner.domain.hardware import Share
 from composespawner.hostagent.config import AgentConfig
 from composespawner.hostagent.state import StateDir
 from composespawner.launchers.agent_protocol import StackSource
+from composespawner.launchers.cgroups import (
+    CgroupError,
+    Limits,
+    cgroup_name,
+    find_hierarchies,
+    join_then,
+    make_cgroup,
+    new_token,
+    pids_limit,
+    plan_cgroup,
+    remove_cgroups,
+)
 from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
     StackEnvironment,
     StackEnvironments,
 )
+from composespawner.launchers.gpu_devices import BASIC_DEVICES
 
 LOCK_FILE = "requirements.lock"
 BUILD_LOCK = ".build.lock"  # in the state folder: one build at a time
@@ -153,7 +169,7 @@ def environment_for(
         if not _settled(environment):  # another agent may have built it meanwhile
             try:
                 if not _roots(environment.path):  # else a _make_roots cut short: again
-                    _build_as(account, source, config.stacks_dir, progress)
+                    _build_as(account, source, config, progress)
             finally:
                 _end_processes_of(account.pw_uid)  # none may run while it becomes root's
             _make_roots(environment.path, account.pw_uid)
@@ -216,8 +232,51 @@ def _build_account(config: AgentConfig) -> pwd.struct_passwd:
     return account
 
 
+def build_limits(config: AgentConfig) -> Limits:
+    """What a build's cgroup holds it to: the host's cores and memory (a build runs before
+    its notebook, in no share of its own), its pids, and no device but the basics."""
+    share = Share(config.cores, config.memory_gib)
+    return Limits(share, pids_limit(share, config.pids_per_gib), BASIC_DEVICES)
+
+
+@contextlib.contextmanager
+def build_cgroup(config: AgentConfig) -> Iterator[tuple[Path, ...]]:
+    """A cgroup for one build (its ``cgroup.procs`` files), killed whole and removed after.
+
+    A build runs the request's code, and what it leaves running must end before its
+    environment becomes root's: one that looks dead to ``/proc`` (a process whose first
+    thread left with the raw exit syscall shows as a zombie while its other threads
+    run) would write into the next environment built here. Nothing leaves a cgroup it
+    cannot write, and every thread in it ends with it.
+    """
+    name = cgroup_name(config.build_account, "build", new_token())
+    try:
+        plan = plan_cgroup(find_hierarchies(), config.cgroup_parent, name, build_limits(config))
+        make_cgroup(plan)
+    except CgroupError as e:
+        raise StackBuildError(f"cannot make the build's cgroup: {e}") from e
+    try:
+        yield plan.procs
+    finally:
+        try:
+            remove_cgroups(plan.cgroups, END_TIMEOUT)
+        except CgroupError as e:
+            raise StackBuildError(f"the build left processes that will not end: {e}") from e
+
+
 def _build_as(
-    account: pwd.struct_passwd, source: StackSource, stacks: Path, progress: Progress
+    account: pwd.struct_passwd, source: StackSource, config: AgentConfig, progress: Progress
+) -> None:
+    with build_cgroup(config) as procs:
+        _run_builder(account, source, config.stacks_dir, procs, progress)
+
+
+def _run_builder(
+    account: pwd.struct_passwd,
+    source: StackSource,
+    stacks: Path,
+    procs: tuple[Path, ...],
+    progress: Progress,
 ) -> None:
     from composespawner.hostagent.accounts import becoming
 
@@ -228,7 +287,7 @@ def _build_as(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=environ,
-        preexec_fn=becoming(account, "/"),
+        preexec_fn=join_then(procs, becoming(account, "/")),
     )
     assert child.stdin is not None
     assert child.stdout is not None
@@ -298,20 +357,27 @@ def _take(raw: bytes, progress: Progress, last: dict[str, object]) -> dict[str, 
 
 
 def _processes_of(uid: int) -> list[int]:
-    """The processes running as ``uid`` (by any of its ids), zombies left out: they run
-    nothing, and go once their parent (or init) reaps them."""
+    """The processes running as ``uid`` (by any of its ids) with a thread that runs:
+    a zombie whose threads are all gone runs nothing, and goes once its parent (or init)
+    reaps it, but a process whose first thread left with the raw exit syscall shows as
+    a zombie while its other threads run on. Each thread is looked at."""
     pids = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            lines = status.read_text().splitlines()
-        except OSError:  # gone meanwhile
-            continue
-        fields = {key: value for key, _, value in (line.partition(":") for line in lines)}
-        if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
-            continue
-        if str(uid) in fields.get("Uid", "").split():
-            pids.append(int(status.parent.name))
+    for process in Path("/proc").glob("[0-9]*"):
+        if any(_runs_as(uid, status) for status in process.glob("task/[0-9]*/status")):
+            pids.append(int(process.name))
     return pids
+
+
+def _runs_as(uid: int, status: Path) -> bool:
+    """Whether the thread of ``status`` (``/proc/<pid>/task/<tid>/status``) runs as ``uid``."""
+    try:
+        lines = status.read_text().splitlines()
+    except OSError:  # gone meanwhile
+        return False
+    fields = {key: value for key, _, value in (line.partition(":") for line in lines)}
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return False
+    return str(uid) in fields.get("Uid", "").split()
 
 
 def _end_processes_of(uid: int, timeout: float = END_TIMEOUT) -> None:

@@ -8,14 +8,17 @@ Starts processes, accounts and cgroups (root): run under ``flock /tmp/heavy.lock
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.hostagent.hosts import Host, start_request, started
+from tests.support.stacks import COMMON, make_lock
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.host_processes]
 
@@ -159,3 +162,86 @@ def test_what_a_notebook_leaves_in_shared_memory_goes_with_its_users_last_notebo
         assert shared_memory_of(neighbours)[0] == 40 << 20
     host.ask({"v": 1, "op": "stop", "machine": "n1"})
     assert shared_memory_of(neighbours) == (0, [])
+
+
+# A stack_manifest.py that leaves a planter behind: its first thread leaves with the
+# raw exit syscall, so /proc shows a zombie, while a second thread waits for the next
+# environment built on the host and writes a .pth into it (root would then make it
+# root's, and the next user's Python would run it). Then it writes the manifest.
+PLANTING_MANIFEST = '''
+import argparse, subprocess, sys
+parser = argparse.ArgumentParser()
+for flag in ("--stack", "--variant", "--lock", "--out"):
+    parser.add_argument(flag)
+args = parser.parse_args()
+PLANTER = """
+import ctypes, glob, os, sys, threading, time
+def plant():
+    mine = sys.argv[1]
+    while True:
+        for site in glob.glob(os.path.join(sys.argv[2], "*", "lib", "python*", "site-packages")):
+            if not site.startswith(mine):
+                try:
+                    with open(os.path.join(site, "planted.pth"), "w") as file:
+                        file.write("import os; os.system('id > /tmp/pwned')\\\\n")
+                except OSError:
+                    pass
+        time.sleep(0.02)
+threading.Thread(target=plant).start()
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: this thread alone; the process lives on
+"""
+subprocess.Popen(
+    [sys.executable, "-c", PLANTER, sys.prefix, STACKS],
+    start_new_session=True,
+    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+with open(args.out, "w") as file:
+    file.write("{}\\n")
+'''
+
+
+def running_threads_of(uid: int) -> list[str]:
+    """The threads (``pid/tid``) running as ``uid``: a zombie's live threads count."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/task/[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        running = fields["State"].split()[0] not in ("Z", "X")
+        if running and str(uid) in fields["Uid"].split():
+            found.append(f"{status.parent.parent.parent.name}/{status.parent.name}")
+    return found
+
+
+def tiny_stack(host: Host, stack_id: str, manifest: str | None = None) -> dict[str, Any]:
+    wheels = host.root / f"wheels-{stack_id}"
+    wheels.mkdir(mode=0o755)
+    text = make_lock(wheels).read_text()
+    common = {p.name: p.read_text() for p in COMMON.glob("*.py")}
+    if manifest is not None:
+        common["stack_manifest.py"] = manifest
+    return {
+        "id": stack_id,
+        "label": stack_id,
+        "lock_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "lock": text,
+        "common": common,
+    }
+
+
+def test_a_build_that_leaves_a_zombie_led_process_plants_nothing_in_the_next(
+    host: Host,
+) -> None:
+    stacks, builder = host.root / "stacks", host.new_user()
+    host.reconfigure(stacks_dir=str(stacks), build_account=builder)
+    planting = f"STACKS = {str(stacks)!r}\n" + PLANTING_MANIFEST
+    started(host, start_request(host.new_user(), "m1", stack=tiny_stack(host, "a", planting)))
+    uid = pwd.getpwnam(builder).pw_uid
+    assert running_threads_of(uid) == []  # the planter's thread ended with the build
+
+    started(host, start_request(host.new_user(), "m2", stack=tiny_stack(host, "b")))
+    (second,) = stacks.glob("b-*/lib/python*/site-packages")
+    assert not (second / "planted.pth").exists()
+    for machine in ("m1", "m2"):
+        host.ask({"v": 1, "op": "stop", "machine": machine})
