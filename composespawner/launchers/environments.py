@@ -72,13 +72,31 @@ def lock_hash(lock: Path) -> str:
     return hashlib.sha256(lock.read_bytes()).hexdigest()
 
 
-def environment_key(lock_sha256: str, python_version: str) -> str:
-    """What an environment's packages are made from, as a short hash.
+def environment_key(lock_sha256: str, python_version: str, common_sha256: str) -> str:
+    """Everything an environment is made from, as a short hash: the lock, the Python, and
+    the stack's common files (``stack_manifest.py`` runs in the build; a changed one with
+    the same lock is a new environment, never the old one reused, nor one it made).
 
-    Not the notebook side (repro.py, the client): it goes with the hub's version
-    and is brought up to date at a hub's first use of the environment.
+    Not composespawner's client: it goes with the hub's version and is brought up to
+    date at a hub's first use of the environment.
     """
-    return hashlib.sha256(f"{lock_sha256} {python_version}".encode()).hexdigest()[:16]
+    made_from = f"{lock_sha256} {python_version} {common_sha256}"
+    return hashlib.sha256(made_from.encode()).hexdigest()[:16]
+
+
+def common_files(common: Path) -> list[Path]:
+    """The stack's common files (its folder's own files; a ``__pycache__`` is none)."""
+    return sorted(path for path in common.iterdir() if path.is_file())
+
+
+def files_sha256(files: list[Path]) -> str:
+    """One hash of ``files``' names and contents (their order is the caller's)."""
+    digest = hashlib.sha256()
+    for path in files:
+        data = path.read_bytes()
+        digest.update(f"{path.name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def requirement_count(lock_text: str) -> int:
@@ -166,8 +184,9 @@ class StackEnvironments:
         self._listeners: dict[Path, list[Progress]] = {}
         # Environments whose notebook side this process has brought up to date.
         self._current: set[Path] = set()
-        # Per stack: what its lock was checked as (stack, mtime, size) and its environment.
-        self._checked: dict[str, tuple[Stack, int, int, StackEnvironment]] = {}
+        # Per stack: what its files were checked as (the stack, its lock's mtime and size,
+        # its common files' names, mtimes and sizes) and its environment.
+        self._checked: dict[str, tuple[tuple[object, ...], StackEnvironment]] = {}
 
     def environment(self, stack: Stack) -> StackEnvironment:
         """Where ``stack``'s environment is (built or not); refuses a lock that changed."""
@@ -179,15 +198,18 @@ class StackEnvironments:
             )
         try:
             seen = build.lock.stat()
-            # Hashed again only when the file changed: every start asks, a storm too.
-            checked = (stack, seen.st_mtime_ns, seen.st_size)
+            files = common_files(self.common)  # what the build runs and copies
+            # Hashed again only when a file changed: every start asks, a storm too.
+            checked = (stack, seen.st_mtime_ns, seen.st_size, tuple(map(_seen, files)))
             known = self._checked.get(stack.id)
-            if known is not None and known[:3] == checked:
-                return known[3]
+            if known is not None and known[0] == checked:
+                return known[1]
             actual = lock_hash(build.lock)
+            common_sha256 = files_sha256(files)
         except OSError as e:
             raise StackBuildError(
-                f"The {stack.label} stack's lock cannot be read ({e.strerror}: {build.lock})."
+                f"The {stack.label} stack's files cannot be read ({e.strerror}:"
+                f" {e.filename or build.lock})."
             ) from e
         if actual != build.lock_sha256:
             raise StackBuildError(
@@ -195,9 +217,9 @@ class StackEnvironments:
                 f" pinned it (sha256 {actual[:12]}…, catalog {build.lock_sha256[:12]}…)."
                 " An administrator puts the new hash in the catalog or restores the lock."
             )
-        key = environment_key(build.lock_sha256, self._python_version)
+        key = environment_key(build.lock_sha256, self._python_version, common_sha256)
         environment = StackEnvironment(stack, self.root / f"{stack.id}-{key}")
-        self._checked[stack.id] = (*checked, environment)
+        self._checked[stack.id] = (checked, environment)
         return environment
 
     def ready(self, stack: Stack) -> StackEnvironment | None:
@@ -374,3 +396,8 @@ class StackEnvironments:
                 " Try again; if it keeps failing, an administrator finds the cause in the"
                 " hub's log."
             )
+
+
+def _seen(path: Path) -> tuple[str, int, int]:
+    found = path.stat()
+    return path.name, found.st_mtime_ns, found.st_size

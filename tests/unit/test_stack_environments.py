@@ -43,11 +43,30 @@ def test_pip_percent_stays_within_the_fetch_phase() -> None:
     assert pip_percent(3, 0) == 80  # an empty lock cannot divide by zero
 
 
-def test_the_key_changes_with_the_lock_and_python() -> None:
-    key = environment_key("a" * 64, "3.11.2")
-    assert key == environment_key("a" * 64, "3.11.2")
-    assert key != environment_key("b" * 64, "3.11.2")
-    assert key != environment_key("a" * 64, "3.12.0")
+def test_the_key_changes_with_the_lock_python_and_common_files() -> None:
+    key = environment_key("a" * 64, "3.11.2", "c" * 64)
+    assert key == environment_key("a" * 64, "3.11.2", "c" * 64)
+    assert key != environment_key("b" * 64, "3.11.2", "c" * 64)
+    assert key != environment_key("a" * 64, "3.12.0", "c" * 64)
+    assert key != environment_key("a" * 64, "3.11.2", "d" * 64)
+
+
+def test_a_changed_stack_manifest_with_the_same_lock_is_another_environment(
+    tmp_path: Path,
+) -> None:
+    # The probe's: an environment's name ignored the common files, so a changed
+    # stack_manifest.py with the same lock reused (or poisoned) the built environment.
+    common = tmp_path / "common"
+    shutil.copytree(COMMON, common)
+    stack = make_stack(tmp_path)
+    environments = StackEnvironments(tmp_path / "envs", common)
+    before = environments.environment(stack).path
+    manifest = common / "stack_manifest.py"
+    manifest.write_text(manifest.read_text() + "\nimport os  # another manifest\n")
+    after = environments.environment(stack).path
+    assert after != before
+    assert after.name.startswith("tiny-")
+    assert StackEnvironments(tmp_path / "envs", common).environment(stack).path == after
 
 
 def test_a_lock_that_changed_since_the_catalog_pinned_it_is_refused(tmp_path: Path) -> None:
@@ -126,9 +145,7 @@ async def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
     assert not (path / MANIFEST).exists()
 
 
-async def test_another_hub_version_brings_its_notebook_side_to_a_built_environment(
-    tmp_path: Path,
-) -> None:
+async def test_a_newer_repro_helper_is_built_into_another_environment(tmp_path: Path) -> None:
     stack = make_stack(tmp_path)
     built = await StackEnvironments(tmp_path / "envs", COMMON).ensure(stack, lambda m, p: None)
     newer = tmp_path / "newer-common"
@@ -138,10 +155,11 @@ async def test_another_hub_version_brings_its_notebook_side_to_a_built_environme
     again = await StackEnvironments(tmp_path / "envs", newer).ensure(
         stack, lambda m, p: heard.append((m, p))
     )
-    assert again == built
-    assert heard == []  # nothing was built
-    site = next(built.path.glob("lib/python3.*/site-packages"))
+    assert again.path != built.path
+    assert heard[-1][1] == 100  # built anew, never changed in place
+    site, old_site = (next(e.path.glob("lib/python3.*/site-packages")) for e in (again, built))
     assert (site / "repro.py").read_text() == (newer / "repro.py").read_text()
+    assert (old_site / "repro.py").read_text() == (COMMON / "repro.py").read_text()
 
 
 async def test_only_a_start_that_builds_its_stack_gets_the_build_time(tmp_path: Path) -> None:
