@@ -85,6 +85,17 @@ def holders_of(pids: Iterable[int], proc: Path = PROC) -> tuple[Holder, ...] | N
     if not in_initial_pid_namespace(proc):
         return None
     try:
-        return tuple(Holder(pid, kernel_of(pid, proc)) for pid in sorted(set(pids)))
+        return tuple(
+            Holder(pid, kernel_of(pid, proc), uid_of(pid, proc)) for pid in sorted(set(pids))
+        )
     except ProcessUnreadable:
         return None
+
+
+def uid_of(pid: int, proc: Path = PROC) -> int:
+    """The account ``pid`` runs as (its real uid); :class:`ProcessUnreadable` if gone."""
+    try:
+        status = (proc / str(pid) / "status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError, IndexError) as e:
+        raise ProcessUnreadable(f"process {pid}: no Uid read ({e!r})") from e

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import signal
 import ssl
 import time
@@ -24,6 +25,8 @@ from composespawner.activity.agent import AgentActivity, ssh_settings
 from composespawner.activity.dcgm import DcgmExporter
 from composespawner.activity.nvml import NvmlSource
 from composespawner.domain.reclaim import ReclaimPolicy
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from composespawner.ledger import Machine
 from composespawner.services.application import ComposeApplication
 from composespawner.services.kernels import NotebookKernels
 from composespawner.services.reclaimer import INTERVAL, Reclaimer
@@ -57,6 +60,27 @@ class ReclaimerApp(ComposeApplication):
         NVML on its host. 'nvml' and 'agent' name the kernels holding each GPU, so a
         reclaim ends only those; with 'dcgm' it ends every kernel of the server.""",
     )
+    notebook_account = Unicode(
+        "",
+        config=True,
+        help="""With activity_source 'nvml': the one account every notebook runs as (a
+        site whose local launcher has shared_account). Empty: each user's notebooks run
+        as their own account, named as they are. A process holding a GPU is taken at its
+        word that it is a kernel (its connection file on its command line) only when it
+        runs as that account: another user's process naming a kernel is never one.
+        By default what the config's ComposeSpawner (or LocalLauncher) says.""",
+    )
+
+    @default("notebook_account")
+    def _the_launchers_account(self) -> str:
+        for section in ("ComposeSpawner", "LocalLauncher"):
+            launcher = self.config[section]
+            if launcher.get("shared_account"):
+                account = launcher.get("notebook_account", DEFAULT_NOTEBOOK_ACCOUNT)
+                # Run as the hub's own account where the hub is not root (as this is).
+                return str(account) if account and os.geteuid() == 0 else _own_account()
+        return ""
+
     dcgm_url_template = Unicode(
         "http://{host_id}:9400/metrics",
         config=True,
@@ -169,6 +193,7 @@ class ReclaimerApp(ComposeApplication):
             interval=self.interval,
             kernels=kernels,
             read_timeout=self.activity_timeout + 5.0,  # the source's own timeout fires first
+            notebook_uids=self._notebook_uids if self.activity_source == "nvml" else None,
             log=self.log,
         )
         self.log.info(
@@ -190,6 +215,13 @@ class ReclaimerApp(ComposeApplication):
                 await kernels.close()
             await composer.close()
 
+    def _notebook_uids(self, machine: Machine) -> frozenset[int] | None:
+        """The account ``machine``'s notebook runs as here; None where there is none."""
+        try:
+            return frozenset({pwd.getpwnam(self.notebook_account or machine.user_name).pw_uid})
+        except KeyError:
+            return None
+
     def _kernels(self) -> NotebookKernels | None:
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if not (self.hub_url and token):
@@ -199,3 +231,7 @@ class ReclaimerApp(ComposeApplication):
             )
             return None
         return NotebookKernels(self.hub_url, token, self.kernels_timeout, self.hub_ca_bundle)
+
+
+def _own_account() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name

@@ -8,8 +8,8 @@ without its "GPU-" prefix, lower-cased, so both sources and the inventory agree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
 _UUID_PREFIX = "gpu-"
 
@@ -33,6 +33,10 @@ class Holder:
 
     pid: int
     kernel_id: str | None = None
+    # The account the process runs as (its real uid), where the source can tell: a
+    # process names its kernel on its own command line, so that word counts only for a
+    # process of the server's own account (see owned_by).
+    uid: int | None = None
 
     @property
     def key(self) -> str:
@@ -84,3 +88,26 @@ def holds_context(gpu: GpuActivity, memory_floor_mib: float) -> bool:
 def did_work(gpu: GpuActivity, busy_percent: float) -> bool:
     """Whether a kernel ran for more than ``busy_percent`` of the sample period."""
     return gpu.utilization > busy_percent
+
+
+def owned_by(gpu: GpuActivity, uids: Collection[int] | None) -> GpuActivity:
+    """``gpu`` with a holder's kernel believed only where its process runs as one of
+    ``uids`` (the accounts of the notebooks that hold the GPU).
+
+    Any process can put ``kernel-<id>.json`` on its command line, another user's kernel
+    id too, and a reclaim ends the kernels its holders name: one of another account is
+    a process that holds the GPU, never a kernel of the server. ``uids`` None (whose the
+    notebooks are is not known), or a holder whose account was not read: the holders
+    are unknown, as a source that names none (unknown is never a stranger's word).
+    """
+    if gpu.holders is None:
+        return gpu
+    if uids is None or any(h.kernel_id and h.uid is None for h in gpu.holders):
+        return replace(gpu, holders=None)
+    return replace(
+        gpu,
+        holders=tuple(
+            h if h.kernel_id is None or h.uid in uids else replace(h, kernel_id=None)
+            for h in gpu.holders
+        ),
+    )

@@ -70,7 +70,7 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
         return crashed(who(data), e, say)
     try:
         if isinstance(request, ReadActivity):
-            return read_activity(say)
+            return read_activity(config, say)
         from composespawner.hostagent.notebooks import Notebooks
 
         fields = _dispatch(request, Notebooks(config), say, stdout_fd)
@@ -85,12 +85,17 @@ def handle(data: bytes, config: AgentConfig, say: Say, stdout_fd: int) -> bool:
     return True
 
 
-def read_activity(say: Say) -> bool:
+def read_activity(config: AgentConfig, say: Say) -> bool:
     """Answer with this host's GPUs as NVML reads them, each with the processes holding
     it and their kernels (the agent runs as root in the host's own PID namespace, so it
-    can name every notebook's kernel: the hub's reclaimer then ends only those). Any
-    other failure is :func:`handle`'s, as for every request."""
+    can name every notebook's kernel: the hub's reclaimer then ends only those). A
+    process names its kernel only for its own account: one of another account than the
+    notebooks holding the GPU is no kernel of theirs, whatever its command line says.
+    Any other failure is :func:`handle`'s, as for every request."""
     from composespawner.activity.nvml import NvmlUnreadable, read_gpus
+    from composespawner.domain.activity import owned_by
+    from composespawner.hostagent.decisions import owners_by_gpu
+    from composespawner.hostagent.state import StateDir, alive
 
     # A driver stuck in a call is not interrupted by the hub giving up: the alarm ends
     # this process, so stuck reads do not pile up one per pass (and sshd session).
@@ -101,7 +106,9 @@ def read_activity(say: Say) -> bool:
         return fail("op=activity", str(e), say)
     finally:
         signal.alarm(0)
-    say(reply(ok=True, **activity_fields(gpus.values())))
+    owners = owners_by_gpu(r for r in StateDir(config.state_dir).records() if alive(r))
+    owned = [owned_by(gpu, owners.get(gpu.uuid, frozenset())) for gpu in gpus.values()]
+    say(reply(ok=True, **activity_fields(owned)))
     return True
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from composespawner.domain.activity import gpu_uuid
 from composespawner.launchers.agent_protocol import Refused
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -246,6 +247,15 @@ def resolve_gpus(asked: Sequence[str], listed: Sequence[str] | None) -> tuple[st
 def _gpu_name(gpu: str) -> str:
     """How :func:`resolve_gpus` looks a GPU up: UUIDs in lower case, indexes as numbers."""
     return str(int(gpu)) if gpu.isdigit() else gpu.lower()
+
+
+def owners_by_gpu(records: Iterable[Record]) -> dict[str, frozenset[int]]:
+    """The accounts of the notebooks holding each GPU, by its key (``gpu_uuid``)."""
+    owners: dict[str, set[int]] = {}
+    for record in records:
+        for gpu in record.gpus:
+            owners.setdefault(gpu_uuid(gpu), set()).add(record.uid)
+    return {gpu: frozenset(uids) for gpu, uids in owners.items()}
 
 
 def service_url(url: str | None, ip: str, port: int) -> str:

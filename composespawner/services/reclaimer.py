@@ -29,12 +29,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from composespawner.activity import ActivitySource, ActivityUnreadable
-from composespawner.domain.activity import ActivityReading, GpuActivity, gpu_uuid, kernel_in
+from composespawner.domain.activity import (
+    ActivityReading,
+    GpuActivity,
+    gpu_uuid,
+    kernel_in,
+    owned_by,
+)
 from composespawner.domain.hardware import Inventory
 from composespawner.domain.reclaim import (
     SITE_DEFAULT,
@@ -200,11 +206,40 @@ class _MovedOn(Exception):
     """The server's machine is not the one watched any more (stopped, started again)."""
 
 
+class Notices:
+    """What the reclaimer tells its log once, not every pass: a warning, and an outage
+    when it starts and when it ends."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._outages: dict[str, str] = {}  # host (or FABRIC) -> why, while unreadable
+        self._said: set[str] = set()  # warnings given already
+
+    def once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.log.warning(message, *args)
+
+    def unreadable(self, what: str, why: str) -> None:
+        if what not in self._outages:
+            self.log.warning(
+                "%s; the GPUs count as unknown and none is reclaimed until it reads again", why
+            )
+        self._outages[what] = why
+
+    def readable(self, what: str) -> None:
+        if self._outages.pop(what, None) is not None:
+            self.log.info("%s readable again", "The fabric" if what == FABRIC else what)
+
+
 class Reclaimer:
     """Reads the running machines' GPUs and gives idle ones back, one :meth:`sweep` at a time.
 
     ``kernels``: the notebook servers' kernels API; without it a GPU is warned about
     but never reclaimed (detaching under a live kernel would break it).
+    ``notebook_uids``: the accounts a machine's notebook runs as, whose processes alone
+    may name its kernels (:func:`~composespawner.domain.activity.owned_by`); None where
+    the source vouches for them itself (a host's agent knows its notebooks' accounts).
     """
 
     def __init__(
@@ -216,17 +251,18 @@ class Reclaimer:
         interval: float = 0.0,
         kernels: KernelsApi | None = None,
         read_timeout: float = READ_TIMEOUT,
+        notebook_uids: Callable[[Machine], Collection[int] | None] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self.composer = composer
+        self.notebook_uids = notebook_uids
         self.source = source
         self.site_policy = site_policy
         self.interval = interval  # seconds between passes: a cohort's max_gap must exceed it
         self.kernels = kernels
         self.read_timeout = read_timeout
         self.log = log or logging.getLogger(__name__)
-        self._outages: dict[str, str] = {}  # host (or FABRIC) -> why, while unreadable
-        self._said: set[str] = set()  # warnings given once, not every pass
+        self.notices = Notices(self.log)
 
     async def sweep(self, now: float) -> list[Action]:
         """One pass at ``now`` (seconds, as ``time.time()``): what it did."""
@@ -241,9 +277,9 @@ class Reclaimer:
         judged: list[tuple[HeldGpu, Judgement]] = []
         for host, held in gpus.items():
             for gpu in held:
-                activity = _activity(readings[host], gpu)
+                activity = self._activity(readings[host], gpu)
                 if activity is None and readings[host] is not None and gpu.uuid is not None:
-                    self._once(
+                    self.notices.once(
                         f"unlisted:{host}:{gpu.uuid}",
                         "Host %s's activity source does not list GPU %s (UUID %s): it is never"
                         " reclaimed. A DCGM exporter lists the GPUs it found at its start:"
@@ -283,6 +319,14 @@ class Reclaimer:
 
     # -- gathering ---------------------------------------------------------------
 
+    def _activity(self, reading: ActivityReading | None, gpu: HeldGpu) -> GpuActivity | None:
+        """The GPU's activity in ``reading`` (None: unknown), a holder's kernel believed
+        only from its notebook's own accounts where the source does not vouch for it."""
+        activity = _activity(reading, gpu)
+        if activity is None or self.notebook_uids is None:
+            return activity
+        return owned_by(activity, self.notebook_uids(gpu.machine))
+
     async def _held_gpus(self) -> dict[str, list[HeldGpu]]:
         machines = await self.composer.runner.run(self.composer.ledger.live_machines)
         if not any(m.state == "running" for m in machines):
@@ -292,12 +336,12 @@ class Reclaimer:
             inventory = await self.composer.pool.known_inventory()
         except FabricError as e:
             # None read yet and the fabric down: no UUIDs, so nothing can be read or taken.
-            self._unreadable(FABRIC, f"The fabric's inventory is unreadable ({e})")
+            self.notices.unreadable(FABRIC, f"The fabric's inventory is unreadable ({e})")
             return {}
-        self._readable(FABRIC)
+        self.notices.readable(FABRIC)
         gpus = gpus_by_host(machines, inventory)
         for gpu in (g for held in gpus.values() for g in held if g.uuid is None):
-            self._once(
+            self.notices.once(
                 f"uuid:{gpu.block_id}",
                 "The fabric gives GPU %s no UUID: its activity cannot be read, so it is"
                 " never reclaimed",
@@ -310,22 +354,11 @@ class Reclaimer:
         try:
             reading = await asyncio.wait_for(self.source.read(host), self.read_timeout)
         except (ActivityUnreadable, TimeoutError) as e:
-            self._unreadable(host, str(e) or f"no reading of {host} within {self.read_timeout:g} s")
+            why = str(e) or f"no reading of {host} within {self.read_timeout:g} s"
+            self.notices.unreadable(host, why)
             return None
-        self._readable(host)
+        self.notices.readable(host)
         return reading
-
-    def _unreadable(self, what: str, why: str) -> None:
-        """Log an outage when it starts, not every pass."""
-        if what not in self._outages:
-            self.log.warning(
-                "%s; the GPUs count as unknown and none is reclaimed until it reads again", why
-            )
-        self._outages[what] = why
-
-    def _readable(self, what: str) -> None:
-        if self._outages.pop(what, None) is not None:
-            self.log.info("%s readable again", "The fabric" if what == FABRIC else what)
 
     async def _policies(self, cohorts: set[str | None]) -> dict[str | None, ReclaimPolicy]:
         policies: dict[str | None, ReclaimPolicy] = {None: self.site_policy}
@@ -336,7 +369,7 @@ class Reclaimer:
             )
             policy, problem = cohort_policy(self.site_policy, overrides, self.interval)
             if problem:
-                self._once(
+                self.notices.once(
                     f"cohort:{cohort}:{problem}",
                     "Cohort %s's reclaim policy no longer fits the site's (%s): its GPUs"
                     " follow the site's policy until an admin sets it again",
@@ -398,7 +431,7 @@ class Reclaimer:
         if kind == "warn":
             return action("done")
         if kind == "reclaim" and self.kernels is None:
-            self._once(
+            self.notices.once(
                 "no-kernels",
                 "No kernels API (hub URL or token unset): idle GPUs are"
                 " warned about but never reclaimed",
@@ -471,7 +504,7 @@ class Reclaimer:
         if holders is None:
             return
         reading = await self._read(gpu.machine.host_id or "")
-        activity = _activity(reading, gpu)
+        activity = self._activity(reading, gpu)
         if activity is None or activity.holders is None:
             raise _MovedOn("who holds it could not be read again: the next pass looks again")
         losing = {h for h in holders if kernel_in(h) is None}
@@ -491,13 +524,6 @@ class Reclaimer:
             self.log.exception("Reclaimer: GPU %s given back but not recorded", gpu.block_id)
             return replace(done, detail=f"not recorded: {e}")
         return done
-
-    # -- helpers -----------------------------------------------------------------
-
-    def _once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            self.log.warning(message, *args)
 
 
 def _activity(reading: ActivityReading | None, gpu: HeldGpu) -> GpuActivity | None:

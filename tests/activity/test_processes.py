@@ -59,15 +59,16 @@ def test_a_kernel_and_its_workers_are_that_kernels(kernel: tuple[int, int]) -> N
     pid, worker = kernel
     assert kernel_of(pid) == KERNEL_ID
     assert kernel_of(worker) == KERNEL_ID
+    me = os.getuid()  # each holder's account, as the kernel's own account is checked
     assert holders_of([worker, pid, worker]) == tuple(
-        sorted([Holder(pid, KERNEL_ID), Holder(worker, KERNEL_ID)])
+        sorted([Holder(pid, KERNEL_ID, me), Holder(worker, KERNEL_ID, me)])
     )
 
 
 def test_a_process_that_is_no_kernels_is_nones_and_one_unreadable_is_unknown() -> None:
     assert kernel_of(os.getpid()) is None  # pytest, and its parents up to init
     assert kernel_of(1) is None
-    assert holders_of([os.getpid()]) == (Holder(os.getpid(), None),)
+    assert holders_of([os.getpid()]) == (Holder(os.getpid(), None, os.getuid()),)
     with pytest.raises(ProcessUnreadable):
         kernel_of(4194305)  # past PID_MAX_LIMIT: no such process (ended, say)
     assert holders_of([os.getpid(), 4194305]) is None  # one unknown: all unknown

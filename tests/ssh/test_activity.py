@@ -11,10 +11,12 @@ Run under ``flock /tmp/heavy.lock``.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 from traitlets.config import Config
@@ -22,6 +24,10 @@ from traitlets.config import Config
 from composespawner.activity import ActivityUnreadable
 from composespawner.activity.agent import AgentActivity, ssh_settings
 from composespawner.domain.activity import GpuActivity, Holder
+from composespawner.hostagent.decisions import Record
+from composespawner.hostagent.state import StateDir
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from composespawner.launchers.processes import process_started
 from harness.hub import Hub, process_env, running_hub
 from harness.paths import ROOT
 from harness.sshhosts import SSHHosts, ssh_hosts
@@ -35,6 +41,9 @@ HELD, BUSY, FREE = (f"GPU-{n}b2f4c3e-55aa-4bb0-8c1d-2e3f4a5b6c7d" for n in "123"
 KERNEL_ID = "4f0c3a52-1d2e-4b6a-9c1f-7e8d9a0b1c2d"
 # A process shaped as Jupyter Server starts a kernel: its connection file on the command line.
 KERNEL = "import sys; sys.stdin.read()"
+# The kernel's account, not root (the one that lies about its kernel): the demo's notebook
+# account, which may run this Python (a pyenv one under /root, say).
+OWNER = pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +93,13 @@ async def source(hosts: SSHHosts) -> AsyncIterator[AgentActivity]:
 
 @pytest.fixture
 def kernel(tmp_path: Path) -> Iterator[int]:
-    """A running kernel-shaped process (its pid); it ends with the test."""
+    """A running kernel-shaped process (its pid) of OWNER's; it ends with the test."""
     connection = tmp_path / "runtime" / f"kernel-{KERNEL_ID}.json"
     with subprocess.Popen(
-        [sys.executable, "-c", KERNEL, "-f", str(connection)], stdin=subprocess.PIPE
+        [sys.executable, "-c", KERNEL, "-f", str(connection)],
+        stdin=PIPE,
+        user=OWNER.pw_uid,
+        cwd="/",
     ) as process:
         assert process.stdin is not None
         try:
@@ -97,22 +109,54 @@ def kernel(tmp_path: Path) -> Iterator[int]:
             process.wait(timeout=10)
 
 
-async def test_the_agent_names_the_kernel_holding_each_gpu(
-    source: AgentActivity, state: Path, kernel: int
+@pytest.fixture
+def notebook_of_kernel(hosts: SSHHosts, kernel: int) -> Iterator[Record]:
+    """host-01's agent's record of a notebook holding HELD whose account the kernel runs
+    as (the kernel's own pid stands for the notebook's)."""
+    started = process_started(kernel)
+    assert started is not None
+    record = Record("m-k", OWNER.pw_name, OWNER.pw_uid, "", kernel, started, 9, (HELD,), 1, 1, ())
+    state = StateDir(hosts.hosts["host-01"].state_dir)
+    state.write(record)
+    yield record
+    state.remove(record)
+
+
+@pytest.fixture
+def liar(tmp_path: Path) -> Iterator[int]:
+    """A process of another account (root's, here) naming the notebook's kernel on its
+    command line as the kernel does (its pid); it ends with the test."""
+    connection = tmp_path / "elsewhere" / f"kernel-{KERNEL_ID}.json"
+    with subprocess.Popen(
+        [sys.executable, "-c", KERNEL, "-f", str(connection)], stdin=PIPE
+    ) as process:
+        assert process.stdin is not None
+        try:
+            yield process.pid
+        finally:
+            process.stdin.close()
+            process.wait(timeout=10)
+
+
+async def test_the_agent_names_the_kernel_holding_each_gpu_and_no_strangers_word(
+    source: AgentActivity, state: Path, kernel: int, notebook_of_kernel: Record, liar: int
 ) -> None:
     other = os.getpid()  # a process that is no kernel's: pytest
+    # The probe's: another account's process naming the notebook's kernel on its command
+    # line was taken for it (and a reclaim would have shut the notebook's kernel down).
     set_nvml(
         state,
         [
-            {"uuid": HELD, "used_mib": 2000, "pids": [kernel]},
+            {"uuid": HELD, "used_mib": 2000, "pids": [kernel, liar]},
             {"uuid": BUSY, "utilization": 87, "used_mib": 9000, "pids": [other]},
             {"uuid": FREE},
         ],
     )
     reading = await source.read("host-01")
     assert reading.host_id == "host-01"
+    holders = tuple(sorted([Holder(kernel, KERNEL_ID), Holder(liar, None)]))
     assert dict(reading.gpus) == {
-        HELD[4:]: GpuActivity(HELD[4:], 0.0, 2000.0, 1, (Holder(kernel, KERNEL_ID),)),
+        HELD[4:]: GpuActivity(HELD[4:], 0.0, 2000.0, 2, holders),
         BUSY[4:]: GpuActivity(BUSY[4:], 87.0, 9000.0, 1, (Holder(other, None),)),
         FREE[4:]: GpuActivity(FREE[4:], 0.0, 3.0, 0, ()),
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from composespawner.domain.activity import ActivityReading, GpuActivity, Holder
+from composespawner.domain.activity import ActivityReading, GpuActivity, Holder, owned_by
 from composespawner.domain.reclaim import (
     Decision,
     kernels_holding,
@@ -297,3 +297,34 @@ def test_a_warned_gpu_goes_with_the_warned_gpus_it_is_entangled_with() -> None:
         "b": 100.0,
     }
     assert reclaim_times({"a": (("kernel:1",), 100.0)}, {"b": None}) == {"a": None}
+
+
+async def test_a_strangers_process_naming_a_kernel_ends_no_kernel(two: TwoGpus) -> None:
+    # The probe's: a process of another account (4242) put kernel-k3.json on its command
+    # line; k3 is the owner's (1000) and holds no GPU. Taken at its word, the reclaim of
+    # the T4 it holds would shut k3 down; it is a program that loses the T4, no kernel.
+    two.reclaimer.notebook_uids = lambda machine: {1000} if machine.user_name == "u" else None
+    two.kernels.run("u", "", "k2", "k3")
+    two.source.set(
+        two.host,
+        held_by(idle(two.uuids[0], held=True), Holder(301, "k3", 4242)),
+        held_by(busy(two.uuids[1]), Holder(201, "k2", 1000)),
+    )
+
+    done = await two.sweeps(0, 600)
+
+    assert [(a.kind, a.block_id) for a in done[600]] == [("reclaim", two.blocks[0])]
+    assert "0 kernel(s)" in done[600][0].detail
+    assert two.kernels.deletes() == []
+    assert two.kernels.kernel_ids("u", "") == ["k2", "k3"]
+    assert two.attached() == [two.blocks[1]]
+
+
+def test_a_holders_word_counts_only_for_the_notebooks_own_accounts() -> None:
+    gpu = held_by(idle("aaaa", held=True), Holder(1, "k1", 1000), Holder(2, "k1", 4242))
+    owned = owned_by(gpu, {1000})
+    assert owned.holders == (Holder(1, "k1", 1000), Holder(2, None, 4242))
+    assert owned_by(gpu, None).holders is None  # whose the notebook is, unknown
+    unread = held_by(idle("aaaa", held=True), Holder(1, "k1", None), Holder(2, None, None))
+    assert owned_by(unread, {1000}).holders is None  # a kernel's account unread: unknown
+    assert owned_by(idle("aaaa", held=True), {1000}).holders is None  # DCGM named none

@@ -8,6 +8,7 @@ them, under a policy of minutes (the demo's).
 from __future__ import annotations
 
 import logging
+import pwd
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -633,3 +634,17 @@ def test_the_reclaimers_role_may_reach_servers_and_nothing_more(tmp_path: Path) 
     service = services.reclaimer()
     assert service["name"] == "compose-reclaimer"
     assert service["command"][-2:] == ["reclaimer", f"--config={(tmp_path / 'c.py').resolve()}"]
+
+
+def test_nvml_holders_are_believed_for_the_account_the_notebooks_run_as(tmp_path: Path) -> None:
+    # The demo's: every notebook as the shared account (the hub is root here).
+    shared = _app(tmp_path, "c.ComposeSpawner.shared_account = True\n")
+    assert shared.notebook_account == "composespawner-nb"
+    uid = pwd.getpwnam("composespawner-nb").pw_uid
+    assert shared._notebook_uids(_machine(user_name="student1")) == {uid}
+    ReclaimerApp.clear_instance()
+    # Production's: each user's own account, named as they are; one not here is unknown.
+    own = _app(tmp_path, "c.ReclaimerApp.activity_source = 'nvml'\n")
+    assert own.notebook_account == ""
+    assert own._notebook_uids(_machine(user_name="root")) == {0}
+    assert own._notebook_uids(_machine(user_name="no-such-account-here")) is None
