@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks labextension kube-apiserver clean
+.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks labextension kube-apiserver images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,24 @@ typecheck: $(VENV)/.installed-test
 stacks: $(VENV)/.installed
 	$(BIN)/composespawner build-stacks -f hub_config/jupyterhub_config.py
 
+# The stacks' CPU notebook images (harness/images.py): a Debian base made with debootstrap
+# (no base image can be pulled here), each stack's Dockerfile built on it with rootful
+# podman and runc, the network off and the lock's wheels mounted, then pushed by digest
+# to docker-registry on 127.0.0.1:5000. Kept in ~/.cache/composespawner by their inputs:
+# minutes the first time, seconds after. apt must not start a registry of its own.
+PODMAN := /usr/bin/podman
+$(PODMAN):
+	set -e; added=; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; \
+	fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  podman buildah runc docker-registry >/dev/null; \
+	if [ -n "$$added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+
+images: $(VENV)/.installed $(PODMAN) $(DEBOOTSTRAP) labextension
+	$(BIN)/python -m harness.images
+
 # The real kube-apiserver (v1.20.2) tests/kubernetes runs against, built once into
 # ~/.cache from Debian's source package: minutes the first time, instant after
 # (../shared/tools/kube-apiserver/README.md).
@@ -97,7 +115,7 @@ kube-apiserver:
 labextension: $(VENV)/.installed
 	bash labextension/build.sh $(VENV)
 
-pytest: install-test labextension stacks kube-apiserver
+pytest: install-test labextension stacks kube-apiserver images
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import re
 import sys
@@ -81,6 +82,12 @@ def cuda_libraries(packages: dict[str, str]) -> dict[str, str | None]:
     }
 
 
+def built_at() -> datetime:
+    """Now, or SOURCE_DATE_EPOCH where a reproducible build sets it (reproducible-builds.org)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return datetime.fromtimestamp(int(epoch), UTC) if epoch.isdigit() else datetime.now(UTC)
+
+
 def manifest(stack: str, variant: str, lock: Path) -> dict[str, Any]:
     packages = installed()
     return {
@@ -92,7 +99,7 @@ def manifest(stack: str, variant: str, lock: Path) -> dict[str, Any]:
         "framework": framework(packages),
         "cuda": cuda_libraries(packages),
         "packages": packages,
-        "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "built_at": built_at().isoformat(timespec="seconds"),
     }
 
 
