@@ -9,14 +9,18 @@ podman as root, under ``flock /tmp/heavy.lock``.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from composespawner.domain.catalog import Catalog
 from harness import images
 from harness.paths import HUB_CONFIG
+from tests.support.kits import CATALOG, KITS, last_line_hash, run_kit
 from tests.support.stacks import make_lock
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.containers]
@@ -134,3 +138,34 @@ def test_two_builds_from_the_same_inputs_are_the_same_image(tmp_path: Path) -> N
         assert said.strip() == "1.0"
     finally:
         images.podman("rmi", "--force", *tags)
+
+
+def kit_in_image(image: str, folder: Path, env: dict[str, str]) -> str:
+    """The digits kit run headless in ``image`` with no network, as the notebook user in
+    a folder of its own: the weights hash its last cell prints."""
+    shutil.copytree(KITS / "digits", folder)
+    for path in (folder, *folder.rglob("*")):
+        os.chown(path, 1000, 1000)
+    images.podman(
+        *("run", "--rm", "--network", "none", "-v", f"{folder}:/home/jovyan/work"),
+        *("-w", "/home/jovyan/work"),
+        *(arg for name, value in env.items() for arg in ("-e", f"{name}={value}")),
+        *(image, "jupyter", "nbconvert", "--to", "notebook", "--execute", "digits.ipynb"),
+        *("--output", "executed.ipynb"),
+        timeout=240,
+    )
+    return last_line_hash(nbformat.read(folder / "executed.ipynb", as_version=4))
+
+
+@pytest.mark.timeout(600)
+def test_the_digits_kit_gives_the_same_weights_in_the_image_twice_and_in_the_venv(
+    built: dict[str, images.BuiltImage], tmp_path: Path
+) -> None:
+    stack = CATALOG.stack("pytorch")
+    env = dict(stack.env)
+    image = built["pytorch-cpu"].tag
+    first = kit_in_image(image, tmp_path / "first", env)
+    again = kit_in_image(image, tmp_path / "again", env)
+    assert first == again
+    venv = run_kit("digits", "digits.ipynb", tmp_path / "venv", stack, timeout=120, seed=0)
+    assert venv.weights == first  # the image's Python is Debian's 3.11.2, the venv's another
