@@ -124,6 +124,10 @@ def podman(*args: str, timeout: float = STEP_TIMEOUT, quiet: bool = True) -> str
     return done.stdout
 
 
+def image_id(tag: str) -> str:
+    return podman("image", "inspect", "--format", "{{.Id}}", tag).strip()
+
+
 def image_exists(tag: str) -> bool:
     return (
         subprocess.run(
@@ -428,17 +432,21 @@ def build_again(stack: str, variant: str = "cpu") -> dict[str, object]:
         cache=False,
     )
     seconds = time.monotonic() - started
-    ids = [podman("image", "inspect", "--format", "{{.Id}}", t).strip() for t in (first.tag, again)]
-    result: dict[str, object] = {
+    try:
+        ids = [
+            podman("image", "inspect", "--format", "{{.Id}}", t).strip() for t in (first.tag, again)
+        ]
+        trees = [first.tree_sha256, tree_sha256(again)]
+    finally:
+        podman("rmi", again)
+    return {
         "stack": f"{stack}-{variant}",
         "image_id": ids,
-        "tree_sha256": [first.tree_sha256, tree_sha256(again)],
+        "tree_sha256": trees,
         "same_image": ids[0] == ids[1],
-        "same_tree": first.tree_sha256 == tree_sha256(again),
+        "same_tree": trees[0] == trees[1],
         "build_seconds": round(seconds, 1),
     }
-    podman("rmi", again)
-    return result
 
 
 def say(message: str) -> None:

@@ -50,13 +50,13 @@ from composespawner.launchers.cgroups import (
     Limits,
     balance_cpu_weight,
     cgroup_name,
-    devices_confined,
     find_hierarchies,
     make_cgroup,
     new_token,
     pids_limit,
     plan_cgroup,
     remove_cgroups,
+    unconfined,
 )
 from composespawner.launchers.gpu_devices import gpu_device_rules
 from composespawner.launchers.ipc import remove_ipc_of
@@ -120,11 +120,8 @@ class Notebooks:
 
     def _hierarchies(self) -> tuple[Hierarchy, ...]:
         found = find_hierarchies()
-        if not devices_confined(found):
-            log.warning(
-                "no v1 devices controller: notebooks here can open every GPU's device node"
-                " (cgroup v2 needs a BPF program; the container runtime loads one)"
-            )
+        for missing in unconfined(found):
+            log.warning("notebooks here are not held to %s", missing)
         return found
 
     def _check_fits(self, request: StartNotebook) -> None:
@@ -289,7 +286,9 @@ class Notebooks:
 
     def _forget(self, record: Record) -> None:
         """Under the lock: its record gone, and what the account left in shared memory
-        too where this was its last notebook here (no start of its next one meanwhile)."""
+        too where this was its last notebook here and nothing else of it runs (a login, a
+        cron job, a process its cgroup's removal could not end): no start of its next
+        notebook meanwhile."""
         self.state.remove(record)
         others = (r for r in self.state.records() if r.uid == record.uid and alive(r))
         if next(others, None) is None:

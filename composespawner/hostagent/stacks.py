@@ -68,6 +68,7 @@ from composespawner.launchers.environments import (
     StackEnvironments,
 )
 from composespawner.launchers.gpu_devices import BASIC_DEVICES
+from composespawner.launchers.ipc import remove_ipc_of
 
 LOCK_FILE = "requirements.lock"
 BUILD_LOCK = ".build.lock"  # in the state folder: one build at a time
@@ -172,6 +173,7 @@ def environment_for(
                     _build_as(account, source, config, progress)
             finally:
                 _end_processes_of(account.pw_uid)  # none may run while it becomes root's
+                remove_ipc_of(account.pw_uid)  # nor anything it left in shared memory
             _make_roots(environment.path, account.pw_uid)
             if not _settled(environment) and _roots(environment.path):
                 # Root's yet unfinished (no manifest): gone, so the next start builds it
@@ -257,11 +259,17 @@ def build_cgroup(config: AgentConfig) -> Iterator[tuple[Path, ...]]:
         raise StackBuildError(f"cannot make the build's cgroup: {e}") from e
     try:
         yield plan.procs
-    finally:
+    except BaseException:
+        # The build's own error is the one to say; what will not end is logged.
         try:
             remove_cgroups(plan.cgroups, END_TIMEOUT)
         except CgroupError as e:
-            raise StackBuildError(f"the build left processes that will not end: {e}") from e
+            log.error("the failed build left processes that will not end: %s", e)
+        raise
+    try:
+        remove_cgroups(plan.cgroups, END_TIMEOUT)
+    except CgroupError as e:
+        raise StackBuildError(f"the build left processes that will not end: {e}") from e
 
 
 def _build_as(

@@ -44,7 +44,7 @@ MOUNTS = Path("/proc/self/mounts")
 # neighbour's fork, the agent's and sshd's), and the device nodes it may open (devices:
 # only its own GPUs', where the v1 controller is mounted; v2 has no file for it).
 CONTROLLERS = ("cpu", "memory", "pids", "devices")
-REQUIRED = ("cpu", "memory", "pids")
+REQUIRED = ("cpu", "memory")  # a host without pids or v1 devices runs notebooks, and says so
 CPU_PERIOD_US = 100_000  # the kernel's default CFS period
 GIB = 1 << 30
 REMOVE_TIMEOUT = 10.0  # seconds for a stopped notebook's leftovers to die
@@ -167,7 +167,8 @@ def pids_limit(share: Share, per_gib: int) -> int:
     GiB of its memory, and never fewer than :data:`LEAST_PIDS` (JupyterLab, a kernel and
     its BLAS threads need some tens). Memory is what the host's room divides, so the
     notebooks on a host together hold no more than ``per_gib`` × its memory: a site sets
-    ``per_gib`` so that this stays well under the host's ``kernel.pid_max``."""
+    ``per_gib`` (plus :data:`LEAST_PIDS` for each notebook smaller than that) so that
+    this stays well under the host's ``kernel.pid_max``."""
     return max(LEAST_PIDS, per_gib * share.memory_gib)
 
 
@@ -185,7 +186,7 @@ def plan_cgroup(
         has = hierarchy.controllers
         if hierarchy.v2:
             # A controller reaches a cgroup only if every ancestor enables it for its children.
-            enable = " ".join(f"+{c}" for c in REQUIRED if c in has)
+            enable = " ".join(f"+{c}" for c in ("cpu", "memory", "pids") if c in has)
             for depth in range(len(parent) + 1):
                 ancestor = hierarchy.mount.joinpath(*parent[:depth])
                 writes.append(Write(ancestor / "cgroup.subtree_control", enable))
@@ -213,10 +214,19 @@ def plan_cgroup(
     return CgroupPlan(tuple(cgroups), tuple(writes))
 
 
-def devices_confined(hierarchies: Sequence[Hierarchy]) -> bool:
-    """Whether a plan on ``hierarchies`` can hold a notebook to its device nodes: the v1
-    devices controller is mounted (v2 would need a BPF program, which this does not load)."""
-    return any("devices" in h.controllers and not h.v2 for h in hierarchies)
+def unconfined(hierarchies: Sequence[Hierarchy]) -> list[str]:
+    """What a plan on ``hierarchies`` cannot hold a notebook to, in words for the log:
+    its processes without a pids controller; its device nodes without the v1 devices
+    controller (v2 would need a BPF program, which this does not load)."""
+    missing = []
+    if not any("pids" in h.controllers for h in hierarchies):
+        missing.append("its processes (no pids controller: a fork bomb can fill the host)")
+    if not any("devices" in h.controllers and not h.v2 for h in hierarchies):
+        missing.append(
+            "its device nodes (no v1 devices controller: every GPU's node can be opened;"
+            " the container runtime loads a BPF program for that on cgroup v2)"
+        )
+    return missing
 
 
 # A cgroup's CPU weight file, what one process weighs there by default, and its most:

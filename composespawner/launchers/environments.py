@@ -77,8 +77,8 @@ def environment_key(lock_sha256: str, python_version: str, common_sha256: str) -
     the stack's common files (``stack_manifest.py`` runs in the build; a changed one with
     the same lock is a new environment, never the old one reused, nor one it made).
 
-    Not composespawner's client: it goes with the hub's version and is brought up to
-    date at a hub's first use of the environment.
+    Not composespawner's client (not a common file): it goes with the hub's version and
+    is brought up to date at a hub's first use of the environment.
     """
     made_from = f"{lock_sha256} {python_version} {common_sha256}"
     return hashlib.sha256(made_from.encode()).hexdigest()[:16]

@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from composespawner.launchers.cgroups import CgroupError
+
 NVIDIA_PROC = Path("/proc/driver/nvidia")
 PROC_DEVICES = Path("/proc/devices")
 NVIDIA_MAJOR = 195
@@ -40,6 +42,10 @@ BASIC_DEVICES = (
 )
 _FIELD = re.compile(r"^\s*(GPU UUID|Device Minor)\s*:\s*(\S+)\s*$", re.MULTILINE)
 log = logging.getLogger(__name__)
+
+
+class UnknownGpuNode(CgroupError):
+    """A notebook's GPU has no device node the host's driver lists; the message says which."""
 
 
 def minors_in(informations: Iterable[str]) -> dict[str, int]:
@@ -82,9 +88,10 @@ def gpu_device_rules(
 ) -> tuple[str, ...]:
     """The rules of a notebook holding the GPUs ``uuids`` on this host.
 
-    A GPU whose node the driver does not list (no driver loaded, a UUID this host does
-    not have) is given no node: the notebook cannot open it, nor any other GPU. That is
-    logged, never guessed around.
+    Without the driver loaded (no ``gpus`` folder) the host has no GPU to open: the
+    basic nodes alone, logged. With it, a GPU it lists no node for (a MIG instance, a
+    UUID the host does not have, an index) raises :class:`UnknownGpuNode`: the notebook
+    could not use it, and nothing is guessed around.
     """
     if not uuids:
         return BASIC_DEVICES
@@ -96,9 +103,15 @@ def gpu_device_rules(
             log.warning("cannot read %s: %s", information, e.strerror)
     minors = minors_in(informations)
     missing = unfound(uuids, minors)
+    if missing and (nvidia_proc / "gpus").is_dir():
+        raise UnknownGpuNode(
+            f"the NVIDIA driver lists no device node for GPUs {', '.join(missing)} under"
+            f" {nvidia_proc}: the notebook could not open them (MIG instances are not"
+            " supported by this runtime)"
+        )
     if missing:
         log.warning(
-            "no device node listed under %s for GPUs %s: the notebook gets none for them",
+            "no NVIDIA driver (%s/gpus): GPUs %s get no device node",
             nvidia_proc,
             ", ".join(missing),
         )

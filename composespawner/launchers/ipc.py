@@ -19,12 +19,14 @@ import ctypes
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 SYSVIPC = Path("/proc/sysvipc")
 SHM = Path("/dev/shm")
 MQUEUE = Path("/dev/mqueue")
+PROC = Path("/proc")
+MOST_DEPTH = 32  # folders down a shared-memory folder that are walked
 IPC_RMID = 0
 # Each kind of System V object: its /proc file, its id column, and how it is removed.
 KINDS = (("shm", "shmid"), ("msg", "msqid"), ("sem", "semid"))
@@ -54,15 +56,32 @@ def sysv_objects_of(uid: int, kind: str, table: str) -> list[int]:
 def remove_ipc_of(
     uid: int, sysvipc: Path = SYSVIPC, folders: Iterable[Path] = (SHM, MQUEUE)
 ) -> int:
-    """Remove every System V object and every file in ``folders`` that ``uid`` owns;
-    how many went. Root's objects are never anyone's to remove. A failure is logged and
-    the rest removed: what is left is what was there before."""
-    if uid == 0:
+    """Remove every System V object and every file in ``folders`` that ``uid`` owns, once
+    no process of ``uid`` is left on the host (as logind waits for a user's last
+    session: a login or a cron job of that account may be using them); how many went.
+    Root's objects are never anyone's to remove. A failure is logged and the rest
+    removed: what is left is what was there before."""
+    if uid == 0 or runs_as(uid):
         return 0
     removed = sum(_remove_sysv(uid, kind, sysvipc) for kind, _ in KINDS)
     for folder in folders:
         removed += _remove_files(uid, folder)
     return removed
+
+
+def runs_as(uid: int, proc: Path = PROC) -> bool:
+    """Whether any thread on the host runs as ``uid`` (by its real uid)."""
+    for status in proc.glob("[0-9]*/task/[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("Uid:"):
+                if line.split()[1] == str(uid):
+                    return True
+                break
+    return False
 
 
 def _remove_sysv(uid: int, kind: str, sysvipc: Path) -> int:
@@ -92,24 +111,59 @@ def _remove_sysv(uid: int, kind: str, sysvipc: Path) -> int:
 
 
 def _remove_files(uid: int, folder: Path) -> int:
-    """Every entry ``uid`` owns under ``folder``, walked without following links."""
-    removed = 0
+    """Every entry ``uid`` owns under ``folder``, walked by folder descriptor, never
+    through a link (a folder swapped for a link to /etc meanwhile is not entered: its
+    open fails), without recursion, at most :data:`MOST_DEPTH` folders down."""
     try:
-        walk = list(os.walk(folder, topdown=False, followlinks=False))
+        top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return 0
-    for here, folders, files in walk:
-        for name in files + folders:
-            path = Path(here) / name
+    removed = 0
+    # Each open folder: its descriptor, its names left, and (its parent's descriptor, its
+    # name, whether it is uid's) to remove it once emptied.
+    stack: list[tuple[int, Iterator[str], tuple[int, str, bool] | None]] = [
+        (top, iter(os.listdir(top)), None)
+    ]
+    try:
+        while stack:
+            fd, names, made = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                os.close(fd)
+                if made is not None and made[2]:
+                    removed += _removed(os.rmdir, made[0], made[1], uid)
+                continue
             try:
-                found = path.lstat()
-                if found.st_uid != uid:
-                    continue
-                if stat.S_ISDIR(found.st_mode):
-                    path.rmdir()
-                else:
-                    path.unlink()
-                removed += 1
-            except OSError as e:  # gone meanwhile, or a folder still holding others' files
-                log.warning("cannot remove %s of uid %d: %s", path, uid, e.strerror)
+                found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(found.st_mode) and len(stack) < MOST_DEPTH:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    try:
+                        entries = iter(os.listdir(child))
+                    except OSError:
+                        os.close(child)
+                        raise
+                    stack.append((child, entries, (fd, name, found.st_uid == uid)))
+                elif not stat.S_ISDIR(found.st_mode) and found.st_uid == uid:
+                    removed += _removed(os.unlink, fd, name, uid)
+            except FileNotFoundError:  # gone meanwhile
+                continue
+            except OSError as e:  # swapped for a link, unreadable
+                log.warning("cannot look at %s/%s for uid %d: %s", folder, name, uid, e.strerror)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
     return removed
+
+
+def _removed(remove: Callable[..., None], folder: int, name: str, uid: int) -> int:
+    """1 once ``remove`` (unlink, rmdir) removed ``name`` in the folder of descriptor
+    ``folder``; 0, logged unless it was gone already, if it could not."""
+    try:
+        remove(name, dir_fd=folder)
+    except FileNotFoundError:
+        return 0
+    except OSError as e:  # a folder still holding another's files stays
+        log.warning("cannot remove %s of uid %d: %s", name, uid, e.strerror)
+        return 0
+    return 1

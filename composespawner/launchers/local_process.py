@@ -13,11 +13,10 @@ import asyncio
 import logging
 import os
 import pwd
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from subprocess import Popen
-from typing import Any, ClassVar
+from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Integer, TraitError, Unicode, validate
@@ -33,7 +32,6 @@ from composespawner.launchers.cgroups import (
     Limits,
     balance_cpu_weight,
     cgroup_name,
-    devices_confined,
     find_hierarchies,
     join_command,
     join_then,
@@ -43,6 +41,7 @@ from composespawner.launchers.cgroups import (
     pids_limit,
     plan_cgroup,
     remove_cgroups,
+    unconfined,
 )
 from composespawner.launchers.gpu_devices import NVIDIA_PROC, gpu_device_rules
 from composespawner.launchers.ipc import remove_ipc_of
@@ -172,8 +171,6 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
         devices controller). Change it only where /proc is mounted elsewhere.""",
     )
 
-    # This hub's notebooks with cgroups: an account's shared memory goes after its last.
-    _running: ClassVar[weakref.WeakSet[CgroupLimitedSpawner]] = weakref.WeakSet()
     share: Share | None = None  # Launcher's: set by the composing mixin before start
     machine: ComposedMachine | None = None  # the mixin's; set before start
     _cgroups: tuple[Path, ...] = ()  # this notebook's cgroups, until removed
@@ -223,15 +220,9 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
         except CgroupError as e:
             self._unenforced(self.share, e)
             return None
-        if not devices_confined(hierarchies):
-            self.log.warning(
-                "%s: no v1 devices controller, so the notebook can open every GPU's device"
-                " node on this host (cgroup v2 needs a BPF program; the container runtime"
-                " loads one)",
-                log_name(self),
-            )
+        for missing in unconfined(hierarchies):
+            self.log.warning("%s: the notebook is not held to %s", log_name(self), missing)
         self._cgroups = plan.cgroups
-        self._running.add(self)
         self._balance(plan.cgroups)
         return plan
 
@@ -299,7 +290,6 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
                 "%s: %s; remove it (rmdir) once its processes have ended", log_name(self), e
             )
         self._balance(cgroups)
-        self._running.discard(self)
         self._remove_leftover_ipc()
 
     def notebook_uid(self) -> int | None:
@@ -311,12 +301,11 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
             return None
 
     def _remove_leftover_ipc(self) -> None:
-        """What the notebook's account left in shared memory (:mod:`.ipc`), once no other
-        notebook of this hub runs as it; never the hub's own."""
+        """What the notebook's account left in shared memory (:mod:`.ipc`), once no
+        process of it is left on the host (another notebook, after a hub restart too);
+        never the hub's own."""
         uid = self.notebook_uid()
         if uid is None or uid == os.geteuid():
-            return
-        if any(other.notebook_uid() == uid for other in list(self._running)):
             return
         removed = remove_ipc_of(uid)
         if removed:

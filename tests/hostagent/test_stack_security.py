@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from composespawner.hostagent.accounts import open_the_way, stack_program_refusal
 from composespawner.hostagent.stacks import (
     _make_roots,
+    _processes_of,
     prune_sources,
     relay,
     stale_sources,
@@ -257,3 +259,26 @@ def test_the_way_opened_is_the_configured_commands_and_the_agents_python(
     opened.clear()
     open_the_way()  # the build account's way: the agent's Python alone
     assert closed not in opened
+
+
+def test_a_process_whose_first_thread_left_is_still_found_by_its_running_thread() -> None:
+    # The zombie-led planter of tests/hostagent/test_probe.py: /proc shows its leader as a
+    # zombie while its second thread runs. The sweep of the build account finds it.
+    code = (
+        "import ctypes, sys, threading\n"
+        "threading.Thread(target=sys.stdin.read).start()\n"
+        "print(flush=True)\n"
+        "ctypes.CDLL(None).syscall(60, 0)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as planter:
+        assert planter.stdin is not None
+        assert planter.stdout is not None
+        planter.stdout.readline()
+        deadline = time.monotonic() + 10
+        while status_of(planter.pid)["State"][0] != "Z":  # the leader has left
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # polling /proc: the condition itself
+        assert planter.pid in _processes_of(os.getuid())
+        planter.stdin.close()

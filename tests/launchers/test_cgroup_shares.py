@@ -37,9 +37,9 @@ from composespawner.launchers.cgroups import (
     GIB,
     CgroupError,
     Hierarchy,
-    devices_confined,
     find_hierarchies,
     new_token,
+    unconfined,
 )
 from composespawner.launchers.local import LocalLauncher
 from composespawner.launchers.local_process import process_started
@@ -291,7 +291,7 @@ async def test_a_notebook_opens_its_own_gpus_node_and_never_its_neighbours(
     users: list[User], tmp_path: Path, parent: str, nodes: Path
 ) -> None:
     hierarchies = usable_hierarchies()
-    if not devices_confined(hierarchies):
+    if unconfined(hierarchies):
         pytest.fail("this machine mounts the v1 devices controller (TESTING.md): it should")
     uuids = ("aaaa0000-0000-0000-0000-000000000001", "bbbb0000-0000-0000-0000-000000000002")
     driver = tmp_path / "driver"

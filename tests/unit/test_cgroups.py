@@ -32,7 +32,6 @@ from composespawner.launchers.cgroups import (
     balance_cpu_weight,
     cgroup_name,
     controllers_to_enable,
-    devices_confined,
     hierarchies_in,
     join_command,
     join_then,
@@ -42,6 +41,7 @@ from composespawner.launchers.cgroups import (
     pids_limit,
     plan_cgroup,
     remove_cgroups,
+    unconfined,
 )
 from composespawner.launchers.local import LocalLauncher
 
@@ -79,14 +79,15 @@ def test_on_a_hybrid_host_each_controller_comes_from_its_v1_mount() -> None:
         Hierarchy(CG / "pids", False, frozenset({"pids"})),
         Hierarchy(CG / "devices", False, frozenset({"devices"})),
     )
-    assert devices_confined(hierarchies_in(HYBRID, controllers))
+    assert unconfined(hierarchies_in(HYBRID, controllers)) == []
 
 
 def test_on_a_pure_v2_host_one_hierarchy_holds_all_but_devices() -> None:
     assert hierarchies_in(PURE_V2, controllers) == (
         Hierarchy(CG, True, frozenset({"cpu", "memory", "pids"})),
     )
-    assert not devices_confined(hierarchies_in(PURE_V2, controllers))
+    (devices,) = unconfined(hierarchies_in(PURE_V2, controllers))
+    assert devices.startswith("its device nodes")
 
 
 def test_cpu_and_cpuacct_mounted_together_and_a_second_mount_of_it_counts_once() -> None:
@@ -109,12 +110,19 @@ def test_a_mount_path_is_read_as_the_kernel_escapes_it() -> None:
     assert found[0].mount == Path("/srv/my cgroups")
 
 
-def test_without_a_memory_or_pids_controller_it_says_which_is_missing() -> None:
+def test_without_a_memory_controller_it_says_which_is_missing() -> None:
     only_cpu = "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
-    with pytest.raises(CgroupError, match="holds the memory, pids controllers"):
+    with pytest.raises(CgroupError, match="holds the memory controller"):
         hierarchies_in(only_cpu, controllers)
-    with pytest.raises(CgroupError, match="the cpu, memory, pids controllers"):
+    with pytest.raises(CgroupError, match="the cpu, memory controllers"):
         hierarchies_in("proc /proc proc rw 0 0\n", controllers)
+
+
+def test_without_pids_or_devices_it_runs_and_says_what_is_not_held() -> None:
+    found = hierarchies_in(
+        "cgroup /a cgroup rw,cpu 0 0\ncgroup /b cgroup rw,memory 0 0\n", controllers
+    )
+    assert [m.split(" (")[0] for m in unconfined(found)] == ["its processes", "its device nodes"]
 
 
 # -- names ------------------------------------------------------------------------------

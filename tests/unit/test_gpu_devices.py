@@ -10,6 +10,7 @@ import pytest
 
 from composespawner.launchers.gpu_devices import (
     BASIC_DEVICES,
+    UnknownGpuNode,
     device_rules,
     gpu_device_rules,
     minors_in,
@@ -88,7 +89,9 @@ def test_a_hosts_rules_are_read_from_its_driver(
         "c 195:255 rwm",
         "c 508:* rwm",
     )
-    with caplog.at_level(logging.WARNING):
-        assert gpu_device_rules(["GPU-ffff0000"], tmp_path, devices) == BASIC_DEVICES
-    assert "GPU-ffff0000: the notebook gets none" in caplog.text
-    assert gpu_device_rules([], tmp_path / "no-driver", devices) == BASIC_DEVICES
+    with pytest.raises(UnknownGpuNode, match="no device node for GPUs GPU-ffff0000"):
+        gpu_device_rules(["GPU-ffff0000"], tmp_path, devices)  # a MIG instance, say
+    with caplog.at_level(logging.WARNING):  # no driver: no GPU to open, nor to give
+        assert gpu_device_rules([uuid], tmp_path / "no-driver", devices) == BASIC_DEVICES
+    assert "no NVIDIA driver" in caplog.text
+    assert gpu_device_rules([], tmp_path, devices) == BASIC_DEVICES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.launchers.ipc import remove_ipc_of, sysv_objects_of
+from composespawner.launchers.ipc import remove_ipc_of, runs_as, sysv_objects_of
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -60,3 +60,36 @@ def test_roots_objects_are_nobodys_to_remove(tmp_path: Path) -> None:
     (tmp_path / "roots").write_text("x")
     assert remove_ipc_of(0, tmp_path, [tmp_path]) == 0
     assert (tmp_path / "roots").exists()
+
+
+def test_a_deep_tree_is_walked_without_recursion_and_a_folder_link_is_not_entered(
+    tmp_path: Path,
+) -> None:
+    shm, elsewhere = tmp_path / "shm", tmp_path / "elsewhere"
+    shm.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_text("root's, through a link")
+    os.chown(elsewhere / "victim", 4242, 4242)  # the account's own file, but not in shm
+    deep = shm
+    for _ in range(100):  # past MOST_DEPTH: a tree as deep as its owner likes costs nothing
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    os.chown(shm / "d", 4242, 4242)
+    (shm / "d" / "file").write_text("x")
+    os.chown(shm / "d" / "file", 4242, 4242)
+    (shm / "d" / "link").symlink_to(elsewhere, target_is_directory=True)
+    os.chown(shm / "d" / "link", 4242, 4242, follow_symlinks=False)
+    empty = tmp_path / "sysvipc"
+    empty.mkdir()
+    assert remove_ipc_of(4242, empty, [shm]) == 2  # the file and the link itself
+    assert (elsewhere / "victim").exists()
+    assert (shm / "d" / "d").is_dir()  # root's folders stay, and so does their owner's
+
+
+def test_nothing_is_removed_while_a_process_of_the_account_runs(tmp_path: Path) -> None:
+    (tmp_path / "mine").write_text("x")
+    me = os.getuid()
+    assert me == 0 or remove_ipc_of(me, tmp_path, [tmp_path]) == 0
+    assert (tmp_path / "mine").exists()
+    assert runs_as(os.getuid())
+    assert not runs_as(4242)
