@@ -68,7 +68,7 @@ from composespawner.launchers.environments import (
     StackEnvironments,
 )
 from composespawner.launchers.gpu_devices import BASIC_DEVICES
-from composespawner.launchers.ipc import remove_ipc_of
+from composespawner.launchers.ipc import remove_ipc_of, thread_runs_as
 
 LOCK_FILE = "requirements.lock"
 BUILD_LOCK = ".build.lock"  # in the state folder: one build at a time
@@ -365,27 +365,15 @@ def _take(raw: bytes, progress: Progress, last: dict[str, object]) -> dict[str, 
 
 
 def _processes_of(uid: int) -> list[int]:
-    """The processes running as ``uid`` (by any of its ids) with a thread that runs:
-    a zombie whose threads are all gone runs nothing, and goes once its parent (or init)
-    reaps it, but a process whose first thread left with the raw exit syscall shows as
-    a zombie while its other threads run on. Each thread is looked at."""
-    pids = []
-    for process in Path("/proc").glob("[0-9]*"):
-        if any(_runs_as(uid, status) for status in process.glob("task/[0-9]*/status")):
-            pids.append(int(process.name))
-    return pids
-
-
-def _runs_as(uid: int, status: Path) -> bool:
-    """Whether the thread of ``status`` (``/proc/<pid>/task/<tid>/status``) runs as ``uid``."""
-    try:
-        lines = status.read_text().splitlines()
-    except OSError:  # gone meanwhile
-        return False
-    fields = {key: value for key, _, value in (line.partition(":") for line in lines)}
-    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
-        return False
-    return str(uid) in fields.get("Uid", "").split()
+    """The processes running as ``uid`` with a thread that runs: a zombie whose threads
+    are all gone runs nothing, and goes once its parent (or init) reaps it, but a process
+    whose first thread left with the raw exit syscall shows as a zombie while its other
+    threads run on. Each thread is looked at."""
+    return [
+        int(process.name)
+        for process in Path("/proc").glob("[0-9]*")
+        if any(thread_runs_as(uid, status) for status in process.glob("task/[0-9]*/status"))
+    ]
 
 
 def _end_processes_of(uid: int, timeout: float = END_TIMEOUT) -> None:

@@ -70,18 +70,21 @@ def remove_ipc_of(
 
 
 def runs_as(uid: int, proc: Path = PROC) -> bool:
-    """Whether any thread on the host runs as ``uid`` (by its real uid)."""
-    for status in proc.glob("[0-9]*/task/[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        for line in text.splitlines():
-            if line.startswith("Uid:"):
-                if line.split()[1] == str(uid):
-                    return True
-                break
-    return False
+    """Whether any thread on the host runs as ``uid`` (a zombie's runs nothing)."""
+    return any(thread_runs_as(uid, status) for status in proc.glob("[0-9]*/task/[0-9]*/status"))
+
+
+def thread_runs_as(uid: int, status: Path) -> bool:
+    """Whether the thread of ``status`` (``/proc/<pid>/task/<tid>/status``) runs as
+    ``uid`` (by any of its ids): not a zombie (it runs nothing, and goes once reaped)."""
+    try:
+        lines = status.read_text().splitlines()
+    except OSError:  # gone meanwhile
+        return False
+    fields = {key: value for key, _, value in (line.partition(":") for line in lines)}
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return False
+    return str(uid) in fields.get("Uid", "").split()
 
 
 def _remove_sysv(uid: int, kind: str, sysvipc: Path) -> int:
