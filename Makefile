@@ -35,18 +35,22 @@ $(DEBOOTSTRAP):
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# Debian packages whose services the tests start themselves, never apt: a policy-rc.d
+# keeps apt from starting them (container images have one; one is put in place for the
+# install if not).
+APT_WITHOUT_SERVICES = set -e; added=; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  printf '\#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; \
+	fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; \
+	if [ -n "$$added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+
 # OpenSSH's server, for the tests' simulated compute hosts (an sshd each on its own
-# loopback address, started and stopped by the tests), never as a service: apt
-# must not start one listening on every address. A policy-rc.d keeps it from
-# doing so (container images have one; one is put in place for the install if not).
+# loopback address, started and stopped by the tests), never as a service listening
+# on every address.
 SSHD := /usr/sbin/sshd
 $(SSHD):
-	set -e; added=; \
-	if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; \
-	fi; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
-	if [ -n "$$added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+	$(call APT_WITHOUT_SERVICES,openssh-server)
 
 install: $(VENV)/.installed $(CHP)
 
@@ -92,13 +96,7 @@ stacks: $(VENV)/.installed
 # minutes the first time, seconds after. apt must not start a registry of its own.
 PODMAN := /usr/bin/podman
 $(PODMAN):
-	set -e; added=; \
-	if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; \
-	fi; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  podman buildah runc docker-registry >/dev/null; \
-	if [ -n "$$added" ]; then rm -f /usr/sbin/policy-rc.d; fi
+	$(call APT_WITHOUT_SERVICES,podman buildah runc docker-registry)
 
 images: $(VENV)/.installed $(PODMAN) $(DEBOOTSTRAP) labextension
 	$(BIN)/python -m harness.images
