@@ -286,15 +286,13 @@ class Notebooks:
 
     def _forget(self, record: Record) -> None:
         """Under the lock: its record gone, and what the account left in shared memory
-        too where this was its last notebook here and nothing else of it runs (a login, a
-        cron job, a process its cgroup's removal could not end): no start of its next
-        notebook meanwhile."""
+        too where nothing of it runs any more (another of its notebooks, a login, a cron
+        job, a process its cgroup's removal could not end: :func:`remove_ipc_of` looks):
+        no start of its next notebook meanwhile."""
         self.state.remove(record)
-        others = (r for r in self.state.records() if r.uid == record.uid and alive(r))
-        if next(others, None) is None:
-            removed = remove_ipc_of(record.uid)
-            if removed:
-                log.info("removed %d shared-memory objects %s left", removed, record.user)
+        removed = remove_ipc_of(record.uid)
+        if removed:
+            log.info("removed %d shared-memory objects %s left", removed, record.user)
 
     def _remove_cgroups(self, cgroups: tuple[Path, ...]) -> None:
         try:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from subprocess import PIPE
+from typing import Any
 
 import pytest
 from traitlets.config import Config
@@ -94,12 +95,15 @@ async def source(hosts: SSHHosts) -> AsyncIterator[AgentActivity]:
 @pytest.fixture
 def kernel(tmp_path: Path) -> Iterator[int]:
     """A running kernel-shaped process (its pid) of OWNER's; it ends with the test."""
-    connection = tmp_path / "runtime" / f"kernel-{KERNEL_ID}.json"
+    yield from kernel_shaped(tmp_path / "runtime", user=OWNER.pw_uid, cwd="/")
+
+
+def kernel_shaped(runtime: Path, **popen: Any) -> Iterator[int]:
+    """A process with KERNEL_ID's connection file (in ``runtime``) on its command line,
+    as Jupyter Server starts a kernel: its pid, until the fixture using it ends."""
+    connection = runtime / f"kernel-{KERNEL_ID}.json"
     with subprocess.Popen(
-        [sys.executable, "-c", KERNEL, "-f", str(connection)],
-        stdin=PIPE,
-        user=OWNER.pw_uid,
-        cwd="/",
+        [sys.executable, "-c", KERNEL, "-f", str(connection)], stdin=PIPE, **popen
     ) as process:
         assert process.stdin is not None
         try:
@@ -126,16 +130,7 @@ def notebook_of_kernel(hosts: SSHHosts, kernel: int) -> Iterator[Record]:
 def liar(tmp_path: Path) -> Iterator[int]:
     """A process of another account (root's, here) naming the notebook's kernel on its
     command line as the kernel does (its pid); it ends with the test."""
-    connection = tmp_path / "elsewhere" / f"kernel-{KERNEL_ID}.json"
-    with subprocess.Popen(
-        [sys.executable, "-c", KERNEL, "-f", str(connection)], stdin=PIPE
-    ) as process:
-        assert process.stdin is not None
-        try:
-            yield process.pid
-        finally:
-            process.stdin.close()
-            process.wait(timeout=10)
+    yield from kernel_shaped(tmp_path / "elsewhere")
 
 
 async def test_the_agent_names_the_kernel_holding_each_gpu_and_no_strangers_word(
