@@ -85,6 +85,7 @@ setup(
             "compose = composespawner.spawners.spawner:ComposeSpawner",
             "compose-kubernetes = composespawner.spawners.kube:ComposeKubeSpawner",
             "compose-ssh = composespawner.spawners.ssh:ComposeSSHSpawner",
+            "compose-podman = composespawner.spawners.spawner:ComposePodmanSpawner",
         ],
         "jupyterhub.authenticators": [
             "compose-demo = composespawner.auth.demo:DemoAuthenticator",

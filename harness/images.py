@@ -98,13 +98,21 @@ def podman_env() -> dict[str, str]:
         f'graphroot = "{CONTAINERS / "storage"}"\n'
         'runroot = "/run/composespawner-containers"\n'
     )
-    for path, text in ((conf, CONTAINERS_CONF), (storage, storage_text)):
+    registries = CONTAINERS / "registries.conf"
+    # The tests' registry speaks plain HTTP on loopback, as a site's never should.
+    registries_text = f'[[registry]]\nlocation = "{REGISTRY}"\ninsecure = true\n'
+    for path, text in (
+        (conf, CONTAINERS_CONF),
+        (storage, storage_text),
+        (registries, registries_text),
+    ):
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
     return {
         **os.environ,
         "CONTAINERS_CONF": str(conf),
         "CONTAINERS_STORAGE_CONF": str(storage),
+        "CONTAINERS_REGISTRIES_CONF": str(registries),
     }
 
 

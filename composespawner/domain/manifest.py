@@ -32,9 +32,12 @@ def run_manifest(
     machine: ComposedMachine,
     environment: Mapping[str, str],
     started_at: datetime,
+    image: str | None = None,
 ) -> dict[str, Any]:
-    """The manifest of a server starting now (``variant``: the stack's build it runs)."""
+    """The manifest of a server starting now (``variant``: the stack's build it runs;
+    ``image``: the image it runs, by digest, where the launcher says)."""
     build = None if stack is None else (stack.cpu if variant == "cpu" else stack.gpu)
+    repository, _, digest = (image or "").partition("@")
     return {
         "version": VERSION,
         "user": user,
@@ -48,8 +51,8 @@ def run_manifest(
             "label": stack.label,
             "variant": variant,
             "lock_sha256": build.lock_sha256 if build else None,
-            "image": stack.image or None,
-            "image_digest": (build.digest or None) if build else None,
+            "image": repository or stack.image or None,
+            "image_digest": digest or ((build.digest or None) if build else None),
         },
         "machine": {
             "id": machine.machine_id,
@@ -71,7 +74,7 @@ def relaunch_options(manifest: Mapping[str, Any], catalog: Catalog) -> dict[str,
     """Options that start a server like the manifest's: same stack lock and GPU model.
 
     Refused when the catalog no longer pins that stack by the same lock (and
-    image digest, where the manifest has one): another lock is another stack.
+    image digest, where both name one): another lock is another stack.
     """
     if manifest.get("version") != VERSION:
         raise NotRelaunchable("This is not a run manifest this hub can read.")
@@ -87,7 +90,11 @@ def relaunch_options(manifest: Mapping[str, Any], catalog: Catalog) -> dict[str,
                 " so this run cannot be repeated identically."
             )
         if build.lock_sha256 != recorded.get("lock_sha256") or (
-            recorded.get("image_digest") and build.digest != recorded["image_digest"]
+            # Where the catalog pins no digest (a site names its images elsewhere),
+            # the lock is what says the stack is the same.
+            recorded.get("image_digest")
+            and build.digest
+            and build.digest != recorded["image_digest"]
         ):
             raise NotRelaunchable(
                 f"The {stack.label} stack has changed since this run (its lock is now"

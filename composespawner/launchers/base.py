@@ -50,6 +50,9 @@ class Launcher:
     share: Share | None = None
     # Which of a stack's builds this launcher runs: its GPU image, or its CPU lock.
     stack_variant: str = "gpu"
+    # Set by a launcher that runs an image, before the run manifest is written: which,
+    # by digest (repository@sha256:…). None: the catalog's, or none.
+    run_image: str | None = None
 
     # -- the launcher calls these; the mixin implements them -------------------
 

@@ -11,8 +11,9 @@ Besides its own GPUs a notebook with any gets ``nvidiactl`` (``c 195:255``) and 
 unified-memory nodes (``nvidia-uvm``, ``nvidia-uvm-tools``: one major the driver
 takes at load, in ``/proc/devices``).
 
-Deciding is pure (:func:`minors_in`, :func:`uvm_major_in`, :func:`device_rules`); the
-reads are :func:`gpu_device_rules`.
+A container gets the same nodes by path (:func:`device_nodes`) and its runtime writes
+the rules. Deciding is pure (:func:`minors_in`, :func:`uvm_major_in`,
+:func:`device_rules`); the reads are :func:`gpu_minors` and :func:`gpu_device_rules`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from composespawner.launchers.cgroups import CgroupError
 
 NVIDIA_PROC = Path("/proc/driver/nvidia")
 PROC_DEVICES = Path("/proc/devices")
+DEV = Path("/dev")
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
 # What any program may open, as Docker's and runc's defaults allow (mknod is not among
@@ -86,15 +88,38 @@ def unfound(uuids: Sequence[str], minors: Mapping[str, int]) -> list[str]:
 def gpu_device_rules(
     uuids: Sequence[str], nvidia_proc: Path = NVIDIA_PROC, proc_devices: Path = PROC_DEVICES
 ) -> tuple[str, ...]:
-    """The rules of a notebook holding the GPUs ``uuids`` on this host.
+    """The rules of a notebook holding the GPUs ``uuids`` on this host (see
+    :func:`gpu_minors`)."""
+    found = gpu_minors(uuids, nvidia_proc)
+    if not found:
+        return BASIC_DEVICES
+    try:
+        uvm = uvm_major_in(proc_devices.read_text())
+    except OSError:
+        uvm = None
+    return device_rules(found, uvm)
 
-    Without the driver loaded (no ``gpus`` folder) the host has no GPU to open: the
-    basic nodes alone, logged. With it, a GPU it lists no node for (a MIG instance, a
-    UUID the host does not have, an index) raises :class:`UnknownGpuNode`: the notebook
-    could not use it, and nothing is guessed around.
+
+def device_nodes(gpus: Sequence[int], dev: Path = DEV) -> tuple[str, ...]:
+    """The nodes a container holding the GPUs of minors ``gpus`` gets (``--device``):
+    its own GPUs', ``nvidiactl`` and the unified-memory nodes that exist here."""
+    if not gpus:
+        return ()
+    own = [str(dev / f"nvidia{minor}") for minor in sorted(set(gpus))]
+    shared = [dev / "nvidiactl", dev / "nvidia-uvm", dev / "nvidia-uvm-tools"]
+    return (*own, *(str(node) for node in shared if node.exists()))
+
+
+def gpu_minors(uuids: Sequence[str], nvidia_proc: Path = NVIDIA_PROC) -> list[int]:
+    """The device minors of the GPUs ``uuids`` on this host.
+
+    Without the driver loaded (no ``gpus`` folder) the host has no GPU to open: none,
+    logged. With it, a GPU it lists no node for (a MIG instance, a UUID the host does
+    not have, an index) raises :class:`UnknownGpuNode`: the notebook could not use it,
+    and nothing is guessed around.
     """
     if not uuids:
-        return BASIC_DEVICES
+        return []
     informations = []
     for information in sorted((nvidia_proc / "gpus").glob("*/information")):
         try:
@@ -115,9 +140,4 @@ def gpu_device_rules(
             nvidia_proc,
             ", ".join(missing),
         )
-    try:
-        uvm = uvm_major_in(proc_devices.read_text())
-    except OSError:
-        uvm = None
-    found = [minors[uuid.lower()] for uuid in uuids if uuid.lower() in minors]
-    return device_rules(found, uvm) if found else BASIC_DEVICES
+    return [minors[uuid.lower()] for uuid in uuids if uuid.lower() in minors]

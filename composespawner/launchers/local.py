@@ -231,7 +231,7 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
         if self.shell_cmd:
             command = [*self.shell_cmd, shlex.join(command)]
         owner = self._runs_as()
-        cmd = [*switch_account_command(owner), *command]
+        cmd, env = self.notebook_process(command, env)
         self.log.info("Spawning %s", shlex.join(cmd))
         popen_kwargs = {
             "preexec_fn": self.make_preexec_fn(self.user.name),
@@ -267,6 +267,13 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
                 self._pid_started = start_times[0] if start_times else None
         self._watch_exit(self.proc)
         return (self.ip or "127.0.0.1", self.port)
+
+    def notebook_process(
+        self, command: list[str], env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """The process that runs the notebook's ``command``, and its environment: the
+        command itself, as the notebook's account (a container runtime wraps it)."""
+        return [*switch_account_command(self._runs_as()), *command], env
 
     def _free_port(self) -> int:
         self._launchers.add(self)
@@ -336,6 +343,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
         def exited() -> None:
             if self.proc is proc:  # not a newer start's process
                 self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
-                self.remove_cgroups()
+                self.remove_leftovers()
 
         watch_exit(proc, exited, self.log, log_name(self))

@@ -266,7 +266,7 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
             status_code=503,
         )
 
-    def remove_cgroups(self) -> asyncio.Future[None]:
+    def remove_leftovers(self) -> asyncio.Future[None]:
         """Remove this notebook's cgroups, taken now (a later start's are its own); done
         once every removal asked for before it is done too (a stop's is the last)."""
         cgroups, self._cgroups = self._cgroups, ()
@@ -313,12 +313,12 @@ class CgroupLimitedSpawner(KnownProcessSpawner):
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)
-        await self.remove_cgroups()
+        await self.remove_leftovers()
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()
         if status is not None:  # the hub never calls stop() for a server poll found gone
-            await self.remove_cgroups()
+            await self.remove_leftovers()
         return status
 
     def get_state(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from composespawner.launchers.jupyterhub_internals import (
 )
 from composespawner.launchers.kits import HOME_FOLDER
 from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.local_container import PodmanLauncher
 from composespawner.ledger import SchemaNotCurrent
 from composespawner.services.admission import Admission
 from composespawner.services.composer import Composer
@@ -280,6 +281,7 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 **compose_env(machine, self.stack, self.portal_url),
             },
             started_at=datetime.now(UTC),
+            image=self.run_image,
         )
         await self.deliver_run_manifest(manifest)
         self.run_manifest = manifest
@@ -373,6 +375,11 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
 
 class ComposeSpawner(ComposeMixin, LocalLauncher):
     """Compose a machine, then run the notebook as a local process (the embedded default)."""
+
+
+class ComposePodmanSpawner(ComposeMixin, PodmanLauncher):
+    """Compose a machine, then run the notebook in a container of its own from its stack's
+    image (``c.JupyterHub.spawner_class = "compose-podman"``)."""
 
 
 def _options_read_at_start(spawner: Spawner, user_options: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """A notebook stand-in for share tests: answers HTTP, and eats memory or starts a child on request.
 
-Run as ``python -I hungry_notebook.py PORT``. ``GET /`` answers ``ok``;
+Run as ``python -I hungry_notebook.py PORT [ADDRESS]``. ``GET /`` answers ``ok``;
 ``GET /allocate/N`` takes N MiB more, written (so the pages are really
 used), then answers; ``GET /child`` starts a long sleep in a session of its
 own (as a kernel outlives a notebook that dies) and answers its pid. SIGTERM
@@ -11,6 +11,7 @@ import ctypes
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -29,6 +30,11 @@ class Answer(BaseHTTPRequestHandler):
             body = forks_until_refused()
         elif self.path.startswith("/open/"):
             body = opened(self.path.removeprefix("/open"))
+        elif self.path.startswith("/connect/"):
+            host, port = self.path.split("/")[2:4]
+            body = connected(host, int(port))
+        elif self.path.startswith("/tmp/"):
+            body = in_tmp(self.path.removeprefix("/tmp/"))
         elif self.path.startswith("/shm/"):
             body = left_in_shared_memory(int(self.path.rsplit("/", 1)[1]))
         elif self.path == "/child":
@@ -94,10 +100,30 @@ def opened(path: str) -> str:
     return "opened"
 
 
+def connected(host: str, port: int) -> str:
+    """Whether a TCP connection to ``host:port`` opens: "connected", or the error's name."""
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except TimeoutError:
+        return "timeout"
+    except OSError as e:
+        return errno.errorcode.get(e.errno or 0, str(e))
+    return "connected"
+
+
+def in_tmp(name: str) -> str:
+    """``name`` written into /tmp (when given), then what /tmp holds, sorted."""
+    if name:
+        with open(os.path.join("/tmp", name), "w") as file:
+            file.write("secret")
+    return " ".join(sorted(os.listdir("/tmp")))
+
+
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: os._exit(0))
-    HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+    address = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"  # a container's: 0.0.0.0
+    HTTPServer((address, int(sys.argv[1])), Answer).serve_forever()
 
 
 if __name__ == "__main__":

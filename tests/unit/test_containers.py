@@ -1,0 +1,138 @@
+"""What podman is told for a notebook's container (composespawner.launchers.containers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from composespawner.domain.hardware import Share
+from composespawner.launchers.containers import (
+    ContainerSpec,
+    ContainerSpecError,
+    cdi_devices,
+    container_name,
+    forwarded_names,
+    image_for,
+    notebook_listens_everywhere,
+    run_arguments,
+)
+from composespawner.launchers.gpu_devices import device_nodes
+
+pytestmark = pytest.mark.timeout(10)
+
+IMAGE = "registry.example/composespawner/pytorch@sha256:" + "ab" * 32
+
+
+def spec(**changes: object) -> ContainerSpec:
+    base: dict[str, object] = {
+        "name": "composespawner-ada-0123456789ab",
+        "image": IMAGE,
+        "uid": 1001,
+        "gid": 1001,
+        "home": "/home/ada",
+        "port": 45001,
+        "command": ("jupyterhub-singleuser",),
+        "environment": ("JUPYTERHUB_API_TOKEN",),
+        "share": Share(cores=2, memory_gib=8),
+        "pids": 2048,
+        "devices": ("/dev/nvidia3", "/dev/nvidiactl"),
+    }
+    return ContainerSpec(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def option(args: list[str], name: str) -> list[str]:
+    return [args[i + 1] for i, arg in enumerate(args) if arg == name]
+
+
+def test_the_container_is_held_to_its_share_and_runs_as_the_user_without_privileges() -> None:
+    args = run_arguments(spec())
+    assert args[:2] == ["run", "--rm"]
+    assert option(args, "--user") == ["1001:1001"]
+    assert option(args, "--cpus") == ["2"]
+    assert option(args, "--memory") == option(args, "--memory-swap") == [str(8 << 30)]
+    assert option(args, "--pids-limit") == ["2048"]
+    assert option(args, "--shm-size") == [str(8 << 30)]
+    assert option(args, "--tmpfs") == [f"/tmp:rw,nosuid,nodev,mode=1777,size={8 << 30}"]
+    assert option(args, "--cap-drop") == ["all"]
+    assert option(args, "--security-opt") == ["no-new-privileges"]
+    assert {"--init", "--read-only", "--read-only-tmpfs=false"} <= set(args)
+    assert option(args, "--device") == ["/dev/nvidia3", "/dev/nvidiactl"]
+    assert option(args, "--volume") == ["/home/ada:/home/ada:rw"]
+    assert option(args, "--workdir") == ["/home/ada"]
+    assert option(args, "--publish") == ["127.0.0.1:45001:45001"]
+    assert option(args, "--network") == ["slirp4netns:allow_host_loopback=false"]
+    assert args[-2:] == [IMAGE, "jupyterhub-singleuser"]
+
+
+def test_the_token_goes_by_name_never_on_the_command_line() -> None:
+    args = run_arguments(spec())
+    assert option(args, "--env") == ["JUPYTERHUB_API_TOKEN"]
+    names = forwarded_names(
+        {"JUPYTERHUB_API_TOKEN": "secret", "PATH": "/usr/bin", "VIRTUAL_ENV": "/x", "A B": "1"}
+    )
+    assert names == ("JUPYTERHUB_API_TOKEN",)
+
+
+def test_a_container_without_a_share_has_no_cpu_or_memory_limit_but_its_pids() -> None:
+    args = run_arguments(spec(share=None))
+    assert option(args, "--memory") == option(args, "--cpus") == []
+    assert option(args, "--pids-limit") == ["2048"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"image": "composespawner/pytorch:latest"}, "by digest"),
+        ({"port": 0}, "port"),
+        ({"port": 70000}, "port"),
+        ({"uid": 0}, "root"),
+    ],
+)
+def test_what_cannot_be_run_is_refused(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(ContainerSpecError, match=says):
+        run_arguments(spec(**changes))
+
+
+def test_names_are_what_podman_takes_and_new_at_each_start() -> None:
+    names = {
+        container_name("ada", "", "t1"),
+        container_name("ada", "", "t2"),
+        container_name("Ada@Uni", "<b>x</b>", "t1"),
+        container_name("ada-", "", "t1"),
+        container_name("ada", "-", "t1"),
+    }
+    assert len(names) == 5
+    for name in names:
+        assert name.startswith("composespawner-")
+        assert all(c.isalnum() or c in "_.-" for c in name), name
+    assert container_name("@@", "", "t").startswith("composespawner-")
+
+
+def test_the_notebook_binds_every_address_of_its_own_network() -> None:
+    assert (
+        notebook_listens_everywhere("http://127.0.0.1:45001/user/ada/")
+        == "http://0.0.0.0:45001/user/ada/"
+    )
+    assert notebook_listens_everywhere("https://[::1]:9/u/") == "https://0.0.0.0:9/u/"
+    with pytest.raises(ContainerSpecError):
+        notebook_listens_everywhere("not a url")
+
+
+def test_the_site_setting_wins_and_only_a_digest_names_an_image() -> None:
+    assert image_for({"pytorch": IMAGE}, "pytorch", "other@sha256:1") == IMAGE
+    assert image_for({}, "pytorch", IMAGE) == IMAGE
+    assert image_for({}, "pytorch", "") is None
+    assert image_for({"pytorch": "composespawner/pytorch:latest"}, "pytorch", "") is None
+
+
+def test_gpus_by_cdi_name_or_by_their_nodes(tmp_path: Path) -> None:
+    assert cdi_devices(("GPU-aa", "GPU-bb")) == ("nvidia.com/gpu=GPU-aa", "nvidia.com/gpu=GPU-bb")
+    dev = tmp_path
+    (dev / "nvidiactl").touch()
+    assert device_nodes([3, 1, 3], dev) == (
+        str(dev / "nvidia1"),
+        str(dev / "nvidia3"),
+        str(dev / "nvidiactl"),
+    )
+    assert device_nodes([], dev) == ()
