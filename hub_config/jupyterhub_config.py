@@ -109,6 +109,9 @@ c.ComposeMixin.portal_url = f"http://127.0.0.1:{PORTAL_PORT}/services/compose/"
 # unprivileged c.ComposeSpawner.notebook_account when the hub is root.
 c.ComposeSpawner.shared_account = True
 c.ComposeSpawner.home_dir_template = str(HOMES / "{username}")
+# The same for notebooks in containers of their own ("compose-podman").
+c.ComposePodmanSpawner.shared_account = c.ComposeSpawner.shared_account
+c.ComposePodmanSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
 c.Spawner.cmd = os.environ.get("COMPOSE_NOTEBOOK_CMD", str(BIN / "jupyterhub-singleuser")).split()
 c.Spawner.default_url = "/lab"
 c.Spawner.poll_interval = int(os.environ.get("COMPOSE_POLL_INTERVAL", "30"))

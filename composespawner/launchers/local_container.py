@@ -47,7 +47,8 @@ from composespawner.launchers.containers import (
 )
 from composespawner.launchers.gpu_devices import UnknownGpuNode, device_nodes, gpu_minors
 from composespawner.launchers.jupyterhub_internals import log_name
-from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.local import NOTEBOOK_SERVER, LocalLauncher
+from composespawner.launchers.relay import HubRelays, inside_command, loopback_addresses
 
 PULL_TIMEOUT = 1800.0  # seconds a first pull of a stack's image may take (gigabytes)
 PODMAN_TIMEOUT = 60.0  # seconds for podman's other calls (exists, stop, rm)
@@ -125,6 +126,13 @@ class PodmanLauncher(LocalLauncher):
         --device-name-strategy=uuid: it brings the driver's libraries too).""",
     )
 
+    relay_dir = Unicode(
+        "/run/composespawner-relay",
+        config=True,
+        help="""Where the hub serves its API and the GPU portal to notebooks' containers,
+        a Unix socket for each (mounted read-only into every container): their own
+        network does not reach the host's loopback, where those listen.""",
+    )
     device_dir = Unicode(
         "/dev",
         config=True,
@@ -236,6 +244,9 @@ class PodmanLauncher(LocalLauncher):
         if "JUPYTERHUB_SERVICE_URL" in env:
             url = notebook_listens_everywhere(env["JUPYTERHUB_SERVICE_URL"])
             env["JUPYTERHUB_SERVICE_URL"] = url
+        relayed = hub_addresses(env)
+        if relayed:
+            command = inside_command(Path(self.relay_dir), relayed, command)
         self._container = container_name(self.user.name, self.name, secrets.token_hex(4))
         spec = ContainerSpec(
             name=self._container,
@@ -252,8 +263,14 @@ class PodmanLauncher(LocalLauncher):
             network=self.container_network,
             host_ip=self.ip or "127.0.0.1",
             labels=(("io.composespawner.user", self.user.name),),
+            read_only=(self.relay_dir,) if relayed else (),
         )
         return [self.podman, *run_arguments(spec)], {**os.environ, **env}
+
+    async def start(self) -> Any:
+        """The local launcher's start, once the hub serves its services to containers."""
+        await HubRelays.serve(Path(self.relay_dir), hub_addresses(self.get_env()))
+        return await super().start()
 
     def _devices(self) -> tuple[str, ...]:
         gpus = self.notebook_gpus()
@@ -270,6 +287,13 @@ class PodmanLauncher(LocalLauncher):
                 reason="devices",
                 status_code=503,
             ) from e
+
+    def _in_stack(self, command: list[str]) -> list[str]:
+        """The image's own notebook server for the configured one (a path on the hub's
+        host means nothing in the image)."""
+        if Path(command[0]).name != NOTEBOOK_SERVER:
+            return command
+        return [NOTEBOOK_SERVER, *command[1:]]
 
     def popen_in_share(
         self, popen: Callable[..., Popen[bytes]], cmd: Sequence[str], kwargs: dict[str, Any]
@@ -351,6 +375,12 @@ class PodmanLauncher(LocalLauncher):
         super().load_state(state)
         container = state.get("container")
         self._container = container if isinstance(container, str) else ""
+
+
+def hub_addresses(env: dict[str, str]) -> tuple[tuple[str, int], ...]:
+    """The hub's services on loopback that the notebook's environment names."""
+    urls = (env.get("JUPYTERHUB_API_URL", ""), env.get("COMPOSE_PORTAL_URL", ""))
+    return loopback_addresses(urls)
 
 
 def host_share() -> Share:

@@ -18,6 +18,7 @@ from composespawner.launchers.containers import (
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import device_nodes
+from composespawner.launchers.relay import inside_command, loopback_addresses
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -136,3 +137,27 @@ def test_gpus_by_cdi_name_or_by_their_nodes(tmp_path: Path) -> None:
         str(dev / "nvidiactl"),
     )
     assert device_nodes([], dev) == ()
+
+
+def test_only_the_hubs_loopback_services_are_relayed() -> None:
+    urls = (
+        "http://127.0.0.1:8081/hub/api",
+        "http://localhost:8002/services/compose/",
+        "https://hub.example.edu/hub/api",  # reached as the host reaches it
+        "http://[::1]:8081/hub/api",
+        "http://127.0.0.1:8081/hub/api/users/ada/activity",
+        "",
+        "not a url",
+    )
+    assert loopback_addresses(urls) == (("127.0.0.1", 8002), ("127.0.0.1", 8081), ("::1", 8081))
+
+
+def test_the_relay_runs_first_and_then_the_notebooks_command() -> None:
+    command = inside_command(Path("/run/relay"), [("127.0.0.1", 8081)], ["jupyterhub-singleuser"])
+    assert command[:3] == ["python", "-I", "-c"]
+    assert "def carry(" in command[3]
+    assert command[4:] == [
+        "127.0.0.1:8081=/run/relay/127.0.0.1-8081.sock",
+        "--",
+        "jupyterhub-singleuser",
+    ]

@@ -1,0 +1,125 @@
+"""The hub's services, and only they, carried into notebooks' containers.
+
+A notebook in a container of its own has a network without the host's loopback (its
+neighbours' ports, the database, the proxy's API are there), and still needs the hub's
+API and the GPU portal at the loopback addresses its environment names. The hub serves
+each such address as a Unix socket in one folder (:class:`HubRelays`); the folder is
+bind-mounted read-only into every container, where :mod:`.relay_inside` listens on
+the same addresses and carries each connection through the socket. Addresses that are
+not on loopback need no relay: the container reaches them as the host does.
+
+The sockets let any account on the host reach these services, as their loopback ports
+already do; the services check each request's token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+INSIDE = Path(__file__).with_name("relay_inside.py")
+CONNECT_TIMEOUT = 10.0  # seconds to reach a hub service for one relayed connection
+CHUNK = 65536
+log = logging.getLogger(__name__)
+
+
+def loopback_addresses(urls: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """The loopback (host, port) pairs of ``urls`` (``localhost`` as 127.0.0.1), each
+    once, sorted; URLs elsewhere or without a port their scheme does not give, none."""
+    found = set()
+    for url in urls:
+        parts = urlsplit(url)
+        host = "127.0.0.1" if parts.hostname == "localhost" else parts.hostname
+        try:
+            port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+            loopback = host is not None and ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            continue
+        if loopback and port and host is not None:
+            found.add((host, port))
+    return tuple(sorted(found))
+
+
+def socket_path(folder: Path, host: str, port: int) -> Path:
+    """The socket that carries ``host:port`` (an IPv6 host without its colons)."""
+    return folder / f"{host.replace(':', '_')}-{port}.sock"
+
+
+def inside_command(
+    folder: Path, addresses: Iterable[tuple[str, int]], command: Iterable[str]
+) -> list[str]:
+    """The container's command: :mod:`.relay_inside` by the image's Python, then the
+    notebook's ``command``."""
+    relayed = [f"{host}:{port}={socket_path(folder, host, port)}" for host, port in addresses]
+    return ["python", "-I", "-c", INSIDE.read_text(), *relayed, "--", *command]
+
+
+class HubRelays:
+    """The hub's Unix sockets, one per relayed address, served on its event loop."""
+
+    # Served sockets, by path: one server for every launcher of this hub.
+    _servers: ClassVar[dict[Path, asyncio.AbstractServer]] = {}
+
+    @classmethod
+    async def serve(cls, folder: Path, addresses: Iterable[tuple[str, int]]) -> None:
+        """Serve each of ``addresses`` at its socket in ``folder``, where not yet served."""
+        for host, port in addresses:
+            path = socket_path(folder, host, port)
+            served = cls._servers.get(path)
+            if served is not None and served.is_serving():
+                continue
+            await asyncio.to_thread(_fresh, path)
+            server = await asyncio.start_unix_server(
+                functools.partial(cls._carry, host=host, port=port), path=str(path)
+            )
+            os.chmod(path, 0o666)  # the notebooks' accounts connect; the service checks
+            cls._servers[path] = server
+            log.info("serving %s:%d to notebooks' containers at %s", host, port, path)
+
+    @staticmethod
+    async def _carry(
+        client_reader: asyncio.StreamReader,
+        client_writer: asyncio.StreamWriter,
+        host: str,
+        port: int,
+    ) -> None:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:
+            log.warning("cannot relay a notebook's connection to %s:%d: %s", host, port, e)
+            client_writer.close()
+            return
+        await asyncio.gather(
+            _pump(client_reader, writer), _pump(reader, client_writer), return_exceptions=True
+        )
+        for end in (writer, client_writer):
+            end.close()
+
+
+def _fresh(path: Path) -> None:
+    """The socket's folder made, and an earlier hub's socket there removed."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Copy ``source`` to ``sink`` until it ends, then end ``sink``'s writing."""
+    try:
+        while data := await source.read(CHUNK):
+            sink.write(data)
+            await sink.drain()
+        if sink.can_write_eof():
+            sink.write_eof()
+    except OSError:
+        sink.close()

@@ -1,0 +1,110 @@
+"""The demo hub with notebooks in containers (``compose-podman``): spawned from the form's
+API, JupyterLab and its kernels run from the stack's image by digest, the run manifest
+names that digest, and the stop leaves no container.
+
+The images are ``make images``' (the CPU variants), pulled from the registry on
+loopback by digest. Runs rootful podman, under ``flock /tmp/heavy.lock``.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
+from harness import images
+from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
+from tests.support.kernel import run_in_kernel
+
+pytestmark = [pytest.mark.e2e, pytest.mark.containers, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, images.BuiltImage]:
+    found = images.built()
+    assert {"pytorch-cpu", "tensorflow-cpu"} <= set(found), "run make images"
+    return found
+
+
+@pytest.fixture(scope="module")
+def hub(
+    tmp_path_factory: pytest.TempPathFactory, built: dict[str, images.BuiltImage]
+) -> Iterator[Hub]:
+    stack_images = {stack: built[f"{stack}-cpu"].by_digest for stack in images.STACKS}
+    config = (
+        'c.JupyterHub.spawner_class = "compose-podman"\n'
+        f"c.PodmanLauncher.stack_images = {stack_images!r}\n"
+        'c.PodmanLauncher.stack_variant = "cpu"\n'
+    )
+    podman = {k: v for k, v in images.podman_env().items() if k.startswith("CONTAINERS")}
+    with (
+        images.registry(),
+        running_hub(tmp_path_factory.mktemp("containers"), config, **podman) as hub,
+    ):
+        yield hub
+
+
+def containers() -> list[str]:
+    done = subprocess.run(
+        [
+            "podman",
+            "ps",
+            "--all",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            "label=io.composespawner.notebook",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=images.podman_env(),
+    )
+    return done.stdout.split()
+
+
+INSIDE = """
+import json, os, sys, torch
+manifest = json.load(open(os.environ["COMPOSE_RUN_MANIFEST"]))
+print(json.dumps({
+    "prefix": sys.prefix,
+    "uid": os.getuid(),
+    "pid1": open("/proc/1/cmdline").read().split("\\0")[0],
+    "image": os.environ["COMPOSE_STACK_IMAGE"],
+    "manifest_image": manifest["stack"]["image"] + "@" + manifest["stack"]["image_digest"],
+    "torch": torch.__version__,
+}))
+"""
+
+
+def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
+    hub: Hub, built: dict[str, images.BuiltImage]
+) -> None:
+    image = built["pytorch-cpu"].by_digest
+    response = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"})
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready("student1", timeout=180)
+    assert len(containers()) == 1
+    token = process_env(notebook_pid(hub, "student1"))["JUPYTERHUB_API_TOKEN"]
+    lab = requests.get(
+        f"{hub.url}/user/student1/lab", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200
+    assert "JupyterLab" in lab.text
+    done = run_in_kernel(f"{hub.url}/user/student1/", token, INSIDE, timeout=180)
+    assert done.error is None, done.error
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["prefix"] == "/opt/stack/venv"  # the image's, not the host's
+    assert seen["uid"] == pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT).pw_uid
+    assert seen["pid1"] == "/run/podman-init"  # its own pid namespace, podman's init first
+    assert seen["image"] == seen["manifest_image"] == image
+    assert seen["torch"].startswith("2.")
+    hub.stop("student1")
+    hub.wait_gone("student1")
+    assert wait_for(lambda: containers() == [] or None, 60, "the container to be removed")
