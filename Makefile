@@ -10,7 +10,7 @@ CHP := node_modules/.bin/configurable-http-proxy
 CHROMIUM ?= /usr/bin/chromium
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck pytest bench install install-test notebook-account locks stacks labextension kube-apiserver images clean
+.PHONY: demo demo-images test lint typecheck pytest bench install install-test notebook-account locks stacks labextension kube-apiserver images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +73,16 @@ $(OIDC_PROVIDER): tests/support/oidc_provider/package.json tests/support/oidc_pr
 
 install-test: $(VENV)/.installed-test $(CHP) $(CHROMIUM) $(DEBOOTSTRAP) $(SSHD) $(OIDC_PROVIDER) notebook-account
 
-demo: install notebook-account labextension
+demo: install notebook-account labextension demo-images
 	$(BIN)/composespawner demo
+
+# Where it can (as root: podman and debootstrap come from Debian), the demo's notebooks
+# run in containers of their own from the stacks' images, built here the first time
+# (minutes) and cached after. Elsewhere, or where the build fails, they run as local
+# processes, and `composespawner demo` says why.
+demo-images:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images || \
+	  echo "make demo: the stacks' images could not be built (above): notebooks run as processes"; fi
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from harness.paths import ROOT
@@ -397,7 +397,11 @@ def built() -> dict[str, BuiltImage]:
         found = json.loads(BUILT.read_text())
     except (OSError, ValueError):
         return {}
-    return {name: BuiltImage(**image) for name, image in found.items()}
+    known = {field.name for field in fields(BuiltImage)}
+    return {
+        name: BuiltImage(**{k: v for k, v in image.items() if k in known})
+        for name, image in found.items()
+    }
 
 
 def build(stacks: Sequence[str] = STACKS, variant: str = "cpu") -> dict[str, BuiltImage]:
@@ -419,8 +423,18 @@ def build(stacks: Sequence[str] = STACKS, variant: str = "cpu") -> dict[str, Bui
                 image = BuiltImage(stack, variant, tag, digest, inputs, tree_sha256(tag))
                 images[f"{stack}-{variant}"] = image
                 say(f"{stack}-{variant}: {image.by_digest} (tree {image.tree_sha256[:16]}…)")
-        BUILT.write_text(json.dumps({n: asdict(i) for n, i in images.items()}, indent=2) + "\n")
-    return {f"{stack}-{variant}": images[f"{stack}-{variant}"] for stack in stacks}
+    # With each image's name by digest: what a hub's launcher is told to run.
+    record = {n: {**asdict(i), "image": i.by_digest} for n, i in images.items()}
+    BUILT.write_text(json.dumps(record, indent=2) + "\n")
+    result = {f"{stack}-{variant}": images[f"{stack}-{variant}"] for stack in stacks}
+    # Pulled by digest once here, as a host's first notebook on it would: kept, so that
+    # the demo's notebooks start without the registry running.
+    unpulled = [image for image in result.values() if not image_exists(image.by_digest)]
+    if unpulled:
+        with registry():
+            for image in unpulled:
+                podman("pull", "--quiet", image.by_digest)
+    return result
 
 
 def build_again(stack: str, variant: str = "cpu") -> dict[str, object]:

@@ -25,6 +25,10 @@
 #   COMPOSE_RECONCILE_GRACE seconds the reconciler leaves a fresh machine alone (60)
 #   COMPOSE_RECLAIM         0: no reclaimer (idle GPUs stay with their servers)   (1)
 #   COMPOSE_EXTRA_CONFIG    a further config file loaded last (local overrides)
+#   COMPOSE_RUNTIME         containers: notebooks in podman containers from the stacks'
+#                           images (COMPOSE_STACK_IMAGES: {stack: image by digest});
+#                           `composespawner demo` chooses (processes otherwise)
+import json
 import os
 import sys
 from pathlib import Path
@@ -112,6 +116,10 @@ c.ComposeSpawner.home_dir_template = str(HOMES / "{username}")
 # The same for notebooks in containers of their own ("compose-podman").
 c.ComposePodmanSpawner.shared_account = c.ComposeSpawner.shared_account
 c.ComposePodmanSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
+if os.environ.get("COMPOSE_RUNTIME") == "containers":  # composespawner demo chose them
+    c.JupyterHub.spawner_class = "compose-podman"
+    c.PodmanLauncher.stack_images = json.loads(os.environ["COMPOSE_STACK_IMAGES"])
+    c.PodmanLauncher.stack_variant = "cpu"  # the demo's hosts have no GPUs to open
 c.Spawner.cmd = os.environ.get("COMPOSE_NOTEBOOK_CMD", str(BIN / "jupyterhub-singleuser")).split()
 c.Spawner.default_url = "/lab"
 c.Spawner.poll_interval = int(os.environ.get("COMPOSE_POLL_INTERVAL", "30"))

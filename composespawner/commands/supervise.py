@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from composespawner.commands.demo_runtime import Runtime, RuntimeRefused, demo_runtime
 from composespawner.commands.embedded import (
     CONFIG_FILE,
     DEMO_FABRIC_PASSWORD,
@@ -99,10 +100,18 @@ class DemoPlan:
     simulator: list[str]
     hub: list[str]
     env: dict[str, str]
+    said: str = ""  # where the notebooks run, and why
 
 
-def demo_plan(environ: Mapping[str, str], bin_dir: Path, hub_args: Sequence[str]) -> DemoPlan:
-    """The demo's processes and environment (the config reads the same variables)."""
+def demo_plan(
+    environ: Mapping[str, str],
+    bin_dir: Path,
+    hub_args: Sequence[str],
+    runtime: Runtime | None = None,
+) -> DemoPlan:
+    """The demo's processes and environment (the config reads the same variables), its
+    notebooks in ``runtime`` (None: local processes)."""
+    runtime = runtime or Runtime("processes", "notebooks run as local processes")
     state = Path(environ.get("COMPOSE_STATE_DIR", ".demo")).resolve()
     homes = Path(environ.get("COMPOSE_HOMES_DIR", ".demo-homes")).resolve()
     port = int(environ.get("COMPOSE_FABRIC_PORT", "8010"))
@@ -113,6 +122,8 @@ def demo_plan(environ: Mapping[str, str], bin_dir: Path, hub_args: Sequence[str]
         "COMPOSE_STATE_DIR": str(state),
         "COMPOSE_HOMES_DIR": str(homes),
         "COMPOSE_FABRIC_EXTERNAL": "1",  # the config starts no simulator of its own
+        **runtime.env,
+        "COMPOSE_RUNTIME": runtime.name,
     }
     simulator = simulator_command(
         bin_dir / "composespawner",
@@ -121,7 +132,9 @@ def demo_plan(environ: Mapping[str, str], bin_dir: Path, hub_args: Sequence[str]
         extra=environ.get("COMPOSE_FABRIC_ARGS", "").split(),
     )
     hub = [str(bin_dir / "jupyterhub"), "-f", str(config_dir() / CONFIG_FILE), *hub_args]
-    return DemoPlan(state=state, fabric_port=port, simulator=simulator, hub=hub, env=env)
+    return DemoPlan(
+        state=state, fabric_port=port, simulator=simulator, hub=hub, env=env, said=runtime.said
+    )
 
 
 def run_demo(plan: DemoPlan) -> int:
@@ -132,6 +145,8 @@ def run_demo(plan: DemoPlan) -> int:
         homes.mkdir(parents=True, exist_ok=True)
         prepare_notebook_account(Path(plan.hub[0]).parent, homes)
     check_port_free(plan.fabric_port)
+    if plan.said:
+        print(f"composespawner demo: {plan.said}", file=sys.stderr, flush=True)
     with _SignalsToHub() as signals:
         simulator = _start(plan.simulator, plan)
         try:
@@ -261,8 +276,8 @@ def demo_main(hub_args: Sequence[str]) -> int:
         print("jupyterhub is not installed next to this Python; run `make demo`.", file=sys.stderr)
         return 1
     try:
-        return run_demo(demo_plan(os.environ, bin_dir, hub_args))
-    except DemoError as e:
+        return run_demo(demo_plan(os.environ, bin_dir, hub_args, demo_runtime(os.environ)))
+    except (DemoError, RuntimeRefused) as e:
         print(f"composespawner demo: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
