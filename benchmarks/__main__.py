@@ -8,6 +8,7 @@ from benchmarks.interrupt import interrupt_on_sigterm
 
 BENCHMARKS = [
     "spawn_to_lab",
+    "container_spawn",
     "placement_speed",
     "trace_replay",
     "spawn_storm",

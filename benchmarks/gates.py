@@ -23,6 +23,15 @@ GATES: dict[str, list[tuple[str, float]]] = {
         ("leaked_devices", 0),
         ("hosts_over_capacity", 0),
     ],
+    # Notebooks in containers: no slower than the stock spawner by more than composing's
+    # own work, and no slower than stock DockerSpawner running the same image.
+    "container_spawn": [
+        ("to_lab_vs_stock_ratio", 1.2),
+        ("to_lab_vs_dockerspawner_ratio", 1.0),
+        ("storm_p95_vs_stock_ratio", 1.2),
+        ("storm_p95_vs_dockerspawner_ratio", 1.0),
+        ("failures", 0),
+    ],
     "course_storm": [
         ("p95_ratio", 1.2),
         ("failures", 0),

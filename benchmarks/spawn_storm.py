@@ -108,9 +108,11 @@ def run_side(
     options: Callable[[int], dict[str, Any]] | None = None,
     name_as: str = "spawn_storm",
     ssh: bool = False,
+    spawner: tuple[str, str] | None = None,
 ) -> Side:
     """One storm on a fresh hub; with ``cluster``, notebooks are pods on it; with ``ssh``,
-    processes on the simulated hosts, each a real sshd with the host agent (compose-ssh).
+    processes on the simulated hosts, each a real sshd with the host agent (compose-ssh);
+    with ``spawner`` (its name and hub config), whatever that config runs (containers).
     ``options``: user number → what that user asks for (default: one T4)."""
     names = [f"storm{i:04d}" for i in range(users)]
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as hosts_up:
@@ -140,6 +142,9 @@ def run_side(
             )
             env["KUBECONFIG"] = str(cluster.kubeconfig)
             name = "KubeSpawner" if stock else "ComposeKubeSpawner"
+        elif spawner is not None:
+            name, spawner_config = spawner
+            config += spawner_config
         else:
             config += STOCK_SPAWNER_CONFIG if stock else ""
             name = "SimpleLocalProcessSpawner" if stock else "ComposeSpawner"

@@ -371,6 +371,43 @@ def registry() -> Iterator[str]:
         process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def podman_socket() -> Iterator[str]:
+    """Podman's Docker-compatible API on a Unix socket of its own (``podman system
+    service``), with this project's config; its ``unix://`` URL, for Docker's clients."""
+    path = Path("/run/composespawner-podman.sock")
+    path.unlink(missing_ok=True)
+    process = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{path}"],
+        env=podman_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _socket_answers(path):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"podman system service did not listen on {path}")
+            time.sleep(0.05)  # polling the socket: the condition itself
+        yield f"unix://{path}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        path.unlink(missing_ok=True)
+
+
+def _socket_answers(path: Path) -> bool:
+    with (
+        contextlib.suppress(OSError),
+        socket.socket(socket.AF_UNIX) as probe,
+    ):
+        probe.settimeout(1)
+        probe.connect(str(path))
+        return True
+    return False
+
+
 def _answers(address: str) -> bool:
     host, port = address.split(":")
     with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
