@@ -85,6 +85,8 @@ c.DockerSpawner.image = {image!r}
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.network_name = "host"
 c.DockerSpawner.ip = "127.0.0.1"  # on the host's network: its loopback, as every server here
+c.DockerSpawner.use_internal_ip = True  # no port to publish on the host's own network
+c.DockerSpawner.cmd = ["jupyterhub-singleuser"]  # the image's (the demo's is a host path)
 c.DockerSpawner.remove = True
 c.DockerSpawner.client_kwargs = {{"base_url": {socket_url!r}}}
 """
@@ -92,7 +94,8 @@ c.DockerSpawner.client_kwargs = {{"base_url": {socket_url!r}}}
 
 def standin_in_image() -> str:
     """The stand-in notebook, run by the image's Python (its file is not in the image)."""
-    return f"c.Spawner.cmd = ['python', '-I', '-c', {STANDIN.read_text()!r}]\n"
+    command = ["python", "-I", "-c", STANDIN.read_text()]
+    return f"c.Spawner.cmd = {command!r}\nc.DockerSpawner.cmd = {command!r}\n"
 
 
 def to_lab(image: str, socket_url: str) -> dict[str, Any]:
