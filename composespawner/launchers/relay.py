@@ -59,30 +59,42 @@ def inside_command(
     """The container's command: :mod:`.relay_inside` by the image's Python, then the
     notebook's ``command``."""
     relayed = [f"{host}:{port}={socket_path(folder, host, port)}" for host, port in addresses]
-    return ["python", "-I", "-c", INSIDE.read_text(), *relayed, "--", *command]
+    return ["python", "-I", "-c", inside_source(), *relayed, "--", *command]
+
+
+@functools.cache
+def inside_source() -> str:
+    """:mod:`.relay_inside`'s source, read once."""
+    return INSIDE.read_text()
 
 
 class HubRelays:
     """The hub's Unix sockets, one per relayed address, served on its event loop."""
 
-    # Served sockets, by path: one server for every launcher of this hub.
-    _servers: ClassVar[dict[Path, asyncio.AbstractServer]] = {}
+    # Each socket's server, by path, made once however many starts ask at a time: one
+    # server for every launcher of this hub.
+    _serving: ClassVar[dict[Path, asyncio.Future[asyncio.AbstractServer]]] = {}
 
     @classmethod
     async def serve(cls, folder: Path, addresses: Iterable[tuple[str, int]]) -> None:
         """Serve each of ``addresses`` at its socket in ``folder``, where not yet served."""
         for host, port in addresses:
             path = socket_path(folder, host, port)
-            served = cls._servers.get(path)
-            if served is not None and served.is_serving():
-                continue
-            await asyncio.to_thread(_fresh, path)
-            server = await asyncio.start_unix_server(
-                functools.partial(cls._carry, host=host, port=port), path=str(path)
-            )
-            os.chmod(path, 0o666)  # the notebooks' accounts connect; the service checks
-            cls._servers[path] = server
-            log.info("serving %s:%d to notebooks' containers at %s", host, port, path)
+            serving = cls._serving.get(path)
+            if serving is None or not _still_serving(serving):
+                serving = asyncio.ensure_future(cls._start(path, host, port))
+                cls._serving[path] = serving
+            await asyncio.shield(serving)
+
+    @classmethod
+    async def _start(cls, path: Path, host: str, port: int) -> asyncio.AbstractServer:
+        await asyncio.to_thread(_fresh, path)
+        server = await asyncio.start_unix_server(
+            functools.partial(cls._carry, host=host, port=port), path=str(path)
+        )
+        os.chmod(path, 0o666)  # the notebooks' accounts connect; the service checks
+        log.info("serving %s:%d to notebooks' containers at %s", host, port, path)
+        return server
 
     @staticmethod
     async def _carry(
@@ -104,6 +116,15 @@ class HubRelays:
         )
         for end in (writer, client_writer):
             end.close()
+
+
+def _still_serving(serving: asyncio.Future[asyncio.AbstractServer]) -> bool:
+    """Whether ``serving`` is under way or serves, on this loop (a test's loop ends)."""
+    if serving.get_loop() is not asyncio.get_running_loop():
+        return False
+    if not serving.done():
+        return True
+    return serving.exception() is None and serving.result().is_serving()
 
 
 def _fresh(path: Path) -> None:

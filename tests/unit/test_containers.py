@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from composespawner.launchers.containers import (
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import device_nodes
-from composespawner.launchers.relay import inside_command, loopback_addresses
+from composespawner.launchers.relay import HubRelays, inside_command, loopback_addresses
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -161,3 +163,33 @@ def test_the_relay_runs_first_and_then_the_notebooks_command() -> None:
         "--",
         "jupyterhub-singleuser",
     ]
+
+
+async def test_starts_at_once_share_one_relay_socket_that_carries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A class starting at once asks for the hub's socket 40 times: one is made, and a
+    connection through it reaches the service behind it."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hub:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    caplog.set_level(logging.INFO, logger="composespawner.launchers.relay")
+    service = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = service.sockets[0].getsockname()[1]
+    try:
+        await asyncio.gather(*(HubRelays.serve(tmp_path, [("127.0.0.1", port)]) for _ in range(40)))
+        (made,) = await asyncio.to_thread(lambda: list(tmp_path.iterdir()))
+        assert sum(r.getMessage().startswith("serving") for r in caplog.records) == 1
+        reader, writer = await asyncio.open_unix_connection(str(made))
+        writer.write(b"ping\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b"hub:ping\n"
+        writer.close()
+    finally:
+        service.close()
+        for serving in HubRelays._serving.values():
+            if serving.done() and serving.get_loop() is asyncio.get_running_loop():
+                serving.result().close()
