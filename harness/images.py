@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -134,6 +134,16 @@ def podman(*args: str, timeout: float = STEP_TIMEOUT, quiet: bool = True) -> str
 
 def image_id(tag: str) -> str:
     return podman("image", "inspect", "--format", "{{.Id}}", tag).strip()
+
+
+def notebook_containers() -> list[str]:
+    """The names of the notebook containers podman has, running or not."""
+    listed = podman(
+        *("ps", "--all", "--format", "{{.Names}}"),
+        *("--filter", "label=io.composespawner.notebook"),
+        timeout=60,
+    )
+    return listed.split()
 
 
 def image_exists(tag: str) -> bool:
@@ -360,11 +370,7 @@ def registry() -> Iterator[str]:
         stdin=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _answers(REGISTRY):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"docker-registry did not listen on {REGISTRY}")
-            time.sleep(0.05)  # polling the port: the condition itself
+        _wait_listening(process, lambda: _answers(REGISTRY), f"docker-registry on {REGISTRY}")
         yield REGISTRY
     finally:
         process.terminate()
@@ -385,16 +391,22 @@ def podman_socket() -> Iterator[str]:
         stdin=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not _socket_answers(path):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"podman system service did not listen on {path}")
-            time.sleep(0.05)  # polling the socket: the condition itself
+        _wait_listening(process, lambda: _socket_answers(path), f"podman's service on {path}")
         yield f"unix://{path}"
     finally:
         process.terminate()
         process.wait(timeout=30)
         path.unlink(missing_ok=True)
+
+
+def _wait_listening(
+    process: subprocess.Popen[bytes], listening: Callable[[], bool], what: str
+) -> None:
+    deadline = time.monotonic() + 30
+    while not listening():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen")
+        time.sleep(0.05)  # polling the address: the condition itself
 
 
 def _socket_answers(path: Path) -> bool:

@@ -79,7 +79,7 @@ class ContainerSpec:
     network: str = ISOLATED_NETWORK
     host_ip: str = "127.0.0.1"  # where the port is published
     labels: tuple[tuple[str, str], ...] = field(default=())
-    read_only: tuple[str, ...] = ()  # host folders mounted read-only at the same path
+    read_only_mounts: tuple[str, ...] = ()  # host folders mounted read-only at the same path
 
 
 def container_name(user: str, server: str, token: str) -> str:
@@ -127,7 +127,7 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
         *("--stop-timeout", str(STOP_SECONDS), "--stop-signal", "SIGTERM"),
         *("--network", spec.network, "--publish", f"{spec.host_ip}:{spec.port}:{spec.port}"),
         *("--volume", f"{spec.home}:{spec.home}:rw", "--workdir", spec.home),
-        *(arg for folder in spec.read_only for arg in ("--volume", f"{folder}:{folder}:ro")),
+        *(arg for folder in spec.read_only_mounts for arg in ("--volume", f"{folder}:{folder}:ro")),
         *("--label", f"{LABEL}={spec.name}"),
     ]
     for key, value in spec.labels:

@@ -263,7 +263,7 @@ class PodmanLauncher(LocalLauncher):
             network=self.container_network,
             host_ip=self.ip or "127.0.0.1",
             labels=(("io.composespawner.user", self.user.name),),
-            read_only=(self.relay_dir,) if relayed else (),
+            read_only_mounts=(self.relay_dir,) if relayed else (),
         )
         return [self.podman, *run_arguments(spec)], {**os.environ, **env}
 

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 INSIDE = Path(__file__).with_name("relay_inside.py")
@@ -74,6 +74,8 @@ class HubRelays:
     # Each socket's server, by path, made once however many starts ask at a time: one
     # server for every launcher of this hub.
     _serving: ClassVar[dict[Path, asyncio.Future[asyncio.AbstractServer]]] = {}
+    # The connections being carried, so that a stop ends them too.
+    _carrying: ClassVar[set[asyncio.Task[Any]]] = set()
 
     @classmethod
     async def serve(cls, folder: Path, addresses: Iterable[tuple[str, int]]) -> None:
@@ -85,6 +87,23 @@ class HubRelays:
                 serving = asyncio.ensure_future(cls._start(path, host, port))
                 cls._serving[path] = serving
             await asyncio.shield(serving)
+
+    @classmethod
+    async def stop(cls) -> None:
+        """Stop serving every socket served on this loop (a hub's end, a test's)."""
+        loop = asyncio.get_running_loop()
+        for path, serving in list(cls._serving.items()):
+            if serving.get_loop() is not loop:
+                continue
+            del cls._serving[path]
+            if serving.done() and serving.exception() is None:
+                server = serving.result()
+                server.close()
+                await server.wait_closed()
+        carrying = [task for task in cls._carrying if task.get_loop() is loop]
+        for task in carrying:
+            task.cancel()
+        await asyncio.gather(*carrying, return_exceptions=True)
 
     @classmethod
     async def _start(cls, path: Path, host: str, port: int) -> asyncio.AbstractServer:
@@ -103,19 +122,26 @@ class HubRelays:
         host: str,
         port: int,
     ) -> None:
+        """One notebook's connection, carried to ``host:port`` both ways; ended by a stop
+        (its task is the connection's own: cancelled, it ends quietly)."""
+        task = asyncio.current_task()
+        assert task is not None  # a server's handler runs as a task
+        HubRelays._carrying.add(task)
+        ends = [client_writer]
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port), CONNECT_TIMEOUT
             )
+            ends.append(writer)
+            await asyncio.gather(_pump(client_reader, writer), _pump(reader, client_writer))
         except (OSError, TimeoutError) as e:
             log.warning("cannot relay a notebook's connection to %s:%d: %s", host, port, e)
-            client_writer.close()
-            return
-        await asyncio.gather(
-            _pump(client_reader, writer), _pump(reader, client_writer), return_exceptions=True
-        )
-        for end in (writer, client_writer):
-            end.close()
+        except asyncio.CancelledError:
+            pass  # the hub stops serving
+        finally:
+            HubRelays._carrying.discard(task)
+            for end in ends:
+                end.close()
 
 
 def _still_serving(serving: asyncio.Future[asyncio.AbstractServer]) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pwd
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -49,26 +48,6 @@ def hub(
         yield hub
 
 
-def containers() -> list[str]:
-    done = subprocess.run(
-        [
-            "podman",
-            "ps",
-            "--all",
-            "--format",
-            "{{.Names}}",
-            "--filter",
-            "label=io.composespawner.notebook",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=images.podman_env(),
-    )
-    return done.stdout.split()
-
-
 INSIDE = """
 import json, os, sys, torch
 manifest = json.load(open(os.environ["COMPOSE_RUN_MANIFEST"]))
@@ -90,7 +69,7 @@ def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
     response = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"})
     assert response.status_code in (201, 202), response.text
     hub.wait_ready("student1", timeout=180)
-    assert len(containers()) == 1
+    assert len(images.notebook_containers()) == 1
     token = process_env(notebook_pid(hub, "student1"))["JUPYTERHUB_API_TOKEN"]
     lab = requests.get(
         f"{hub.url}/user/student1/lab", headers={"Authorization": f"token {token}"}, timeout=30
@@ -107,4 +86,6 @@ def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
     assert seen["torch"].startswith("2.")
     hub.stop("student1")
     hub.wait_gone("student1")
-    assert wait_for(lambda: containers() == [] or None, 60, "the container to be removed")
+    assert wait_for(
+        lambda: images.notebook_containers() == [] or None, 60, "the container to be removed"
+    )

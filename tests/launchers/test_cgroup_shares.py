@@ -13,7 +13,6 @@ run under ``flock /tmp/heavy.lock``: it holds a GiB of memory for a moment.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import pwd
 import shutil
@@ -44,6 +43,7 @@ from composespawner.launchers.cgroups import (
 from composespawner.launchers.local import LocalLauncher
 from composespawner.launchers.local_process import process_started
 from composespawner.launchers.ports import notebook_port
+from tests.support.standin_http import answers, get
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,26 +111,6 @@ def notebook(user: User, homes: Path, parent: str, **config: object) -> LocalLau
     spawner.port = port
     spawner.share = SHARE
     return spawner
-
-
-def get(spawner: LocalLauncher, path: str, timeout: float = 30) -> str:
-    connection = http.client.HTTPConnection("127.0.0.1", spawner.port, timeout=timeout)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().read().decode()
-    finally:
-        connection.close()
-
-
-def answers(spawner: LocalLauncher, within: float = 30) -> str:
-    """What ``GET /`` answers, once the notebook listens."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return get(spawner, "/", timeout=5)
-        except ConnectionRefusedError:
-            assert time.monotonic() < deadline, "the notebook never listened"
-            time.sleep(0.05)  # polling the port: the condition itself
 
 
 def cgroups_of(pid: int, hierarchies: tuple[Hierarchy, ...]) -> set[Path]:

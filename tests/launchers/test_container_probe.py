@@ -19,10 +19,8 @@ import pwd
 import shutil
 import socket
 import stat
-import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,8 +34,10 @@ from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.local_container import PodmanLauncher
 from composespawner.launchers.ports import notebook_port
+from composespawner.launchers.relay import HubRelays
 from harness import images
 from harness.paths import HUB_CONFIG
+from tests.support.standin_http import answers, get
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.containers]
 
@@ -62,6 +62,13 @@ def image() -> Iterator[str]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+async def relays() -> AsyncIterator[None]:
+    """The hub's relay sockets each test's launchers served, stopped with its loop."""
+    yield
+    await HubRelays.stop()
 
 
 @pytest.fixture(scope="module")
@@ -123,46 +130,6 @@ async def start(*spawners: PodmanLauncher) -> None:
         assert await asyncio.to_thread(answers, spawner) == "ok"
 
 
-def get(spawner: PodmanLauncher, path: str, timeout: float = 60) -> str:
-    connection = http.client.HTTPConnection("127.0.0.1", spawner.port, timeout=timeout)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().read().decode()
-    finally:
-        connection.close()
-
-
-def answers(spawner: PodmanLauncher, within: float = 60) -> str:
-    """What ``GET /`` answers, once the notebook listens."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return get(spawner, "/", timeout=5)
-        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected):
-            assert spawner.proc.poll() is None, "podman's process ended"
-            assert time.monotonic() < deadline, "the notebook never listened"
-            time.sleep(0.05)  # polling the port: the condition itself
-
-
-def containers() -> list[str]:
-    done = subprocess.run(
-        [
-            "podman",
-            "ps",
-            "--all",
-            "--format",
-            "{{.Names}}",
-            "--filter",
-            "label=io.composespawner.notebook",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout.split()
-
-
 async def test_a_fork_bomb_stops_at_its_limit_and_the_neighbour_and_host_fork(
     users: list[User], homes: Path, image: str, stack: Stack
 ) -> None:
@@ -181,7 +148,7 @@ async def test_a_fork_bomb_stops_at_its_limit_and_the_neighbour_and_host_fork(
         assert await host_forks.wait() == 0
     finally:
         await asyncio.gather(bomber.stop(), neighbour.stop())
-    assert containers() == []
+    assert images.notebook_containers() == []
 
 
 async def test_the_memory_kill_hits_one_notebook_alone(
@@ -199,7 +166,7 @@ async def test_the_memory_kill_hits_one_notebook_alone(
         assert await hungry.poll() == 137
     finally:
         await asyncio.gather(hungry.stop(), neighbour.stop())
-    assert containers() == []
+    assert images.notebook_containers() == []
 
 
 async def test_tmp_and_shared_memory_are_the_notebooks_own_and_go_with_it(
@@ -222,7 +189,7 @@ async def test_tmp_and_shared_memory_are_the_notebooks_own_and_go_with_it(
             await asyncio.gather(first.stop(), second.stop())
         assert shared_memory_on_host(uid) == (0, 0)
         assert not await asyncio.to_thread(lambda: list(Path("/tmp").glob("ada-*")))
-    assert containers() == []
+    assert images.notebook_containers() == []
 
 
 def shared_memory_on_host(uid: int) -> tuple[int, int]:

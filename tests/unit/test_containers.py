@@ -175,6 +175,7 @@ async def test_starts_at_once_share_one_relay_socket_that_carries(
         writer.write(b"hub:" + await reader.readline())
         await writer.drain()
         writer.close()
+        await writer.wait_closed()
 
     caplog.set_level(logging.INFO, logger="composespawner.launchers.relay")
     service = await asyncio.start_server(answer, "127.0.0.1", 0)
@@ -188,8 +189,8 @@ async def test_starts_at_once_share_one_relay_socket_that_carries(
         await writer.drain()
         assert await asyncio.wait_for(reader.read(), 5) == b"hub:ping\n"
         writer.close()
+        await writer.wait_closed()
     finally:
+        await HubRelays.stop()
         service.close()
-        for serving in HubRelays._serving.values():
-            if serving.done() and serving.get_loop() is asyncio.get_running_loop():
-                serving.result().close()
+        await service.wait_closed()
