@@ -98,6 +98,7 @@ class SSHHosts:
     cgroup_parent: str
     notebook_command: tuple[str, ...] = ()
     agent_env: tuple[tuple[str, str], ...] = ()
+    agent_settings: tuple[tuple[str, Any], ...] = ()  # more keys of each agent's config
 
     def hub_config(self, connect_timeout: float = 5) -> str:
         """The lines that make ``running_hub``'s demo hub run notebooks on these hosts."""
@@ -170,13 +171,15 @@ def ssh_hosts(
     users: Sequence[str] = DEMO_USERS,
     notebook_command: Sequence[str] = (),
     agent_env: Mapping[str, str] | None = None,
+    agent_settings: Mapping[str, Any] | None = None,
 ) -> Iterator[SSHHosts]:
     """Start an sshd per host in ``host_ids`` (capacity ``cores``/``memory_gib`` each,
     the demo inventory's); remove at the end the accounts among ``users`` the agents made.
 
     ``notebook_command``: what the agents run for a start without a stack (default:
     this venv's jupyterhub-singleuser). ``agent_env``: variables the forced command sets
-    for the agents (a stand-in NVML's)."""
+    for the agents (a stand-in NVML's). ``agent_settings``: more keys of each agent's
+    config (the containers runtime's); ``relay_dir`` is made each host's own."""
     assert os.geteuid() == 0, "the hosts' sshd and agents run as root, as on a real host"
     existed = {user for user in users if _account(user) is not None}
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -197,6 +200,7 @@ def ssh_hosts(
         cgroup_parent=f"composespawner-test/{token}",
         notebook_command=tuple(notebook_command),
         agent_env=tuple(sorted((agent_env or {}).items())),
+        agent_settings=tuple(sorted((agent_settings or {}).items())),
     )
     try:
         for host in hosts.values():
@@ -234,7 +238,10 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         f"memory_gib = {memory_gib}\n"
         f'log_file = "{host.agent_log}"\n'
         # The fabric's GPUs are simulated: no GPU of theirs is on this machine to find.
-        "gpu_list_command = []\n" + (notebook if hosts.notebook_command else "")
+        "gpu_list_command = []\n"
+        + (notebook if hosts.notebook_command else "")
+        + "".join(f"{key} = {json.dumps(value)}\n" for key, value in hosts.agent_settings)
+        + (f'relay_dir = "{hosts.home_root}-relay/{host.host_id}"\n' if _relayed(hosts) else "")
     )
     public = hosts.client_key.with_suffix(".pub").read_text().strip()
     command = f"{AGENT} --config {host.agent_config}"
@@ -266,6 +273,13 @@ PrintMotd no
 UseDNS no
 LogLevel VERBOSE
 """
+    )
+
+
+def _relayed(hosts: SSHHosts) -> bool:
+    """Whether each agent gets a relay folder of its own (it runs containers)."""
+    return dict(hosts.agent_settings).get("runtime") == "containers" and "relay_dir" not in dict(
+        hosts.agent_settings
     )
 
 
@@ -365,6 +379,7 @@ def _tear_down(hosts: SSHHosts, users: Sequence[str], existed: set[str]) -> None
         subprocess.run(["userdel", "-r", user], capture_output=True, timeout=60, check=False)
     _remove_cgroups(hosts.cgroup_parent)
     shutil.rmtree(hosts.home_root, ignore_errors=True)
+    shutil.rmtree(f"{hosts.home_root}-relay", ignore_errors=True)  # the agents' relay folders
     assert not leftovers, f"processes outlived the test's hosts: {described}"
 
 

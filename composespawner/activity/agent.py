@@ -24,8 +24,9 @@ from traitlets.config import Config
 from composespawner.activity import ActivityUnreadable
 from composespawner.domain.activity import ActivityReading
 from composespawner.launchers.agent_protocol import ReadActivity, parse_activity
-from composespawner.launchers.ssh import UNREACHABLE, SSHSettings
+from composespawner.launchers.ssh import UNREACHABLE
 from composespawner.launchers.ssh_links import AgentFailed, AgentRefused, HostLinks, describe
+from composespawner.launchers.ssh_settings import SSHSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from composespawner.launchers.agent_protocol import ACCOUNT_NAME
 from composespawner.launchers.cgroups import PIDS_PER_GIB, parent_parts
+from composespawner.launchers.containers import ISOLATED_NETWORK
 from composespawner.launchers.gpu_devices import NVIDIA_PROC
 
 DEFAULT_STATE_DIR = "/var/lib/composespawner-host"
@@ -63,8 +64,22 @@ KEYS = frozenset(
         "keep_logs_days",
         "pids_per_gib",
         "nvidia_proc_dir",
+        "runtime",
+        "podman_command",
+        "container_network",
+        "gpu_devices",
+        "device_dir",
+        "relay_dir",
+        "image_pull_timeout",
     }
 )
+# How notebooks run here: "process" (as the account, in cgroups of the agent's, the
+# stack's environment built on the host) or "containers" (podman, the stack's image).
+RUNTIMES = ("process", "containers")
+GPU_DEVICE_WAYS = ("nodes", "cdi")  # see PodmanLauncher.gpu_devices
+DEFAULT_RELAY_DIR = "/run/composespawner-host/relay"
+MAX_RELAY_DIR = 107 - 1 - 12 - 1 - 30  # see _relay_dir
+PULL_TIMEOUT = 1800  # seconds a first pull of a stack's image may take (gigabytes)
 
 
 class ConfigError(ValueError):
@@ -91,6 +106,15 @@ class AgentConfig:
     max_uid: int = DEFAULT_MAX_UID  # the highest uid a notebook runs as
     pids_per_gib: int = PIDS_PER_GIB  # a notebook's processes and threads per GiB of memory
     nvidia_proc_dir: Path = NVIDIA_PROC  # where the driver lists each GPU's device minor
+    runtime: str = RUNTIMES[0]
+    podman_command: tuple[str, ...] = ("/usr/bin/podman",)  # rootful; the host's configuration
+    container_network: str = ISOLATED_NETWORK  # podman's --network for notebooks
+    gpu_devices: str = GPU_DEVICE_WAYS[0]
+    device_dir: Path = Path("/dev")  # the GPUs' device nodes, with gpu_devices = "nodes"
+    # The hub's services on loopback, served to each container as a Unix socket here
+    # (only where the hub's URLs are on this host's loopback: a hub on one machine).
+    relay_dir: Path = Path(DEFAULT_RELAY_DIR)
+    image_pull_timeout: int = PULL_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +163,13 @@ def parse_config(
         keep_logs_days=_number(table, "keep_logs_days", 14, least=0),
         pids_per_gib=_number(table, "pids_per_gib", PIDS_PER_GIB, least=1),
         nvidia_proc_dir=_absolute(table, "nvidia_proc_dir", str(NVIDIA_PROC)),
+        runtime=_one_of(table, "runtime", RUNTIMES),
+        podman_command=_command(table, "podman_command", ("/usr/bin/podman",)),
+        container_network=_text(table, "container_network", ISOLATED_NETWORK),
+        gpu_devices=_one_of(table, "gpu_devices", GPU_DEVICE_WAYS),
+        device_dir=_absolute(table, "device_dir", "/dev"),
+        relay_dir=_relay_dir(table),
+        image_pull_timeout=_number(table, "image_pull_timeout", PULL_TIMEOUT, least=1),
     )
 
 
@@ -192,6 +223,23 @@ def _create_mode(table: Mapping[str, Any], key: str) -> str:
         return CREATE_MODES[0] if value else "never"
     if value not in CREATE_MODES:
         raise ConfigError(f"{key} is one of {', '.join(map(repr, CREATE_MODES))}")
+    return str(value)
+
+
+def _relay_dir(table: Mapping[str, Any]) -> Path:
+    """``relay_dir``, short enough for the sockets in it (a Unix socket's path holds at
+    most 107 bytes: the folder, a notebook's 12, and ``127.x.y.z-port.sock``'s 30)."""
+    path = _absolute(table, "relay_dir", DEFAULT_RELAY_DIR)
+    if len(os.fsencode(path)) > MAX_RELAY_DIR:
+        raise ConfigError(f"relay_dir: {str(path)!r} is longer than {MAX_RELAY_DIR} bytes")
+    return path
+
+
+def _one_of(table: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, the first by default."""
+    value = table.get(key, choices[0])
+    if value not in choices:
+        raise ConfigError(f"{key} is one of {', '.join(map(repr, choices))}")
     return str(value)
 
 

@@ -38,6 +38,7 @@ class Record:
     memory_gib: int
     cgroups: tuple[str, ...]
     gpu_share: int = 1  # n > 1: it holds its one GPU as a 1/n share (records before: 1)
+    container: str = ""  # its podman container's name (the containers runtime), else ""
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -61,6 +62,7 @@ class Record:
                 memory_gib=int(body["memory_gib"]),
                 cgroups=tuple(str(c) for c in body["cgroups"]),
                 gpu_share=int(body.get("gpu_share", 1)),
+                container=str(body.get("container", "")),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a notebook record: {e}") from None
@@ -265,6 +267,23 @@ def service_url(url: str | None, ip: str, port: int) -> str:
         return f"http://{host}:{port}/"
     parts = urlsplit(url)
     return urlunsplit((parts.scheme or "http", f"{host}:{port}", parts.path, parts.query, ""))
+
+
+def runtime_refusal(runtime: str, image: str | None) -> str | None:
+    """Why a start of ``image`` (None: the stack's environment, built here) cannot run on
+    a host whose notebooks run as ``runtime``; None where it can."""
+    if runtime == "containers" and image is None:
+        return (
+            "this host runs notebooks in containers (runtime = containers) and the start"
+            " names no image: set c.SSHLauncher.host_runtime = 'containers' on the hub"
+        )
+    if runtime != "containers" and image is not None:
+        return (
+            f"this host runs notebooks as processes (runtime = {runtime}), not images: set"
+            " c.SSHLauncher.host_runtime = 'process' on the hub, or runtime = 'containers'"
+            " in this host's agent config"
+        )
+    return None
 
 
 def notebook_env(

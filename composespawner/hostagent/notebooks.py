@@ -3,10 +3,12 @@
 A start checks first and does after: the account (never a system one), the
 GPUs (present, and not another notebook's), the share (fits beside the
 running ones), all under the state folder's lock, so nothing is done for a
-refused request. Then it makes the cgroup, starts the process as the account
-and writes the record; a failure after any of that undoes it.
+refused request. Then it starts the notebook as the runtime says, and writes
+the record; a failure after any of that undoes it.
 
-How the process is started: :mod:`.starting`.
+How: :mod:`.starting` (the process runtime: a cgroup made, the process started as the
+account) and :mod:`.containers` (the containers runtime: ``podman run`` of the stack's
+image, pulled first, outside the lock).
 """
 
 from __future__ import annotations
@@ -30,35 +32,25 @@ from composespawner.hostagent.accounts import (
     stack_program_refusal,
 )
 from composespawner.hostagent.config import AgentConfig
-from composespawner.hostagent.decisions import Record, notebook_env, start_refusal
+from composespawner.hostagent.containers import (
+    ContainerStart,
+    pull_once,
+    remove_container,
+    stop_container,
+)
+from composespawner.hostagent.decisions import Record, runtime_refusal, start_refusal
 from composespawner.hostagent.starting import (
+    ProcessStart,
     Say,
     StartFailed,
-    deliver,
     notebook_command,
-    popen_as,
+    remove_cgroups_of,
     resolved_gpus,
     stack_environment,
 )
 from composespawner.hostagent.state import StateDir, alive
 from composespawner.launchers.accounts import AccountError
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, reply
-from composespawner.launchers.cgroups import (
-    REMOVE_TIMEOUT,
-    CgroupError,
-    Hierarchy,
-    Limits,
-    balance_cpu_weight,
-    cgroup_name,
-    find_hierarchies,
-    make_cgroup,
-    new_token,
-    pids_limit,
-    plan_cgroup,
-    remove_cgroups,
-    unconfined,
-)
-from composespawner.launchers.gpu_devices import gpu_device_rules
 from composespawner.launchers.ipc import remove_ipc_of
 from composespawner.launchers.processes import process_started
 
@@ -82,6 +74,9 @@ class Notebooks:
         listen = self.config.listen_address
         if not listen:
             raise StartFailed("no listen_address configured, and SSH_CONNECTION is not set")
+        refusal = runtime_refusal(self.config.runtime, request.image)
+        if refusal:
+            raise Refused(refusal)
         # Compared, held and given to the notebook by the UUIDs the host lists, whatever
         # names the request used.
         request = replace(request, gpus=resolved_gpus(request, self.config))
@@ -93,36 +88,32 @@ class Notebooks:
                     account = create_account(request.user, self.config)
                 except AccountError as e:
                     raise StartFailed(str(e)) from e
+        if request.image is not None:  # the runtime is containers
+            _open_the_way(())  # the agent's Python writes the run manifest as the account
+            pull_once(self.config, request.image, say)
+            starting: ProcessStart | ContainerStart = ContainerStart(self.config, request, account)
+        else:
+            starting = self._process_start(request, account, say)
+        with self.state.locked():
+            self._check_fits(request)  # again: another start may have come meanwhile
+            return self._launch(request, account, starting)
+
+    def _process_start(self, request: StartNotebook, account: Any, say: Say) -> ProcessStart:
+        """The process runtime's start: the stack's environment built (outside the lock)."""
         environment = stack_environment(request, self.config, say)
         command = notebook_command(self.config, environment)
-        try:  # the configured command's way, never one a stack's files name (see open_the_way)
-            open_the_way(self.config.notebook_command)
-        except AccountError as e:
-            raise StartFailed(str(e)) from e
+        _open_the_way(self.config.notebook_command)
         if environment is not None:
             configured = self.config.notebook_command[0]
             refusal = stack_program_refusal(command[0], environment.path, configured)
             if refusal:
                 raise StartFailed(refusal)
-        with self.state.locked():
-            self._check_fits(request)  # again: another start may have come meanwhile
-            return self._launch(request, account, command, environment)
+        return ProcessStart(self.config, request, account, command, environment)
 
     def _share(self, request: StartNotebook) -> Share:
         if request.cores is None or request.memory_gib is None:  # the whole host
             return Share(self.config.cores, self.config.memory_gib)
         return Share(request.cores, request.memory_gib)
-
-    def _limits(self, request: StartNotebook) -> Limits:
-        share = self._share(request)
-        devices = gpu_device_rules(request.gpus, self.config.nvidia_proc_dir)
-        return Limits(share, pids_limit(share, self.config.pids_per_gib), devices)
-
-    def _hierarchies(self) -> tuple[Hierarchy, ...]:
-        found = find_hierarchies()
-        for missing in unconfined(found):
-            log.warning("notebooks here are not held to %s", missing)
-        return found
 
     def _check_fits(self, request: StartNotebook) -> None:
         share = self._share(request)
@@ -138,9 +129,9 @@ class Notebooks:
             raise Refused(refusal)
 
     def _launch(
-        self, request: StartNotebook, account: Any, command: list[str], environment: Any
+        self, request: StartNotebook, account: Any, starting: ProcessStart | ContainerStart
     ) -> dict[str, Any]:
-        """Under the lock: port, cgroup, run manifest, process, record; undone on failure."""
+        """Under the lock: port, the notebook's process, record; undone on failure."""
         from composespawner.launchers.ports import NoFreePort, notebook_port
 
         listen = self.config.listen_address
@@ -149,34 +140,15 @@ class Notebooks:
         except NoFreePort as e:
             raise StartFailed(str(e)) from e
         share = self._share(request)
-        name = cgroup_name(request.user, request.server, new_token())
-        try:
-            plan = plan_cgroup(
-                self._hierarchies(), self.config.cgroup_parent, name, self._limits(request)
-            )
-            make_cgroup(plan)
-        except CgroupError as e:
-            raise StartFailed(f"cannot hold the notebook to its share: {e}") from e
         process: subprocess.Popen[bytes] | None = None
         try:
-            self._balance(plan.cgroups)
-            extra = deliver(request, account, environment)
-            bin_dir = str(environment.bin) if environment else str(Path(command[0]).parent)
-            env = notebook_env(
-                request.env,
-                (account.pw_name, account.pw_dir, account.pw_shell),
-                request.gpus,
-                (listen, port),
-                bin_dir,
-                extra,
-            )
             output = self.state.log_path(request.machine)
-            process = popen_as(account, [*command, *request.args], env, plan.procs, output)
+            process = starting.popen(port, share, output)
             started = process_started(process.pid)
             if started is None:
                 raise StartFailed(
                     f"the notebook exited at once (status {process.wait()}); its output is in"
-                    f" {self.state.log_path(request.machine)} on the host"
+                    f" {output} on the host"
                 )
             record = Record(
                 machine=request.machine,
@@ -189,8 +161,9 @@ class Notebooks:
                 gpus=request.gpus,
                 cores=share.cores,
                 memory_gib=share.memory_gib,
-                cgroups=tuple(str(c) for c in plan.cgroups),
+                cgroups=tuple(str(c) for c in starting.cgroups),
                 gpu_share=request.gpu_share,
+                container=starting.container,
             )
             self.state.write(record)
         except BaseException as e:
@@ -198,12 +171,12 @@ class Notebooks:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-            self._remove_cgroups(plan.cgroups)
+            starting.undo()
             if isinstance(e, StartFailed | Refused):
                 raise
             raise StartFailed(f"the notebook could not be started: {e}") from e
         log.info(
-            "started %s's notebook for machine %s: pid %d on %s:%d, %d cores, %d GiB, GPUs %s",
+            "started %s's notebook for machine %s: pid %d on %s:%d, %d cores, %d GiB, GPUs %s%s",
             account.pw_name,
             request.machine,
             process.pid,
@@ -212,6 +185,7 @@ class Notebooks:
             share.cores,
             share.memory_gib,
             ",".join(request.gpus) or "none",
+            f", in container {starting.container} of {request.image}" if starting.container else "",
         )
         return {"ip": listen, "port": port, "pid": process.pid}
 
@@ -223,6 +197,8 @@ class Notebooks:
             record = self.state.read(machine)
         if record is None:
             return {"status": None}
+        if alive(record) and record.container:
+            stop_container(self.config, record.container, STOP_GRACE)
         if alive(record):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(record.pid, signal.SIGTERM)  # its session's group (start_new_session)
@@ -273,9 +249,12 @@ class Notebooks:
                 return
 
     def end(self, record: Record, locked: bool = False) -> None:
-        """Remove a notebook's cgroups (ending what is left in them), then its record
-        (under the lock, which ``locked`` says is held: a start may be writing a new one)."""
-        self._remove_cgroups(tuple(Path(c) for c in record.cgroups))
+        """Remove a notebook's cgroups (ending what is left in them) or its container, then
+        its record (under the lock, which ``locked`` says is held: a start may be writing
+        a new one)."""
+        if record.container:
+            remove_container(self.config, record.container, record.machine)
+        remove_cgroups_of(tuple(Path(c) for c in record.cgroups))
         if locked:
             self._forget(record)
         else:
@@ -294,15 +273,11 @@ class Notebooks:
         if removed:
             log.info("removed %d shared-memory objects %s left", removed, record.user)
 
-    def _remove_cgroups(self, cgroups: tuple[Path, ...]) -> None:
-        try:
-            remove_cgroups(cgroups, REMOVE_TIMEOUT)
-        except CgroupError as e:
-            log.error("%s; remove it (rmdir) once its processes have ended", e)
-        self._balance(cgroups)
 
-    def _balance(self, cgroups: tuple[Path, ...]) -> None:
-        try:
-            balance_cpu_weight({cgroup.parent for cgroup in cgroups})
-        except CgroupError as e:
-            log.warning("%s; notebooks share CPU as one process", e)
+def _open_the_way(configured: tuple[str, ...]) -> None:
+    """The way to the configured command and the agent's Python open to the accounts,
+    never one a stack's files name (see open_the_way)."""
+    try:
+        open_the_way(configured)
+    except AccountError as e:
+        raise StartFailed(str(e)) from e

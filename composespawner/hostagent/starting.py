@@ -20,13 +20,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from composespawner.domain.hardware import Share
 from composespawner.hostagent import logsink
 from composespawner.hostagent.accounts import becoming
 from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
-from composespawner.hostagent.decisions import parse_gpu_list, resolve_gpus
+from composespawner.hostagent.decisions import notebook_env, parse_gpu_list, resolve_gpus
 from composespawner.launchers import notebook_files
 from composespawner.launchers.agent_protocol import StartNotebook, reply
-from composespawner.launchers.cgroups import join_then
+from composespawner.launchers.cgroups import (
+    REMOVE_TIMEOUT,
+    CgroupError,
+    Limits,
+    balance_cpu_weight,
+    cgroup_name,
+    find_hierarchies,
+    join_then,
+    make_cgroup,
+    new_token,
+    pids_limit,
+    plan_cgroup,
+    remove_cgroups,
+    unconfined,
+)
+from composespawner.launchers.gpu_devices import gpu_device_rules
 
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
 MANIFEST_TIMEOUT = 30.0  # seconds to write the run manifest: a home on NFS may be slow
@@ -40,6 +56,74 @@ Say = Callable[[bytes], None]
 
 class StartFailed(Exception):
     """The start failed on the host (what was begun is undone); the message says why."""
+
+
+class ProcessStart:
+    """One notebook's process being started as its account, in cgroups of the agent's
+    (made first, so that a failure anywhere removes them: :meth:`undo`)."""
+
+    container = ""  # none: the process runtime
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        request: StartNotebook,
+        account: pwd.struct_passwd,
+        command: list[str],
+        environment: Any,
+    ) -> None:
+        self.config, self.request, self.account = config, request, account
+        self.command, self.environment = command, environment
+        self.cgroups: tuple[Path, ...] = ()
+
+    def popen(self, port: int, share: Share, log_path: Path) -> subprocess.Popen[bytes]:
+        request, account = self.request, self.account
+        found = find_hierarchies()
+        for missing in unconfined(found):
+            log.warning("notebooks here are not held to %s", missing)
+        devices = gpu_device_rules(request.gpus, self.config.nvidia_proc_dir)
+        limits = Limits(share, pids_limit(share, self.config.pids_per_gib), devices)
+        name = cgroup_name(request.user, request.server, new_token())
+        try:
+            plan = plan_cgroup(found, self.config.cgroup_parent, name, limits)
+            make_cgroup(plan)
+        except CgroupError as e:
+            raise StartFailed(f"cannot hold the notebook to its share: {e}") from e
+        self.cgroups = plan.cgroups
+        balance(plan.cgroups)
+        extra = deliver(request, account, self.environment)
+        environment = self.environment
+        bin_dir = str(environment.bin) if environment else str(Path(self.command[0]).parent)
+        env = notebook_env(
+            request.env,
+            (account.pw_name, account.pw_dir, account.pw_shell),
+            request.gpus,
+            (self.config.listen_address, port),
+            bin_dir,
+            extra,
+        )
+        return popen_as(account, [*self.command, *request.args], env, plan.procs, log_path)
+
+    def undo(self) -> None:
+        remove_cgroups_of(self.cgroups)
+
+
+def remove_cgroups_of(cgroups: tuple[Path, ...]) -> None:
+    """A notebook's cgroups gone (what is left in them ended), its neighbours' CPU weights
+    balanced again."""
+    try:
+        remove_cgroups(cgroups, REMOVE_TIMEOUT)
+    except CgroupError as e:
+        log.error("%s; remove it (rmdir) once its processes have ended", e)
+    balance(cgroups)
+
+
+def balance(cgroups: tuple[Path, ...]) -> None:
+    """The CPU weights of the notebooks beside ``cgroups``, set by their shares."""
+    try:
+        balance_cpu_weight({cgroup.parent for cgroup in cgroups})
+    except CgroupError as e:
+        log.warning("%s; notebooks share CPU as one process", e)
 
 
 def resolved_gpus(request: StartNotebook, config: AgentConfig) -> tuple[str, ...]:
@@ -146,6 +230,23 @@ def popen_as(
     """The notebook's process as ``account`` in the cgroups of ``procs``, its output in
     ``log_path`` (root's: not in the home, where the user could swap it for a link),
     through :mod:`.logsink`, which keeps the log under ``cap`` bytes."""
+    # Entering the cgroups goes first: it needs root, which the rest gives up.
+    become = join_then(procs, becoming(account, account.pw_dir))
+    return popen_logged(command, env, log_path, become, procs=procs, cap=cap)
+
+
+def popen_logged(
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    preexec: Callable[[], Any] | None,
+    procs: tuple[Path, ...] = (),
+    cap: int = LOG_CAP,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """``command`` in a session of its own, after ``preexec``, its output in ``log_path``
+    through :mod:`.logsink` (in the cgroups of ``procs``: it ends with them, or when the
+    output ends)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
     log_fd = os.open(log_path, flags, 0o600)
     reader, writer = os.pipe()
@@ -157,7 +258,7 @@ def popen_as(
             stderr=subprocess.DEVNULL,
             env={},
             start_new_session=True,
-            preexec_fn=join_then(procs, None),  # it ends with the notebook's cgroups
+            preexec_fn=join_then(procs, None),
         )
         SINKS.append(sink)
         return subprocess.Popen(
@@ -167,8 +268,8 @@ def popen_as(
             stdout=writer,
             stderr=writer,
             start_new_session=True,
-            # Entering the cgroups goes first: it needs root, which the rest gives up.
-            preexec_fn=join_then(procs, becoming(account, account.pw_dir)),
+            preexec_fn=preexec,
+            pass_fds=pass_fds,
         )
     finally:  # the sink sees EOF once the notebook (and what it started) is gone
         for fd in (log_fd, reader, writer):

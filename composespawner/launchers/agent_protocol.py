@@ -11,7 +11,7 @@ Requests (``"v": 1`` in each)::
     {"op": "start", "user": ..., "server": ..., "machine": ..., "gpus": [...],
      "cores": 4 | null, "memory_gib": 32 | null, "env": {...}, "args": [...],
      "stack": {"id", "label", "lock_sha256", "lock", "common": {name: text}} | null,
-     "manifest": {...} | null, "gpu_share": 4}
+     "manifest": {...} | null, "gpu_share": 4, "image": "registry/repo@sha256:…"}
     {"op": "stop", "machine": ...}
     {"op": "poll", "machine": ...}
     {"op": "watch"}      stays open: one line per notebook of this host that exits
@@ -22,6 +22,12 @@ Requests (``"v": 1`` in each)::
 shares of the same size; absent is 1, whole GPUs, and the hub leaves it out for them,
 so an agent that predates shares takes every whole-GPU start (and refuses a share's,
 as a field it does not know).
+
+``image`` (by digest) is what a host whose agent runs notebooks in containers runs;
+the hub sends it only to such hosts (its ``host_runtime``), and the stack's source
+then stays behind: nothing is built. An agent that runs processes refuses it, and
+one that runs containers refuses a start without it: the hub and its hosts disagree,
+and the refusal says which setting to change.
 
 Replies: ``{"progress": "building…", "percent": 40}`` lines while a start builds
 its stack, then ``{"ok": true, ...}`` (a start: ``ip``, ``port``, ``pid``; a poll:
@@ -68,6 +74,9 @@ FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # A GPU as CUDA_VISIBLE_DEVICES names it: by UUID (GPU-…, or a MIG instance's MIG-…)
 # on a shared host, by index only where the machine has the host to itself.
 # An index has no leading zero: "00" is "0" by another name.
+# A notebook's image by digest: a registry and repository podman takes (no option: it
+# starts with a letter or digit), then the manifest's digest.
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}")
 GPU_SELECTOR = re.compile(r"(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]{7,63}|0|[1-9][0-9]{0,2}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # A GPU's UUID as NVML gives it, and a Jupyter kernel's id as its connection file names it.
@@ -117,6 +126,7 @@ class StartNotebook:
     stack: StackSource | None = None
     manifest: dict[str, Any] | None = None
     gpu_share: int = 1  # n > 1: 1/n of its one GPU, beside holders of same-size shares
+    image: str | None = None  # the stack's image by digest, for a host that runs containers
     op: str = field(default="start", init=False)
 
 
@@ -206,6 +216,8 @@ def encode_request(request: Request) -> bytes:
         )
         if request.gpu_share != 1:  # whole GPUs say nothing: agents before shares read them
             body["gpu_share"] = request.gpu_share
+        if request.image is not None:  # agents before containers take starts without it
+            body["image"] = request.image
     elif isinstance(request, StopNotebook | PollNotebook):
         body["machine"] = request.machine
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -379,7 +391,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
     _only(
         body,
         {"v", "op", "user", "server", "machine", "gpus", "cores", "memory_gib", "env", "args"}
-        | {"stack", "manifest", "gpu_share"},
+        | {"stack", "manifest", "gpu_share", "image"},
     )
     user = body.get("user")
     if not isinstance(user, str) or not ACCOUNT_NAME.fullmatch(user) or user.isdigit():
@@ -402,6 +414,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
     gpu_share = _int(body.get("gpu_share", 1), "gpu_share", 1, MAX_GPU_SHARE, Refused)
     if gpu_share > 1 and len(selectors) != 1:
         raise Refused(f"gpu_share {gpu_share} is a share of exactly one GPU, not {len(selectors)}")
+    image = body.get("image")
     return StartNotebook(
         user=user,
         server=_matching(body.get("server", ""), SERVER_NAME, "server"),
@@ -414,6 +427,7 @@ def _start(body: dict[str, Any]) -> StartNotebook:
         stack=_stack(body.get("stack")),
         manifest=_manifest(body.get("manifest")),
         gpu_share=gpu_share,
+        image=None if image is None else _matching(image, IMAGE, "image (repository@sha256:…)"),
     )
 
 

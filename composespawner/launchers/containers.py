@@ -49,6 +49,9 @@ HOST_ONLY_VARIABLES = frozenset(
         "LD_LIBRARY_PATH",
         "LD_PRELOAD",
         "SHELL",
+        # The container's is its user's, given as --env HOME=…; podman's own is root's
+        # (a root podman reading a user's ~/.config is not to be thought of).
+        "HOME",
     }
 )
 LABEL = "io.composespawner.notebook"  # on every notebook container: the hub's server name
@@ -80,6 +83,7 @@ class ContainerSpec:
     host_ip: str = "127.0.0.1"  # where the port is published
     labels: tuple[tuple[str, str], ...] = field(default=())
     read_only_mounts: tuple[str, ...] = ()  # host folders mounted read-only at the same path
+    env_file: str = ""  # a file of NAME=value lines for the container (root's alone), or none
 
 
 def container_name(user: str, server: str, token: str) -> str:
@@ -144,8 +148,11 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
     args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,mode=1777,{tmpfs}"]
     for device in spec.devices:
         args += ["--device", device]
+    if spec.env_file:
+        args += ["--env-file", spec.env_file]
     for name in spec.environment:
         args += ["--env", name]
+    args += ["--env", f"HOME={spec.home}"]
     return [*args, spec.image, *spec.command]
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
 
-from traitlets import Dict, Enum, Float, Unicode
+from traitlets import Enum, Float, Unicode
 
 from composespawner.domain.catalog import Stack
 from composespawner.domain.hardware import Share
@@ -41,14 +41,14 @@ from composespawner.launchers.containers import (
     cdi_devices,
     container_name,
     forwarded_names,
-    image_for,
     notebook_listens_everywhere,
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import UnknownGpuNode, device_nodes, gpu_minors
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.local import NOTEBOOK_SERVER, LocalLauncher
-from composespawner.launchers.relay import HubRelays, inside_command, loopback_addresses
+from composespawner.launchers.relay import HubRelays, hub_addresses, inside_command
+from composespawner.launchers.stack_images import StackImages
 
 PULL_TIMEOUT = 1800.0  # seconds a first pull of a stack's image may take (gigabytes)
 PODMAN_TIMEOUT = 60.0  # seconds for podman's other calls (exists, stop, rm)
@@ -79,7 +79,7 @@ async def run_podman(podman: str, args: Sequence[str], within: float) -> str:
     return out.decode(errors="replace")
 
 
-class PodmanLauncher(LocalLauncher):
+class PodmanLauncher(StackImages, LocalLauncher):
     """Run each notebook in a container of its own, from its stack's image by digest."""
 
     podman = Unicode(
@@ -87,20 +87,6 @@ class PodmanLauncher(LocalLauncher):
         config=True,
         help="""The podman command (rootful: the hub runs as root). Its configuration is
         the host's: runc as the runtime, and the registry the images come from.""",
-    )
-    stack_images = Dict(
-        value_trait=Unicode(),
-        config=True,
-        help="""The image each stack's notebooks run, by stack id, pinned by digest
-        (registry/repository@sha256:…). A stack not named here runs the catalog's
-        (its image and the build's digest); a stack with neither cannot be chosen.""",
-    )
-    stack_variant = Enum(
-        ("cpu", "gpu"),
-        "gpu",
-        config=True,
-        help="""Which of each stack's images notebooks run: gpu (CUDA's libraries; the
-        host's driver comes in through the devices) or cpu (for hosts without GPUs).""",
     )
     image_pull_timeout = Float(
         PULL_TIMEOUT,
@@ -142,33 +128,13 @@ class PodmanLauncher(LocalLauncher):
 
     # Pulls under way or done, by image: one pull per image on this host.
     _pulls: ClassVar[dict[str, asyncio.Future[None]]] = {}
-    _image: str | None = None  # the image this start runs
     _container: str = ""  # the container's name, until it is removed
     _container_removal: asyncio.Future[None] | None = None
 
     # -- the stack's image -----------------------------------------------------
 
-    def image_of(self, stack: Stack) -> str | None:
-        """The image ``stack``'s notebooks run here, by digest; None where none is."""
-        build = stack.cpu if self.stack_variant == "cpu" else stack.gpu
-        catalog = f"{stack.image}@{build.digest}" if stack.image and build and build.digest else ""
-        return image_for(self.stack_images, stack.id, catalog)
-
     def check_stack(self, stack: Stack) -> None:
-        if self.image_of(stack) is None:
-            self.log.error(
-                "stack %s has no %s image by digest: set c.PodmanLauncher.stack_images[%r]"
-                " or its digest in the catalog",
-                stack.id,
-                self.stack_variant,
-                stack.id,
-            )
-            raise SpawnRefused(
-                f"The {stack.label} stack cannot run on this hub yet: its image has not"
-                " been published. Choose another stack, or ask the hub's administrators.",
-                reason="stack",
-                status_code=503,
-            )
+        self.check_image(stack)
 
     def extra_start_time(self, stack: Stack | None) -> float:
         image = None if stack is None else self.image_of(stack)
@@ -176,16 +142,14 @@ class PodmanLauncher(LocalLauncher):
         return 0.0 if image is None or pulled else self.image_pull_timeout
 
     async def prepare_launch(self) -> None:
-        self._image = self.run_image = self._run_manifest = self._manifest_file = None
+        self.run_image = self._run_manifest = self._manifest_file = None
         if self.stack is None:
             return
-        self.check_stack(self.stack)
-        self._image = self.run_image = self.image_of(self.stack)
-        assert self._image is not None  # check_stack refused otherwise
+        self.run_image = self.check_image(self.stack)
         try:
-            await asyncio.shield(self._pull_once(self._image, self.stack))
+            await asyncio.shield(self._pull_once(self.run_image, self.stack))
         except PodmanError as e:
-            self.log.error("%s: cannot pull %s: %s", log_name(self), self._image, e)
+            self.log.error("%s: cannot pull %s: %s", log_name(self), self.run_image, e)
             raise SpawnRefused(
                 f"The {self.stack.label} stack's image could not be fetched to this host."
                 " Try again in a few minutes; if it keeps failing, tell the hub's"
@@ -208,15 +172,7 @@ class PodmanLauncher(LocalLauncher):
         await run_podman(self.podman, ("pull", "--quiet", image), self.image_pull_timeout)
 
     def launcher_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        if self._image is not None:
-            env["COMPOSE_STACK_IMAGE"] = self._image
-        build = None
-        if self.stack is not None:
-            build = self.stack.cpu if self.stack_variant == "cpu" else self.stack.gpu
-        if build is not None:
-            env["COMPOSE_STACK_LOCK_SHA256"] = build.lock_sha256
-        return {**super().launcher_env(), **env}
+        return {**super().launcher_env(), **self.stack_lock_env(self.stack, self.run_image)}
 
     # -- the container ---------------------------------------------------------
 
@@ -226,7 +182,7 @@ class PodmanLauncher(LocalLauncher):
         """``podman run`` of the notebook's container; podman's environment: the hub's
         (podman's own configuration) and the notebook's, of which the container gets
         only the notebook's names."""
-        if self._image is None:
+        if self.run_image is None:
             raise SpawnRefused(
                 "Choose a stack for your server: on this hub every notebook runs in one.",
                 reason="stack",
@@ -240,7 +196,6 @@ class PodmanLauncher(LocalLauncher):
                 status_code=503,
             )
         home = self._home() if self.shared_account else self._system_home()
-        env = {**env, "HOME": home}
         if "JUPYTERHUB_SERVICE_URL" in env:
             url = notebook_listens_everywhere(env["JUPYTERHUB_SERVICE_URL"])
             env["JUPYTERHUB_SERVICE_URL"] = url
@@ -250,7 +205,7 @@ class PodmanLauncher(LocalLauncher):
         self._container = container_name(self.user.name, self.name, secrets.token_hex(4))
         spec = ContainerSpec(
             name=self._container,
-            image=self._image,
+            image=self.run_image,
             uid=uid,
             gid=pwd.getpwuid(uid).pw_gid,
             home=home,
@@ -265,7 +220,8 @@ class PodmanLauncher(LocalLauncher):
             labels=(("io.composespawner.user", self.user.name),),
             read_only_mounts=(self.relay_dir,) if relayed else (),
         )
-        return [self.podman, *run_arguments(spec)], {**os.environ, **env}
+        # Podman's own HOME stays the hub's (root's): the container's is given by value.
+        return [self.podman, *run_arguments(spec)], {**os.environ, **env, "HOME": _own_home()}
 
     async def start(self) -> Any:
         """The local launcher's start, once the hub serves its services to containers."""
@@ -377,10 +333,8 @@ class PodmanLauncher(LocalLauncher):
         self._container = container if isinstance(container, str) else ""
 
 
-def hub_addresses(env: dict[str, str]) -> tuple[tuple[str, int], ...]:
-    """The hub's services on loopback that the notebook's environment names."""
-    urls = (env.get("JUPYTERHUB_API_URL", ""), env.get("COMPOSE_PORTAL_URL", ""))
-    return loopback_addresses(urls)
+def _own_home() -> str:
+    return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
 
 
 def host_share() -> Share:

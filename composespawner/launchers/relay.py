@@ -8,6 +8,12 @@ bind-mounted read-only into every container, where :mod:`.relay_inside` listens 
 the same addresses and carries each connection through the socket. Addresses that are
 not on loopback need no relay: the container reaches them as the host does.
 
+On a compute host the hub is elsewhere, and its containers reach it as the host does;
+only where the hub's URLs are on the host's own loopback (a hub and its hosts on one
+machine, as the tests run them) does the host's agent relay them, one notebook's at a
+time: ``python -m composespawner.launchers.relay FOLDER HOST:PORT ...`` (:func:`main`)
+serves them until its stdin ends, which is when the notebook's podman process ends.
+
 The sockets let any account on the host reach these services, as their loopback ports
 already do; the services check each request's token.
 """
@@ -15,12 +21,14 @@ already do; the services check each request's token.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -46,6 +54,12 @@ def loopback_addresses(urls: Iterable[str]) -> tuple[tuple[str, int], ...]:
         if loopback and port and host is not None:
             found.add((host, port))
     return tuple(sorted(found))
+
+
+def hub_addresses(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """The hub's services on loopback that a notebook's environment names."""
+    urls = (env.get("JUPYTERHUB_API_URL", ""), env.get("COMPOSE_PORTAL_URL", ""))
+    return loopback_addresses(urls)
 
 
 def socket_path(folder: Path, host: str, port: int) -> Path:
@@ -100,6 +114,8 @@ class HubRelays:
                 server = serving.result()
                 server.close()
                 await server.wait_closed()
+                with contextlib.suppress(OSError):  # a later hub's, or gone already
+                    path.unlink()
         carrying = [task for task in cls._carrying if task.get_loop() is loop]
         for task in carrying:
             task.cancel()
@@ -112,6 +128,7 @@ class HubRelays:
             functools.partial(cls._carry, host=host, port=port), path=str(path)
         )
         os.chmod(path, 0o666)  # the notebooks' accounts connect; the service checks
+        atexit.register(_forget_socket, path, server)  # a hub's end leaves no socket behind
         log.info("serving %s:%d to notebooks' containers at %s", host, port, path)
         return server
 
@@ -153,6 +170,14 @@ def _still_serving(serving: asyncio.Future[asyncio.AbstractServer]) -> bool:
     return serving.exception() is None and serving.result().is_serving()
 
 
+def _forget_socket(path: Path, server: asyncio.AbstractServer) -> None:
+    """At the process's end: the socket of ``server``, if it still serves (a stopped one's
+    is gone already, and the path may be a later server's)."""
+    if server.is_serving():
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def _fresh(path: Path) -> None:
     """The socket's folder made, and an earlier hub's socket there removed."""
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -170,3 +195,46 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
             sink.write_eof()
     except OSError:
         sink.close()
+
+
+async def serve_until_end_of(fd: int, folder: Path, addresses: Sequence[tuple[str, int]]) -> None:
+    """Serve ``addresses`` in ``folder``, say so on stdout, and serve until ``fd`` reads
+    its end (what is written to it is read and dropped); then stop, the sockets gone."""
+    await HubRelays.serve(folder, addresses)
+    print("serving", flush=True)
+    loop = asyncio.get_running_loop()
+    ended = asyncio.Event()
+
+    def readable() -> None:
+        try:
+            if not os.read(fd, CHUNK):
+                ended.set()
+        except OSError:
+            ended.set()
+
+    loop.add_reader(fd, readable)
+    try:
+        await ended.wait()
+    finally:
+        loop.remove_reader(fd)
+        await HubRelays.stop()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``FOLDER HOST:PORT ...``: serve each until stdin ends (a host agent's relay for
+    one notebook; it holds the pipe's other end, and so does the notebook's podman)."""
+    if len(argv) < 2:
+        print("usage: relay FOLDER HOST:PORT [HOST:PORT ...]  (ends at the end of stdin)")
+        return 2
+    folder = Path(argv[0])
+    addresses = []
+    for word in argv[1:]:
+        host, _, port = word.rpartition(":")
+        addresses.append((host.strip("[]"), int(port)))
+    logging.basicConfig(level=logging.WARNING, format="relay: %(message)s")
+    asyncio.run(serve_until_end_of(sys.stdin.fileno(), folder, addresses))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -34,11 +34,9 @@ from typing import Any, ClassVar
 
 import asyncssh
 from jupyterhub.spawner import Spawner
-from traitlets import Dict, Float, Integer, TraitError, Unicode, validate
-from traitlets.config import LoggingConfigurable
 
 from composespawner.domain.catalog import Kit, Stack
-from composespawner.domain.machine import ComposedMachine, nvidia_visible_devices
+from composespawner.domain.machine import nvidia_visible_devices
 from composespawner.launchers.agent_protocol import (
     PollNotebook,
     Progress,
@@ -47,7 +45,6 @@ from composespawner.launchers.agent_protocol import (
     StopNotebook,
 )
 from composespawner.launchers.base import Launcher, SpawnRefused
-from composespawner.launchers.environments import BUILD_TIMEOUT
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.ssh_links import (
     LIST_TIMEOUT,
@@ -73,6 +70,7 @@ from composespawner.launchers.ssh_requests import (
 from composespawner.launchers.ssh_requests import (
     stack_source as read_stack_source,
 )
+from composespawner.launchers.ssh_settings import SSHSettings
 from composespawner.ledger import LedgerRunner
 
 # What reaching a host can raise (the agent's own answers aside).
@@ -87,107 +85,6 @@ NEVER_SENT = (
 
 # The ledger's state of each of the machines asked about that it knows.
 MachineStates = Callable[[Collection[str]], Awaitable[Mapping[str, str]]]
-
-
-class SSHSettings(LoggingConfigurable):
-    """The SSH launcher's knobs (``c.SSHLauncher.*``): the hosts, the keys, the limits."""
-
-    hosts = Dict(
-        key_trait=Unicode(),
-        value_trait=Unicode(),
-        config=True,
-        help="""The hub's host table: each compute host's fabric ComputerSystem Id →
-        the address the hub reaches its SSH server at, ``"address"`` or
-        ``"address:port"`` (``"[v6-address]:port"``). The deployment writes it with
-        known_hosts, from the same inventory. A host missing here cannot run notebooks.""",
-    )
-    ssh_user = Unicode(
-        "root",
-        config=True,
-        help="""The account the hub logs in as on each host. Its authorized_keys allow
-        the hub's key only the agent's forced command; the agent needs root to start
-        notebooks as the users' accounts. Change it only with an agent set up for it.""",
-    )
-    ssh_key = Unicode(
-        "",
-        config=True,
-        help="""Path of the hub's private SSH key (ed25519), readable by the hub alone.
-        Its public half is on every host, for the forced command only.""",
-    )
-    known_hosts = Unicode(
-        "",
-        config=True,
-        help="""Path of the known_hosts file with every host's key, written by the
-        deployment. Required: a host that is not listed there, or shows another key,
-        is never connected to (no trust on first use).""",
-    )
-    connect_timeout = Float(
-        10,
-        config=True,
-        help="""Seconds to open an SSH connection to a host (TCP, handshake and login).
-        Raise it for hosts behind slow links.""",
-    )
-    request_timeout = Float(
-        30,
-        config=True,
-        help="""Seconds a stop or poll of a notebook on its host may take, connecting
-        included. A start has the hub's start_timeout (plus stack_build_timeout when it
-        may build its stack).""",
-    )
-    keepalive_interval = Float(
-        15,
-        config=True,
-        help="""Seconds between keepalives on each host's connection; three missed
-        ones close it (and it is made again on the next request). 0 sends none.""",
-    )
-    poll_host_every = Float(
-        300,
-        config=True,
-        help="""Seconds between the hub's polls that ask a notebook's host itself. In
-        between, a notebook whose host's exit watch is open (the agent reports every exit
-        on it at once) is running without a channel of its own: a hub polling a class's
-        servers every poll_interval would otherwise start an agent per server each time.""",
-    )
-    max_sessions = Integer(
-        10,
-        config=True,
-        help="""The hosts' sshd MaxSessions: how many channels of the hub's connection to a
-        host may be open at once (each start, stop and poll is one, and the exit watch).
-        Requests beyond it wait their turn. Raise it with MaxSessions on the hosts.""",
-    )
-    stack_build_timeout = Float(
-        BUILD_TIMEOUT,
-        config=True,
-        help="""Seconds the first start on a stack's lock may take, on top of
-        start_timeout, on a host that has not built that stack's environment yet.""",
-    )
-
-    stack_variant = "cpu"
-    machine: ComposedMachine | None = None  # the mixin's; set before start
-
-    def link_settings(self, where: str) -> LinkSettings:
-        """How to reach the agent at ``where`` (an address of ``hosts``)."""
-        address, port = parse_address(where)
-        return LinkSettings(
-            address=address,
-            port=port,
-            username=self.ssh_user,
-            key=self.ssh_key,
-            known_hosts=self.known_hosts,
-            connect_timeout=self.connect_timeout,
-            keepalive_interval=self.keepalive_interval,
-            max_sessions=self.max_sessions,
-        )
-
-    @validate("hosts")
-    def _valid_hosts(self, proposal: dict[str, Any]) -> dict[str, str]:
-        hosts: dict[str, str] = proposal["value"]
-        try:
-            for where in hosts.values():
-                parse_address(where)
-        except ValueError as e:
-            raise TraitError(f"c.SSHLauncher.hosts: {e}") from e
-        return hosts
 
 
 class SSHLauncher(SSHSettings, Launcher, Spawner):
@@ -216,6 +113,9 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
     # -- before the start -------------------------------------------------------------
 
     def check_stack(self, stack: Stack) -> None:
+        if self.host_runtime == "containers":
+            self.check_image(stack)  # the host runs it: nothing is built or sent
+            return
         if stack.cpu is None:
             raise stack_refusal(stack, readable=True)
         try:
@@ -238,8 +138,10 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
 
     async def prepare_launch(self) -> None:
         self._manifest = self._run_manifest = None
-        if self.stack is None:
+        if self.stack is None or self.host_runtime == "containers":
             self._stack_source = None
+        contained = self.stack is not None and self.host_runtime == "containers"
+        self.run_image = self.check_image(self.stack) if contained and self.stack else None
 
     async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """Sent with the start: the agent writes it, read-only, in the notebook's home
@@ -250,9 +152,7 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
 
     def launcher_env(self) -> dict[str, str]:
         """What the agent adds that the hub knows of (the run manifest records it)."""
-        env: dict[str, str] = {}
-        if self.stack is not None and self.stack.cpu is not None:
-            env["COMPOSE_STACK_LOCK_SHA256"] = self.stack.cpu.lock_sha256
+        env = self.stack_lock_env(self.stack, self.run_image)
         if self._run_manifest is not None:
             env["COMPOSE_RUN_MANIFEST"] = self._run_manifest
         if self.machine is not None:
@@ -295,6 +195,7 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
                 share=self.share,
                 stack=self._stack_source if self.stack is not None else None,
                 manifest=self._manifest,
+                image=self.run_image,
             )
         except Refused as e:
             self.log.error("%s: the host's agent would refuse the start: %s", log_name(self), e)

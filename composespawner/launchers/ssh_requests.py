@@ -87,6 +87,7 @@ def start_request(
     share: Share | None,
     stack: StackSource | None,
     manifest: dict[str, Any] | None,
+    image: str | None = None,
 ) -> StartNotebook:
     """The start of ``machine``'s notebook, checked as the agent will (raises Refused)."""
     selection = gpu_selection(machine)
@@ -102,6 +103,7 @@ def start_request(
         stack=stack,
         manifest=manifest,
         gpu_share=machine.gpu_share,
+        image=image,
     )
     encode_request(request)
     return request

@@ -18,8 +18,10 @@ import requests
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from harness import images
 from harness.hub import Hub, notebook_pid, process_env, running_hub, wait_for
+from harness.sshhosts import SSHHosts, ssh_hosts
 from tests.support.kernel import run_in_kernel
 
+PODMAN = "/usr/bin/podman"
 pytestmark = [pytest.mark.e2e, pytest.mark.containers, pytest.mark.timeout(300)]
 
 
@@ -89,3 +91,59 @@ def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
     assert wait_for(
         lambda: images.notebook_containers() == [] or None, 60, "the container to be removed"
     )
+
+
+@pytest.fixture(scope="module")
+def ssh_hub(
+    tmp_path_factory: pytest.TempPathFactory, built: dict[str, images.BuiltImage]
+) -> Iterator[tuple[Hub, SSHHosts]]:
+    """The demo hub on compose-ssh, whose hosts' agents run notebooks in containers."""
+    stack_images = {stack: built[f"{stack}-cpu"].by_digest for stack in images.STACKS}
+    podman = [f"{k}={v}" for k, v in images.podman_env().items() if k.startswith("CONTAINERS")]
+    agents = {"runtime": "containers", "podman_command": ["/usr/bin/env", *podman, PODMAN]}
+    with (
+        images.registry(),
+        ssh_hosts(tmp_path_factory.mktemp("hosts"), agent_settings=agents) as hosts,
+        running_hub(
+            tmp_path_factory.mktemp("ssh-containers"),
+            hosts.hub_config()
+            + 'c.SSHLauncher.host_runtime = "containers"\n'
+            + f"c.SSHLauncher.stack_images = {stack_images!r}\n"
+            + 'c.SSHLauncher.stack_variant = "cpu"\n',
+        ) as hub,
+    ):
+        yield hub, hosts
+
+
+def test_a_hosts_agent_runs_the_notebook_in_its_stacks_image_over_ssh(
+    ssh_hub: tuple[Hub, SSHHosts], built: dict[str, images.BuiltImage]
+) -> None:
+    hub, hosts = ssh_hub
+    image = built["pytorch-cpu"].by_digest
+    response = hub.spawn("student1", {"gpu_model": "t4", "gpu_count": 1, "stack": "pytorch"})
+    assert response.status_code in (201, 202), response.text
+    hub.wait_ready("student1", timeout=180)
+    found = hosts.notebook("student1")
+    assert found is not None, "no notebook of student1 on any host"
+    host, record = found
+    assert images.notebook_containers() == [record["container"]]
+    # Its environment is the container's (podman's own process has none of it).
+    inspected = json.loads(images.podman("inspect", record["container"], timeout=60))[0]
+    env = dict(item.partition("=")[::2] for item in inspected["Config"]["Env"])
+    token = env["JUPYTERHUB_API_TOKEN"]
+    lab = requests.get(
+        f"{hub.url}/user/student1/lab", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200
+    assert "JupyterLab" in lab.text
+    done = run_in_kernel(f"{hub.url}/user/student1/", token, INSIDE, timeout=180)
+    assert done.error is None, done.error
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["prefix"] == "/opt/stack/venv"
+    assert seen["uid"] == pwd.getpwnam("student1").pw_uid  # the user's own account
+    assert seen["pid1"] == "/run/podman-init"
+    assert seen["image"] == seen["manifest_image"] == image
+    hub.stop("student1")
+    hub.wait_gone("student1")
+    assert hosts.records(host.host_id) == []
+    assert images.notebook_containers() == []

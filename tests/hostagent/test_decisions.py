@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from composespawner.hostagent.config import (
     memory_gib_in,
     parse_config,
 )
+from composespawner.hostagent.containers import env_file_text
 from composespawner.hostagent.decisions import (
     Record,
     account_refusal,
@@ -28,10 +30,12 @@ from composespawner.hostagent.decisions import (
     parse_gpu_list,
     passwd_sources,
     resolve_gpus,
+    runtime_refusal,
     service_url,
     start_refusal,
 )
 from composespawner.hostagent.stacks import source_key, stack_of
+from composespawner.hostagent.starting import StartFailed
 from composespawner.hostagent.state import StateDir
 from composespawner.launchers.agent_protocol import Refused, StackSource, StartNotebook
 
@@ -96,6 +100,13 @@ def test_every_key_is_taken() -> None:
             "build_account": "stack-builder",
             "refused_groups": ["sudo"],
             "keep_logs_days": 3,
+            "runtime": "containers",
+            "podman_command": "/usr/bin/env CONTAINERS_CONF=/srv/c.conf /usr/bin/podman",
+            "container_network": "slirp4netns",
+            "gpu_devices": "cdi",
+            "device_dir": "/srv/dev",
+            "relay_dir": "/run/relay",
+            "image_pull_timeout": 600,
         },
         SSH,
         FACTS,
@@ -110,6 +121,14 @@ def test_every_key_is_taken() -> None:
     assert config.refused_groups == ("sudo",)
     assert config.keep_logs_days == 3
     assert (config.create_accounts, config.max_uid) == ("never", 2_000_200_000)
+    assert (config.runtime, config.gpu_devices, config.image_pull_timeout) == (
+        "containers",
+        "cdi",
+        600,
+    )
+    assert config.podman_command[-1] == "/usr/bin/podman"
+    assert (config.device_dir, config.relay_dir) == (Path("/srv/dev"), Path("/run/relay"))
+    assert config.container_network == "slirp4netns"
 
 
 @pytest.mark.parametrize(
@@ -139,6 +158,11 @@ def test_a_min_uid_past_the_default_max_moves_the_max() -> None:
         ({"notebook_command": []}, "notebook_command is empty"),
         ({"build_account": "root"}, "build_account"),
         ({"build_account": "a;b"}, "build_account"),
+        ({"runtime": "docker"}, "runtime is one of 'process', 'containers'"),
+        ({"gpu_devices": "all"}, "gpu_devices is one of"),
+        ({"podman_command": "podman"}, "podman_command: 'podman' is not an absolute path"),
+        ({"image_pull_timeout": 0}, "image_pull_timeout"),
+        ({"relay_dir": "/tmp/" + "x" * 60}, "relay_dir: .* is longer than 63 bytes"),
     ],
 )
 def test_a_wrong_config_says_which_key(table: dict[str, object], says: str) -> None:
@@ -387,9 +411,34 @@ def test_a_scripts_interpreter() -> None:
     assert interpreter_of(b"\x7fELF\x02") is None
 
 
+@pytest.mark.parametrize(
+    ("runtime", "image", "says"),
+    [
+        ("process", None, None),
+        ("containers", "r/pytorch@sha256:" + "0" * 64, None),
+        ("containers", None, "host_runtime = 'containers'"),
+        ("process", "r/pytorch@sha256:" + "0" * 64, "host_runtime = 'process'"),
+    ],
+)
+def test_a_host_runs_the_start_its_runtime_runs_and_says_which_setting_differs(
+    runtime: str, image: str | None, says: str | None
+) -> None:
+    refusal = runtime_refusal(runtime, image)
+    assert refusal is None if says is None else says in str(refusal)
+
+
+def test_a_containers_env_file_holds_each_variable_on_a_line_or_refuses() -> None:
+    env = {"A": "1 2", "B": "x=y", "C": "not given"}
+    assert env_file_text(env, ("A", "B")) == "A=1 2\nB=x=y\n"
+    with pytest.raises(StartFailed, match="B hold a line break"):
+        env_file_text({"B": "one\ntwo"}, ("B",))
+
+
 def test_a_record_survives_its_file() -> None:
     kept = record("m1", ("GPU-aaaa0000",), gpu_share=4)
     assert Record.from_json(kept.to_json()) == kept
+    contained = replace(kept, container="composespawner-ada-0123", cgroups=())
+    assert Record.from_json(contained.to_json()) == contained
     assert kept.listed()["gpus"] == ["GPU-aaaa0000"]
     assert kept.listed()["gpu_share"] == 4
     with pytest.raises(ValueError, match="not a notebook record"):

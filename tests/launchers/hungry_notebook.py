@@ -1,6 +1,7 @@
 """A notebook stand-in for share tests: answers HTTP, and eats memory or starts a child on request.
 
-Run as ``python -I hungry_notebook.py PORT [ADDRESS]``. ``GET /`` answers ``ok``;
+Run as ``python -I hungry_notebook.py [PORT [ADDRESS]]`` (without a port: where
+``JUPYTERHUB_SERVICE_URL`` says, as a host's agent starts a notebook). ``GET /`` answers ``ok``;
 ``GET /allocate/N`` takes N MiB more, written (so the pages are really
 used), then answers; ``GET /child`` starts a long sleep in a session of its
 own (as a kernel outlives a notebook that dies) and answers its pid. SIGTERM
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 CHUNK = 64 << 20
@@ -122,8 +124,13 @@ def in_tmp(name: str) -> str:
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: os._exit(0))
-    address = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"  # a container's: 0.0.0.0
-    HTTPServer((address, int(sys.argv[1])), Answer).serve_forever()
+    if len(sys.argv) > 1:
+        address = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"  # a container's: 0.0.0.0
+        port = int(sys.argv[1])
+    else:  # as a host's agent starts a notebook: where JUPYTERHUB_SERVICE_URL says
+        url = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
+        address, port = str(url.hostname), int(url.port or 80)
+    HTTPServer((address, port), Answer).serve_forever()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -12,7 +13,12 @@ import pytest
 from composespawner.domain.catalog import Stack, StackBuild
 from composespawner.domain.hardware import Device, Share
 from composespawner.domain.machine import ComposedMachine
-from composespawner.launchers.agent_protocol import Refused, encode_request
+from composespawner.launchers.agent_protocol import (
+    Refused,
+    StartNotebook,
+    encode_request,
+    parse_request,
+)
 from composespawner.launchers.ssh_requests import (
     host_key_problem,
     parse_address,
@@ -134,6 +140,33 @@ def test_a_start_the_agent_would_refuse_is_refused_here() -> None:
             stack=None,
             manifest=None,
         )
+
+
+def test_an_image_goes_by_digest_and_only_where_named() -> None:
+    machine = ComposedMachine("m-1", "host-1", "r", (), None, ())
+    image = "127.0.0.1:5000/composespawner/pytorch@sha256:" + "a" * 64
+
+    def asking(image: str | None) -> StartNotebook:
+        return start_request(
+            user="ada",
+            server="",
+            machine=machine,
+            env={},
+            args=[],
+            share=None,
+            stack=None,
+            manifest=None,
+            image=image,
+        )
+
+    request = asking(image)
+    assert json.loads(encode_request(request))["image"] == image
+    assert parse_request(encode_request(request)) == request
+    without = asking(None)
+    assert "image" not in json.loads(encode_request(without))  # agents before images take it
+    for bad in ("pytorch:latest", "-v/:/x@sha256:" + "a" * 64, "r/p@sha256:" + "A" * 64):
+        with pytest.raises(Refused, match="image"):
+            asking(bad)
 
 
 def test_a_stack_goes_with_its_cpu_lock_and_common_files(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,11 +71,22 @@ def test_the_container_is_held_to_its_share_and_runs_as_the_user_without_privile
 
 def test_the_token_goes_by_name_never_on_the_command_line() -> None:
     args = run_arguments(spec())
-    assert option(args, "--env") == ["JUPYTERHUB_API_TOKEN"]
+    assert option(args, "--env") == ["JUPYTERHUB_API_TOKEN", "HOME=/home/ada"]
     names = forwarded_names(
-        {"JUPYTERHUB_API_TOKEN": "secret", "PATH": "/usr/bin", "VIRTUAL_ENV": "/x", "A B": "1"}
+        {
+            **{"JUPYTERHUB_API_TOKEN": "secret", "PATH": "/usr/bin", "VIRTUAL_ENV": "/x"},
+            **{"A B": "1", "HOME": "/home/ada"},
+        }
     )
     assert names == ("JUPYTERHUB_API_TOKEN",)
+
+
+def test_the_home_is_given_by_value_and_an_env_file_by_path() -> None:
+    """Podman's own HOME stays root's: the container's comes from the spec, never from
+    podman's environment (where a user's ~/.config would be read by root)."""
+    args = run_arguments(replace(spec(), env_file="/var/lib/agent/m1.env"))
+    assert option(args, "--env-file") == ["/var/lib/agent/m1.env"]
+    assert "HOME=/home/ada" in option(args, "--env")
 
 
 def test_a_container_without_a_share_has_no_cpu_or_memory_limit_but_its_pids() -> None:
