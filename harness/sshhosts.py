@@ -268,6 +268,11 @@ StrictModes no
 # class starting at once opens many together (OpenSSH's default is 10): as deployed.
 MaxSessions {MAX_SESSIONS}
 MaxStartups 100:30:200
+# The forced command runs through root's shell, and Debian's bash reads ~/.bashrc for a
+# command sshd starts unless it is a nested shell: this machine's root .bashrc sets up
+# pyenv (a dozen programs a channel, most of a channel's CPU). A compute host's root has
+# Debian's own, which does nothing there; SHLVL=1 makes the test hosts' the same.
+SetEnv SHLVL=1
 X11Forwarding no
 PrintMotd no
 UseDNS no

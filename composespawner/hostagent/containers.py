@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from composespawner.domain.hardware import Share
-from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
+from composespawner.hostagent.config import AgentConfig
 from composespawner.hostagent.decisions import notebook_env
 from composespawner.hostagent.starting import Say, StartFailed, deliver, popen_logged
 from composespawner.launchers.agent_protocol import StartNotebook, reply
@@ -44,18 +44,20 @@ from composespawner.launchers.containers import (
     cdi_devices,
     container_name,
     forwarded_names,
+    image_command,
     notebook_listens_everywhere,
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import UnknownGpuNode, device_nodes, gpu_minors
-from composespawner.launchers.relay import hub_addresses, inside_command
+from composespawner.launchers.relayed import hub_addresses, inside_command
 
 PODMAN_TIMEOUT = 60.0  # seconds for podman's quick calls (exists, stop, rm)
 RELAY_READY_TIMEOUT = 15.0  # seconds for a notebook's relay to serve its sockets
 # What podman's own process is given: enough to find conmon and runc, root's home (a
 # root podman reading a user's ~/.config is not to be thought of).
-PODMAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"} | {
-    "HOME": "/root"
+PODMAN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
 }
 RELAY = "composespawner.launchers.relay"  # the agent's Python runs it (-m): its package
 log = logging.getLogger("composespawner.hostagent")
@@ -99,14 +101,6 @@ def env_file_text(env: dict[str, str], names: tuple[str, ...]) -> str:
     return "".join(f"{name}={env[name]}\n" for name in names)
 
 
-def image_command(configured: tuple[str, ...]) -> list[str]:
-    """The notebook's command in the image: the configured one, where the image's own
-    notebook server replaces the host's (its path on the host means nothing there)."""
-    if Path(configured[0]).name == NOTEBOOK_SERVER:
-        return [NOTEBOOK_SERVER, *configured[1:]]
-    return list(configured)
-
-
 def devices(config: AgentConfig, gpus: tuple[str, ...]) -> tuple[str, ...]:
     """The ``--device`` values of a notebook holding ``gpus`` (this host's UUIDs)."""
     if config.gpu_devices == "cdi":
@@ -129,6 +123,11 @@ class ContainerStart:
         self.cgroups: tuple[Path, ...] = ()  # podman makes the container's own
         self.relay: subprocess.Popen[bytes] | None = None
         self._relay_end: int | None = None  # the pipe's end podman holds: the relay's life
+
+    def plan(self, share: Share) -> tuple[Path, ...]:
+        """No cgroups of the agent's: podman makes the container's (its name is chosen)."""
+        del share
+        return ()
 
     def popen(self, port: int, share: Share, log_path: Path) -> subprocess.Popen[bytes]:
         """``podman run`` of the notebook, attached; its Popen."""

@@ -39,6 +39,8 @@ class Record:
     cgroups: tuple[str, ...]
     gpu_share: int = 1  # n > 1: it holds its one GPU as a 1/n share (records before: 1)
     container: str = ""  # its podman container's name (the containers runtime), else ""
+    # A start under way: pid and started are its agent's, until the notebook runs.
+    starting: bool = False
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -63,6 +65,7 @@ class Record:
                 cgroups=tuple(str(c) for c in body["cgroups"]),
                 gpu_share=int(body.get("gpu_share", 1)),
                 container=str(body.get("container", "")),
+                starting=body.get("starting", False) is True,
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a notebook record: {e}") from None

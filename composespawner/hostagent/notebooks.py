@@ -54,6 +54,7 @@ from composespawner.launchers.agent_protocol import Refused, StartNotebook, repl
 from composespawner.launchers.ipc import remove_ipc_of
 from composespawner.launchers.processes import process_started
 
+SETTLE_TIMEOUT = 60.0  # seconds a stop waits for a start of the same machine to be done
 STOP_GRACE = 8.0  # seconds between SIGTERM and what is left being killed
 WATCH_EVERY = 0.5  # seconds between a watch's looks at the notebooks
 log = logging.getLogger("composespawner.hostagent")
@@ -82,12 +83,7 @@ class Notebooks:
         request = replace(request, gpus=resolved_gpus(request, self.config))
         with self.state.locked():
             self._check_fits(request)
-            account = existing_account(request.user, self.config)
-            if account is None:
-                try:
-                    account = create_account(request.user, self.config)
-                except AccountError as e:
-                    raise StartFailed(str(e)) from e
+        account = self._account(request.user)
         if request.image is not None:  # the runtime is containers
             _open_the_way(())  # the agent's Python writes the run manifest as the account
             pull_once(self.config, request.image, say)
@@ -96,7 +92,20 @@ class Notebooks:
             starting = self._process_start(request, account, say)
         with self.state.locked():
             self._check_fits(request)  # again: another start may have come meanwhile
-            return self._launch(request, account, starting)
+            reservation = self._reserve(request, account, starting)
+        return self._launch(request, starting, reservation)
+
+    def _account(self, user: str) -> Any:
+        """The user's account, made where the config says; outside the state lock, as
+        many at a time as start (useradd holds the passwd files' own lock while it
+        writes them, and one made meanwhile by another start is taken as it is)."""
+        account = existing_account(user, self.config)
+        if account is not None:
+            return account
+        try:
+            return create_account(user, self.config)
+        except AccountError as e:
+            raise StartFailed(str(e)) from e
 
     def _process_start(self, request: StartNotebook, account: Any, say: Say) -> ProcessStart:
         """The process runtime's start: the stack's environment built (outside the lock)."""
@@ -128,18 +137,48 @@ class Notebooks:
         if refusal:
             raise Refused(refusal)
 
-    def _launch(
+    def _reserve(
         self, request: StartNotebook, account: Any, starting: ProcessStart | ContainerStart
-    ) -> dict[str, Any]:
-        """Under the lock: port, the notebook's process, record; undone on failure."""
+    ) -> Record:
+        """Under the lock: the notebook's port, cgroups and container named, and held by a
+        record of this agent's own process (``starting``): every later check counts it,
+        and should this agent die before the notebook runs, its record ends like any
+        other notebook's that is gone, with what it named."""
         from composespawner.launchers.ports import NoFreePort, notebook_port
 
-        listen = self.config.listen_address
         try:
-            port = notebook_port(listen, {r.port for r in self.state.records()})
+            port = notebook_port(self.config.listen_address, {r.port for r in self.state.records()})
         except NoFreePort as e:
             raise StartFailed(str(e)) from e
         share = self._share(request)
+        agent = os.getpid()
+        started = process_started(agent)
+        assert started is not None  # this very process
+        reservation = Record(
+            machine=request.machine,
+            user=account.pw_name,
+            uid=account.pw_uid,
+            server=request.server,
+            pid=agent,
+            started=started,
+            port=port,
+            gpus=request.gpus,
+            cores=share.cores,
+            memory_gib=share.memory_gib,
+            cgroups=tuple(str(c) for c in starting.plan(share)),
+            gpu_share=request.gpu_share,
+            container=starting.container,
+            starting=True,
+        )
+        self.state.write(reservation)
+        return reservation
+
+    def _launch(
+        self, request: StartNotebook, starting: ProcessStart | ContainerStart, reservation: Record
+    ) -> dict[str, Any]:
+        """Outside the lock: the notebook started on its reservation, which becomes its
+        record (under the lock, briefly); undone on failure."""
+        share, port = self._share(request), reservation.port
         process: subprocess.Popen[bytes] | None = None
         try:
             output = self.state.log_path(request.machine)
@@ -150,51 +189,41 @@ class Notebooks:
                     f"the notebook exited at once (status {process.wait()}); its output is in"
                     f" {output} on the host"
                 )
-            record = Record(
-                machine=request.machine,
-                user=account.pw_name,
-                uid=account.pw_uid,
-                server=request.server,
-                pid=process.pid,
-                started=started,
-                port=port,
-                gpus=request.gpus,
-                cores=share.cores,
-                memory_gib=share.memory_gib,
-                cgroups=tuple(str(c) for c in starting.cgroups),
-                gpu_share=request.gpu_share,
-                container=starting.container,
-            )
-            self.state.write(record)
+            record = replace(reservation, pid=process.pid, started=started, starting=False)
+            with self.state.locked():
+                if self.state.read(request.machine) != reservation:
+                    raise StartFailed("the notebook was stopped while it started")
+                self.state.write(record)
         except BaseException as e:
             if process is not None and process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
             starting.undo()
+            with self.state.locked():
+                self.state.remove(reservation)
             if isinstance(e, StartFailed | Refused):
                 raise
             raise StartFailed(f"the notebook could not be started: {e}") from e
         log.info(
             "started %s's notebook for machine %s: pid %d on %s:%d, %d cores, %d GiB, GPUs %s%s",
-            account.pw_name,
+            record.user,
             request.machine,
             process.pid,
-            listen,
+            self.config.listen_address,
             port,
             share.cores,
             share.memory_gib,
             ",".join(request.gpus) or "none",
             f", in container {starting.container} of {request.image}" if starting.container else "",
         )
-        return {"ip": listen, "port": port, "pid": process.pid}
+        return {"ip": self.config.listen_address, "port": port, "pid": process.pid}
 
     # -- the other ops -----------------------------------------------------------------
 
     def stop(self, machine: str) -> dict[str, Any]:
         """SIGTERM, a grace, then whatever is left in its cgroups is killed."""
-        with self.state.locked():  # a start of it now under way has written its record
-            record = self.state.read(machine)
+        record = self._settled(machine)
         if record is None:
             return {"status": None}
         if alive(record) and record.container:
@@ -208,6 +237,20 @@ class Notebooks:
         self.end(record)
         log.info("stopped %s's notebook for machine %s (pid %d)", record.user, machine, record.pid)
         return {"status": None}
+
+    def _settled(self, machine: str) -> Record | None:
+        """The machine's record once a start of it under way has its notebook running
+        (or has failed), waited for a while; after that, the reservation as it is (its
+        end ends what the start made)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            record = self.state.read(machine)
+            if record is None or not record.starting or not alive(record):
+                return record
+            if time.monotonic() > deadline:
+                log.warning("machine %s is still starting: stopping what it has", machine)
+                return record
+            time.sleep(0.05)  # the start's own agent writes the record: a file to look at
 
     def poll(self, machine: str) -> dict[str, Any]:
         record = self.state.read(machine)

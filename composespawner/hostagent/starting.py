@@ -30,6 +30,7 @@ from composespawner.launchers.agent_protocol import StartNotebook, reply
 from composespawner.launchers.cgroups import (
     REMOVE_TIMEOUT,
     CgroupError,
+    CgroupPlan,
     Limits,
     balance_cpu_weight,
     cgroup_name,
@@ -75,9 +76,11 @@ class ProcessStart:
         self.config, self.request, self.account = config, request, account
         self.command, self.environment = command, environment
         self.cgroups: tuple[Path, ...] = ()
+        self._plan: CgroupPlan | None = None
 
-    def popen(self, port: int, share: Share, log_path: Path) -> subprocess.Popen[bytes]:
-        request, account = self.request, self.account
+    def plan(self, share: Share) -> tuple[Path, ...]:
+        """The notebook's cgroups, named (not made yet: :meth:`popen` makes them)."""
+        request = self.request
         found = find_hierarchies()
         for missing in unconfined(found):
             log.warning("notebooks here are not held to %s", missing)
@@ -85,11 +88,19 @@ class ProcessStart:
         limits = Limits(share, pids_limit(share, self.config.pids_per_gib), devices)
         name = cgroup_name(request.user, request.server, new_token())
         try:
-            plan = plan_cgroup(found, self.config.cgroup_parent, name, limits)
+            self._plan = plan_cgroup(found, self.config.cgroup_parent, name, limits)
+        except CgroupError as e:
+            raise StartFailed(f"cannot hold the notebook to its share: {e}") from e
+        self.cgroups = self._plan.cgroups
+        return self.cgroups
+
+    def popen(self, port: int, share: Share, log_path: Path) -> subprocess.Popen[bytes]:
+        request, account, plan = self.request, self.account, self._plan
+        assert plan is not None, "planned first"
+        try:
             make_cgroup(plan)
         except CgroupError as e:
             raise StartFailed(f"cannot hold the notebook to its share: {e}") from e
-        self.cgroups = plan.cgroups
         balance(plan.cgroups)
         extra = deliver(request, account, self.environment)
         environment = self.environment

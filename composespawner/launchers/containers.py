@@ -29,6 +29,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from composespawner.domain.hardware import Share
 
@@ -54,6 +55,7 @@ HOST_ONLY_VARIABLES = frozenset(
         "HOME",
     }
 )
+NOTEBOOK_SERVER = "jupyterhub-singleuser"  # on every stack image's PATH
 LABEL = "io.composespawner.notebook"  # on every notebook container: the hub's server name
 STOP_SECONDS = 10  # seconds podman gives a notebook after SIGTERM, before SIGKILL
 _UNSAFE = re.compile(r"[^a-z0-9_.-]+")
@@ -154,6 +156,14 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
         args += ["--env", name]
     args += ["--env", f"HOME={spec.home}"]
     return [*args, spec.image, *spec.command]
+
+
+def image_command(configured: Sequence[str]) -> list[str]:
+    """The notebook's command in its image: the configured one, where the image's own
+    notebook server replaces the host's (its path on the host means nothing there)."""
+    if configured and PurePath(configured[0]).name == NOTEBOOK_SERVER:
+        return [NOTEBOOK_SERVER, *configured[1:]]
+    return list(configured)
 
 
 def notebook_listens_everywhere(service_url: str) -> str:

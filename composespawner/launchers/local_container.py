@@ -41,13 +41,15 @@ from composespawner.launchers.containers import (
     cdi_devices,
     container_name,
     forwarded_names,
+    image_command,
     notebook_listens_everywhere,
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import UnknownGpuNode, device_nodes, gpu_minors
 from composespawner.launchers.jupyterhub_internals import log_name
-from composespawner.launchers.local import NOTEBOOK_SERVER, LocalLauncher
-from composespawner.launchers.relay import HubRelays, hub_addresses, inside_command
+from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.relay import HubRelays
+from composespawner.launchers.relayed import hub_addresses, inside_command
 from composespawner.launchers.stack_images import StackImages
 
 PULL_TIMEOUT = 1800.0  # seconds a first pull of a stack's image may take (gigabytes)
@@ -245,11 +247,8 @@ class PodmanLauncher(StackImages, LocalLauncher):
             ) from e
 
     def _in_stack(self, command: list[str]) -> list[str]:
-        """The image's own notebook server for the configured one (a path on the hub's
-        host means nothing in the image)."""
-        if Path(command[0]).name != NOTEBOOK_SERVER:
-            return command
-        return [NOTEBOOK_SERVER, *command[1:]]
+        """The image's own notebook server for the configured one."""
+        return image_command(command)
 
     def popen_in_share(
         self, popen: Callable[..., Popen[bytes]], cmd: Sequence[str], kwargs: dict[str, Any]

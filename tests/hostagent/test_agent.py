@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,10 @@ from typing import Any
 import pytest
 import requests
 
+from composespawner.hostagent.config import load_config
+from composespawner.hostagent.notebooks import Notebooks
+from composespawner.hostagent.starting import SINKS, ProcessStart
+from composespawner.launchers.agent_protocol import Refused, StartNotebook, parse_request
 from harness.hub import wait_for
 from tests.hostagent.hosts import (
     AGENT,
@@ -437,5 +442,51 @@ def test_a_start_the_hub_gave_up_on_is_undone(host: Host) -> None:
     _, stderr = agent.communicate(json.dumps(start_request(host.new_user(), "m1")).encode(), 60)
     assert agent.returncode == 1
     assert b"closed the channel before the start was done" in stderr
+    assert host.records() == []
+    assert host.cgroups() == []
+
+
+# The agent leaves its notebook running when its request ends (it exits; here, in the
+# test's process, the Popen goes while the notebook runs): reaped below.
+@pytest.mark.filterwarnings("ignore:subprocess [0-9]+ is still running:ResourceWarning")
+def test_a_start_holds_its_room_from_its_reservation_and_a_stop_waits_for_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock is held only to reserve: while one start's notebook is being started
+    (outside the lock), its reservation already holds the host's room, and a stop of
+    it waits for the notebook to run, then stops it."""
+    notebooks = Notebooks(load_config(host.config, {}))
+    reserved, go_on = threading.Event(), threading.Event()
+    real_popen = ProcessStart.popen
+
+    def held_popen(self: ProcessStart, *args: Any) -> Any:
+        reserved.set()
+        assert go_on.wait(60)
+        return real_popen(self, *args)
+
+    monkeypatch.setattr(ProcessStart, "popen", held_popen)
+
+    def asked(user: str, machine: str, cores: int) -> StartNotebook:
+        request = parse_request(json.dumps(start_request(user, machine, cores=cores)).encode())
+        assert isinstance(request, StartNotebook)
+        return request
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(notebooks.start, asked(host.new_user(), "m1", 4), lambda _: None)
+        assert reserved.wait(60)
+        reservation = json.loads((host.state_dir / "m1.json").read_text())
+        assert (reservation["starting"], reservation["pid"]) == (True, os.getpid())
+        with pytest.raises(Refused, match="cores"):  # the whole host is reserved
+            notebooks.start(asked(host.new_user(), "m2", 1), lambda _: None)
+        stopping = pool.submit(notebooks.stop, "m1")
+        go_on.set()
+        # The start ran its notebook (a stop that had ended the reservation would have
+        # failed it), and the stop, waiting for it, stopped that notebook.
+        answer = first.result(timeout=60)
+        assert stopping.result(timeout=60) == {"status": None}
+    assert answer["pid"] != os.getpid()
+    assert os.waitpid(answer["pid"], 0)[0] == answer["pid"]  # ended, by the stop
+    for sink in SINKS:
+        sink.wait(timeout=60)
     assert host.records() == []
     assert host.cgroups() == []

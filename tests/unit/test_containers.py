@@ -16,12 +16,14 @@ from composespawner.launchers.containers import (
     cdi_devices,
     container_name,
     forwarded_names,
+    image_command,
     image_for,
     notebook_listens_everywhere,
     run_arguments,
 )
 from composespawner.launchers.gpu_devices import device_nodes
-from composespawner.launchers.relay import HubRelays, inside_command, loopback_addresses
+from composespawner.launchers.relay import HubRelays
+from composespawner.launchers.relayed import inside_command, loopback_addresses
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -206,3 +208,9 @@ async def test_starts_at_once_share_one_relay_socket_that_carries(
         await HubRelays.stop()
         service.close()
         await service.wait_closed()
+
+
+def test_the_configured_notebook_server_is_the_images_own_and_another_command_stays() -> None:
+    host = ["/opt/composespawner/venv/bin/jupyterhub-singleuser", "--debug"]
+    assert image_command(host) == ["jupyterhub-singleuser", "--debug"]
+    assert image_command(["/usr/bin/env", "python", "-I"]) == ["/usr/bin/env", "python", "-I"]
