@@ -78,11 +78,18 @@ demo: install notebook-account labextension demo-images
 
 # Where it can (as root: podman and debootstrap come from Debian), the demo's notebooks
 # run in containers of their own from the stacks' images, built here the first time
-# (minutes) and cached after. Elsewhere, or where the build fails, they run as local
-# processes, and `composespawner demo` says why.
+# (minutes) and cached after: the default stack's before the hub starts, the others in
+# the background (the hub reads the record at each start: they join when built, and a
+# build cut short by Ctrl-C goes on in its own session). Elsewhere, or where the build
+# fails, they run as local processes, and `composespawner demo` says why.
+DEFAULT_STACK := pytorch
 demo-images:
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images || \
-	  echo "make demo: the stacks' images could not be built (above): notebooks run as processes"; fi
+	@if [ "$$(id -u)" = 0 ]; then \
+	  if $(MAKE) --no-print-directory images IMAGES_OF="--stack $(DEFAULT_STACK)"; then \
+	    setsid flock --nonblock $(IMAGES_LOCK) $(BIN)/python -m harness.images \
+	      >$(CACHE_DIR)/images-background.log 2>&1 </dev/null & \
+	    echo "make demo: the other stacks' images build in the background ($(CACHE_DIR)/images-background.log)"; \
+	  else echo "make demo: the stacks' images could not be built (above): notebooks run as processes"; fi; fi
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
@@ -106,8 +113,12 @@ PODMAN := /usr/bin/podman
 $(PODMAN):
 	$(call APT_WITHOUT_SERVICES,podman buildah runc docker-registry)
 
+# One build at a time (the demo's background one, a test run's): they share the cache.
+CACHE_DIR := $(HOME)/.cache/composespawner
+IMAGES_LOCK := $(CACHE_DIR)/images.lock
 images: $(VENV)/.installed $(PODMAN) $(DEBOOTSTRAP) labextension
-	$(BIN)/python -m harness.images
+	mkdir -p $(CACHE_DIR)
+	flock $(IMAGES_LOCK) $(BIN)/python -m harness.images $(IMAGES_OF)
 
 # The real kube-apiserver (v1.20.2) tests/kubernetes runs against, built once into
 # ~/.cache from Debian's source package: minutes the first time, instant after

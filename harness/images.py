@@ -472,9 +472,6 @@ def build(stacks: Sequence[str] = STACKS, variant: str = "cpu") -> dict[str, Bui
                 image = BuiltImage(stack, variant, tag, digest, inputs, tree_sha256(tag))
                 images[f"{stack}-{variant}"] = image
                 say(f"{stack}-{variant}: {image.by_digest} (tree {image.tree_sha256[:16]}…)")
-    # With each image's name by digest: what a hub's launcher is told to run.
-    record = {n: {**asdict(i), "image": i.by_digest} for n, i in images.items()}
-    BUILT.write_text(json.dumps(record, indent=2) + "\n")
     result = {f"{stack}-{variant}": images[f"{stack}-{variant}"] for stack in stacks}
     # Pulled by digest once here, as a host's first notebook on it would: kept, so that
     # the demo's notebooks start without the registry running.
@@ -483,6 +480,12 @@ def build(stacks: Sequence[str] = STACKS, variant: str = "cpu") -> dict[str, Bui
         with registry():
             for image in unpulled:
                 podman("pull", "--quiet", image.by_digest)
+    # With each image's name by digest: what a hub's launcher is told to run (a running
+    # demo hub reads it at each start, so it is written once the images are here).
+    record = {n: {**asdict(i), "image": i.by_digest} for n, i in images.items()}
+    partial = BUILT.with_suffix(".partial")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(BUILT)
     return result
 
 

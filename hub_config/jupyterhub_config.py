@@ -119,6 +119,7 @@ c.ComposePodmanSpawner.home_dir_template = c.ComposeSpawner.home_dir_template
 if os.environ.get("COMPOSE_RUNTIME") == "containers":  # composespawner demo chose them
     c.JupyterHub.spawner_class = "compose-podman"
     c.PodmanLauncher.stack_images = json.loads(os.environ["COMPOSE_STACK_IMAGES"])
+    c.PodmanLauncher.stack_images_file = os.environ.get("COMPOSE_STACK_IMAGES_FILE", "")
     c.PodmanLauncher.stack_variant = "cpu"  # the demo's hosts have no GPUs to open
 c.Spawner.cmd = os.environ.get("COMPOSE_NOTEBOOK_CMD", str(BIN / "jupyterhub-singleuser")).split()
 c.Spawner.default_url = "/lab"

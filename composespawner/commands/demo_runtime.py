@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from composespawner.launchers.stack_images import images_in_record
+
 CACHE = Path.home() / ".cache" / "composespawner"
 IMAGES_RECORD = CACHE / "images.json"
 # Podman's configuration as make images wrote it: runc, cgroupfs, storage in the cache.
@@ -45,14 +47,7 @@ class Runtime:
 
 def stack_images(record: Mapping[str, object]) -> dict[str, str]:
     """Each stack's CPU image by digest, from ``images.json``."""
-    found = {}
-    for entry in record.values():
-        if not isinstance(entry, dict) or entry.get("variant") != "cpu":
-            continue
-        stack, image = entry.get("stack"), entry.get("image")
-        if isinstance(stack, str) and isinstance(image, str) and "@sha256:" in image:
-            found[stack] = image
-    return found
+    return images_in_record(record, "cpu")
 
 
 def choose_runtime(
@@ -73,7 +68,12 @@ def choose_runtime(
     return Runtime(
         "containers",
         f"notebooks run in containers of their own (podman), from the images of {stacks}",
-        {"COMPOSE_STACK_IMAGES": json.dumps(dict(images), sort_keys=True), **podman_env},
+        {
+            "COMPOSE_STACK_IMAGES": json.dumps(dict(images), sort_keys=True),
+            # Read at each start too: a stack whose image is still being built joins then.
+            "COMPOSE_STACK_IMAGES_FILE": str(IMAGES_RECORD),
+            **podman_env,
+        },
     )
 
 

@@ -1,11 +1,16 @@
 """Which image a stack's notebooks run, by digest: the launchers that run images share it.
 
-A site names the images in its catalog (``image`` and each build's ``digest``) or in
-its configuration (``stack_images``); each stack has a CPU and a GPU image, and
-``stack_variant`` says which this hub's notebooks run.
+A site names the images in its catalog (``image`` and each build's ``digest``), in its
+configuration (``stack_images``) or in the record its image builds write
+(``stack_images_file``, read at each start: an image built after the hub started is run
+without a restart); each stack has a CPU and a GPU image, and ``stack_variant`` says which
+this hub's notebooks run.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
 
 from traitlets import Dict, Enum, Unicode
 from traitlets.config import LoggingConfigurable
@@ -33,11 +38,29 @@ class StackImages(LoggingConfigurable):
         host's driver comes in through the devices) or cpu (for hosts without GPUs).""",
     )
 
+    stack_images_file = Unicode(
+        "",
+        config=True,
+        help="""A record of built images (``make images``' images.json: each entry's
+        stack, variant and image by digest), read at each start; what it names comes
+        after stack_images. Empty: none.""",
+    )
+
     def image_of(self, stack: Stack) -> str | None:
         """The image ``stack``'s notebooks run, by digest; None where none is."""
         build = stack.cpu if self.stack_variant == "cpu" else stack.gpu
         catalog = f"{stack.image}@{build.digest}" if stack.image and build and build.digest else ""
-        return image_for(self.stack_images, stack.id, catalog)
+        return image_for({**self._recorded(), **self.stack_images}, stack.id, catalog)
+
+    def _recorded(self) -> dict[str, str]:
+        if not self.stack_images_file:
+            return {}
+        try:
+            with open(self.stack_images_file) as file:
+                return images_in_record(json.load(file), self.stack_variant)
+        except (OSError, ValueError) as e:
+            self.log.warning("cannot read the images' record %s: %s", self.stack_images_file, e)
+            return {}
 
     def check_image(self, stack: Stack) -> str:
         """``stack``'s image; refused (503) where it has none by digest."""
@@ -68,3 +91,16 @@ class StackImages(LoggingConfigurable):
         if build is not None:
             env["COMPOSE_STACK_LOCK_SHA256"] = build.lock_sha256
         return env
+
+
+def images_in_record(record: Mapping[str, object], variant: str) -> dict[str, str]:
+    """Each stack's ``variant`` image by digest, from a record of built images
+    (``{name: {"stack", "variant", "image"}}``); entries that are not such are skipped."""
+    found = {}
+    for entry in record.values():
+        if not isinstance(entry, dict) or entry.get("variant") != variant:
+            continue
+        stack, image = entry.get("stack"), entry.get("image")
+        if isinstance(stack, str) and isinstance(image, str) and "@sha256:" in image:
+            found[stack] = image
+    return found

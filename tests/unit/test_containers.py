@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from composespawner.domain.catalog import Catalog
 from composespawner.domain.hardware import Share
 from composespawner.launchers.containers import (
     ContainerSpec,
@@ -24,6 +26,8 @@ from composespawner.launchers.containers import (
 from composespawner.launchers.gpu_devices import device_nodes
 from composespawner.launchers.relay import HubRelays
 from composespawner.launchers.relayed import inside_command, loopback_addresses
+from composespawner.launchers.stack_images import StackImages
+from harness.paths import HUB_CONFIG
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -214,3 +218,24 @@ def test_the_configured_notebook_server_is_the_images_own_and_another_command_st
     host = ["/opt/composespawner/venv/bin/jupyterhub-singleuser", "--debug"]
     assert image_command(host) == ["jupyterhub-singleuser", "--debug"]
     assert image_command(["/usr/bin/env", "python", "-I"]) == ["/usr/bin/env", "python", "-I"]
+
+
+def test_an_image_recorded_after_the_hub_started_is_run_at_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (pytorch,) = [
+        s for s in Catalog.from_file(HUB_CONFIG / "catalog.toml").stacks if s.id == "pytorch"
+    ]
+    record = tmp_path / "images.json"
+    images = StackImages(stack_variant="cpu", stack_images_file=str(record))
+    assert images.image_of(pytorch) is None  # nothing built, nor named in the catalog
+    built = "127.0.0.1:5000/composespawner/pytorch-cpu@sha256:" + "b" * 64
+    entry = {"stack": "pytorch", "variant": "cpu", "image": built}
+    record.write_text(json.dumps({"pytorch-cpu": entry}))
+    assert images.image_of(pytorch) == built
+    images.stack_images = {"pytorch": IMAGE}  # the site's own setting comes first
+    assert images.image_of(pytorch) == IMAGE
+    images.stack_images = {}
+    record.write_text("{not json")
+    assert images.image_of(pytorch) is None
+    assert "cannot read the images' record" in caplog.text
