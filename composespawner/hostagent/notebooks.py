@@ -2,9 +2,13 @@
 
 A start checks first and does after: the account (never a system one), the
 GPUs (present, and not another notebook's), the share (fits beside the
-running ones), all under the state folder's lock, so nothing is done for a
-refused request. Then it starts the notebook as the runtime says, and writes
-the record; a failure after any of that undoes it.
+running ones), so nothing is done for a refused request. The state folder's
+lock is held only to decide: the checks, then (again, after the account is
+made and the stack's environment built or its image pulled) the reservation of
+the share, GPUs, port and names, as a record of the starting agent's own
+process. The notebook is started outside it and its record written; a failure
+after the reservation undoes it, and a reservation whose agent died ends as a
+notebook that is gone does.
 
 How: :mod:`.starting` (the process runtime: a cgroup made, the process started as the
 account) and :mod:`.containers` (the containers runtime: ``podman run`` of the stack's

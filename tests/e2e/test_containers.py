@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pwd
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -64,6 +65,18 @@ print(json.dumps({
 """
 
 
+def seen_in_lab(hub: Hub, user: str, token: str) -> dict[str, Any]:
+    """What ``INSIDE`` says from a kernel of ``user``'s server, once JupyterLab answers."""
+    lab = requests.get(
+        f"{hub.url}/user/{user}/lab", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200
+    assert "JupyterLab" in lab.text
+    done = run_in_kernel(f"{hub.url}/user/{user}/", token, INSIDE, timeout=180)
+    assert done.error is None, done.error
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
     hub: Hub, built: dict[str, images.BuiltImage]
 ) -> None:
@@ -73,14 +86,7 @@ def test_a_notebook_runs_in_its_stacks_image_and_its_container_goes_with_it(
     hub.wait_ready("student1", timeout=180)
     assert len(images.notebook_containers()) == 1
     token = process_env(notebook_pid(hub, "student1"))["JUPYTERHUB_API_TOKEN"]
-    lab = requests.get(
-        f"{hub.url}/user/student1/lab", headers={"Authorization": f"token {token}"}, timeout=30
-    )
-    assert lab.status_code == 200
-    assert "JupyterLab" in lab.text
-    done = run_in_kernel(f"{hub.url}/user/student1/", token, INSIDE, timeout=180)
-    assert done.error is None, done.error
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = seen_in_lab(hub, "student1", token)
     assert seen["prefix"] == "/opt/stack/venv"  # the image's, not the host's
     assert seen["uid"] == pwd.getpwnam(DEFAULT_NOTEBOOK_ACCOUNT).pw_uid
     assert seen["pid1"] == "/run/podman-init"  # its own pid namespace, podman's init first
@@ -130,15 +136,7 @@ def test_a_hosts_agent_runs_the_notebook_in_its_stacks_image_over_ssh(
     # Its environment is the container's (podman's own process has none of it).
     inspected = json.loads(images.podman("inspect", record["container"], timeout=60))[0]
     env = dict(item.partition("=")[::2] for item in inspected["Config"]["Env"])
-    token = env["JUPYTERHUB_API_TOKEN"]
-    lab = requests.get(
-        f"{hub.url}/user/student1/lab", headers={"Authorization": f"token {token}"}, timeout=30
-    )
-    assert lab.status_code == 200
-    assert "JupyterLab" in lab.text
-    done = run_in_kernel(f"{hub.url}/user/student1/", token, INSIDE, timeout=180)
-    assert done.error is None, done.error
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = seen_in_lab(hub, "student1", env["JUPYTERHUB_API_TOKEN"])
     assert seen["prefix"] == "/opt/stack/venv"
     assert seen["uid"] == pwd.getpwnam("student1").pw_uid  # the user's own account
     assert seen["pid1"] == "/run/podman-init"

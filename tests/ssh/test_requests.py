@@ -127,46 +127,36 @@ def test_a_share_holders_start_says_its_share_and_a_whole_ones_does_not() -> Non
     assert b"gpu_share" not in asked(1)  # an agent before shares takes it
 
 
+def bare_start(user: str = "ada", image: str | None = None) -> StartNotebook:
+    """A start of a machine without devices or share, stack or manifest."""
+    return start_request(
+        user=user,
+        server="",
+        machine=ComposedMachine("m-1", "host-1", "r", (), None, ()),
+        env={},
+        args=[],
+        share=None,
+        stack=None,
+        manifest=None,
+        image=image,
+    )
+
+
 def test_a_start_the_agent_would_refuse_is_refused_here() -> None:
-    machine = ComposedMachine("m-1", "host-1", "r", (), None, ())
     with pytest.raises(Refused, match="account"):
-        start_request(
-            user="../root",
-            server="",
-            machine=machine,
-            env={},
-            args=[],
-            share=None,
-            stack=None,
-            manifest=None,
-        )
+        bare_start(user="../root")
 
 
 def test_an_image_goes_by_digest_and_only_where_named() -> None:
-    machine = ComposedMachine("m-1", "host-1", "r", (), None, ())
     image = "127.0.0.1:5000/composespawner/pytorch@sha256:" + "a" * 64
-
-    def asking(image: str | None) -> StartNotebook:
-        return start_request(
-            user="ada",
-            server="",
-            machine=machine,
-            env={},
-            args=[],
-            share=None,
-            stack=None,
-            manifest=None,
-            image=image,
-        )
-
-    request = asking(image)
+    request = bare_start(image=image)
     assert json.loads(encode_request(request))["image"] == image
     assert parse_request(encode_request(request)) == request
-    without = asking(None)
+    without = bare_start()
     assert "image" not in json.loads(encode_request(without))  # agents before images take it
     for bad in ("pytorch:latest", "-v/:/x@sha256:" + "a" * 64, "r/p@sha256:" + "A" * 64):
         with pytest.raises(Refused, match="image"):
-            asking(bad)
+            bare_start(image=bad)
 
 
 def test_a_stack_goes_with_its_cpu_lock_and_common_files(tmp_path: Path) -> None:
