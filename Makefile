@@ -101,7 +101,7 @@ typecheck: $(VENV)/.installed-test
 # The stacks' environments, built once per lock and kept in /var/cache (~/.cache
 # when not root): every server in the tests runs on one, and a first build takes
 # minutes that no single test should wait for.
-stacks: $(VENV)/.installed
+stacks: $(VENV)/.installed labextension
 	$(BIN)/composespawner build-stacks -f hub_config/jupyterhub_config.py
 
 # The stacks' CPU notebook images (harness/images.py): a Debian base made with debootstrap

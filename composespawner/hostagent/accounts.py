@@ -30,7 +30,7 @@ import pwd
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from composespawner.hostagent.config import USERS_GROUP, AgentConfig
@@ -52,7 +52,6 @@ from composespawner.launchers.accounts import (
 )
 from composespawner.launchers.agent_protocol import Refused
 
-PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 NSSWITCH = Path("/etc/nsswitch.conf")  # where NSS's sources are (read at each lookup: tests set it)
 log = logging.getLogger("composespawner.hostagent")
 
@@ -194,21 +193,3 @@ def stack_program_refusal(program: str, environment: Path, configured: str) -> s
         f"the stack's notebook program {program} leads to {real}, outside its environment"
         f" {environment}; an administrator removes that environment to have it built again"
     )
-
-
-def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:
-    """A ``preexec_fn`` that turns the forked child (root) into ``account``, for good."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
-    name, uid, gid = account.pw_name, account.pw_uid, account.pw_gid
-
-    def become() -> None:  # in the forked child, as root, before exec
-        os.initgroups(name, gid)
-        os.setgid(gid)
-        os.setuid(uid)
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        os.chdir(home)  # as the account: a home root may not enter (NFS) is still entered
-
-    return become

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composespawner.launchers.accounts import BUILD_ACCOUNT
 from composespawner.launchers.agent_protocol import ACCOUNT_NAME
 from composespawner.launchers.cgroups import PIDS_PER_GIB, parent_parts
 from composespawner.launchers.containers import ISOLATED_NETWORK
@@ -26,7 +27,6 @@ DEFAULT_STATE_DIR = "/var/lib/composespawner-host"
 DEFAULT_STACKS_DIR = "/var/cache/composespawner/stacks"
 NVIDIA_SMI_QUERY = ("--query-gpu=uuid", "--format=csv,noheader")
 USERS_GROUP = "composespawner-users"  # the accounts the agent creates
-BUILD_ACCOUNT = "composespawner-build"  # builds stack environments: never root
 # Groups that make an account more than a person's: root in all but name (docker, lxd,
 # libvirt, disk, kvm's raw devices), a way to become root (sudo, wheel, admin; Debian's
 # staff writes /usr/local, first on root's PATH), or secrets (shadow, adm, the journal).

@@ -79,14 +79,30 @@ def podman(config: AgentConfig, args: list[str], within: float) -> subprocess.Co
         raise StartFailed(f"podman {args[0]}: {e}") from e
 
 
-def pull_once(config: AgentConfig, image: str, say: Say) -> None:
-    """``image`` in this host's store: pulled by digest the first time, then kept."""
-    if podman(config, ["image", "exists", image], PODMAN_TIMEOUT).returncode == 0:
-        return
-    say(reply(progress="fetching the stack's image (first use on this host)", percent=30))
-    done = podman(config, ["pull", "--quiet", image], config.image_pull_timeout)
-    if done.returncode != 0:
-        raise StartFailed(f"cannot pull {image}: {done.stderr.strip()[-300:]}")
+def pulled_marker(config: AgentConfig, image: str) -> Path:
+    """The state folder's note that ``image`` was pulled on this host."""
+    return config.state_dir / "images" / hashlib.sha256(image.encode()).hexdigest()[:32]
+
+
+def pull_once(config: AgentConfig, image: str, say: Say) -> str:
+    """``image`` in this host's store: pulled by digest the first time, then kept; the
+    pull policy its ``podman run`` takes (:attr:`ContainerSpec.pull`).
+
+    Once pulled, a note in the state folder says so and no podman is asked again (a
+    start costs a podman the less); should the image have gone since (a prune), the
+    run pulls it again itself, without the progress line.
+    """
+    marker = pulled_marker(config, image)
+    if marker.exists():
+        return "missing"
+    if podman(config, ["image", "exists", image], PODMAN_TIMEOUT).returncode != 0:
+        say(reply(progress="fetching the stack's image (first use on this host)", percent=30))
+        done = podman(config, ["pull", "--quiet", image], config.image_pull_timeout)
+        if done.returncode != 0:
+            raise StartFailed(f"cannot pull {image}: {done.stderr.strip()[-300:]}")
+    marker.parent.mkdir(mode=0o700, exist_ok=True)
+    marker.write_text(image + "\n")
+    return "never"
 
 
 def env_file_text(env: dict[str, str], names: tuple[str, ...]) -> str:
@@ -115,8 +131,15 @@ class ContainerStart:
     """One notebook's container being started: its env file and relay made first, so
     that a failure anywhere undoes what was made (:meth:`undo`)."""
 
-    def __init__(self, config: AgentConfig, request: StartNotebook, account: pwd.struct_passwd):
+    def __init__(
+        self,
+        config: AgentConfig,
+        request: StartNotebook,
+        account: pwd.struct_passwd,
+        pull: str = "never",
+    ):
         self.config, self.request, self.account = config, request, account
+        self.pull = pull  # podman run's pull policy (pull_once's answer)
         self.container = container_name(request.user, request.server, secrets.token_hex(4))
         self.env_file = config.state_dir / f"{request.machine}.env"
         self.relay_folder = relay_folder(config, request.machine)
@@ -164,6 +187,7 @@ class ContainerStart:
             labels=(("io.composespawner.machine", self.request.machine),),
             read_only_mounts=(str(self.relay_folder),) if relayed else (),
             env_file=str(self.env_file),
+            pull=self.pull,
         )
         args = [*self.config.podman_command, *run_arguments(spec)]
         passed = () if self._relay_end is None else (self._relay_end,)

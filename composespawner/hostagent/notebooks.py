@@ -44,6 +44,7 @@ from composespawner.hostagent.containers import (
 )
 from composespawner.hostagent.decisions import Record, runtime_refusal, start_refusal
 from composespawner.hostagent.starting import (
+    NotebookStart,
     ProcessStart,
     Say,
     StartFailed,
@@ -90,8 +91,8 @@ class Notebooks:
         account = self._account(request.user)
         if request.image is not None:  # the runtime is containers
             _open_the_way(())  # the agent's Python writes the run manifest as the account
-            pull_once(self.config, request.image, say)
-            starting: ProcessStart | ContainerStart = ContainerStart(self.config, request, account)
+            pull = pull_once(self.config, request.image, say)
+            starting: NotebookStart = ContainerStart(self.config, request, account, pull)
         else:
             starting = self._process_start(request, account, say)
         with self.state.locked():
@@ -141,9 +142,7 @@ class Notebooks:
         if refusal:
             raise Refused(refusal)
 
-    def _reserve(
-        self, request: StartNotebook, account: Any, starting: ProcessStart | ContainerStart
-    ) -> Record:
+    def _reserve(self, request: StartNotebook, account: Any, starting: NotebookStart) -> Record:
         """Under the lock: the notebook's port, cgroups and container named, and held by a
         record of this agent's own process (``starting``): every later check counts it,
         and should this agent die before the notebook runs, its record ends like any
@@ -178,7 +177,7 @@ class Notebooks:
         return reservation
 
     def _launch(
-        self, request: StartNotebook, starting: ProcessStart | ContainerStart, reservation: Record
+        self, request: StartNotebook, starting: NotebookStart, reservation: Record
     ) -> dict[str, Any]:
         """Outside the lock: the notebook started on its reservation, which becomes its
         record (under the lock, briefly); undone on failure."""

@@ -18,14 +18,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from composespawner.domain.hardware import Share
 from composespawner.hostagent import logsink
-from composespawner.hostagent.accounts import becoming
 from composespawner.hostagent.config import NOTEBOOK_SERVER, AgentConfig
 from composespawner.hostagent.decisions import notebook_env, parse_gpu_list, resolve_gpus
 from composespawner.launchers import notebook_files
+from composespawner.launchers.accounts import becoming
 from composespawner.launchers.agent_protocol import StartNotebook, reply
 from composespawner.launchers.cgroups import (
     REMOVE_TIMEOUT,
@@ -57,6 +57,28 @@ Say = Callable[[bytes], None]
 
 class StartFailed(Exception):
     """The start failed on the host (what was begun is undone); the message says why."""
+
+
+class NotebookStart(Protocol):
+    """One notebook being started, in the steps the agent takes: :meth:`plan` under its
+    state lock (what the reservation names), :meth:`popen` outside it, :meth:`undo` on
+    any failure after the plan. :class:`ProcessStart` and
+    :class:`~composespawner.hostagent.containers.ContainerStart` are the two."""
+
+    container: str  # the container's name, or "" (the process runtime)
+    cgroups: tuple[Path, ...]  # the cgroups the agent made for it (none for a container)
+
+    def plan(self, share: Share) -> tuple[Path, ...]:
+        """The cgroups the notebook will run in, named (made by :meth:`popen`)."""
+        ...
+
+    def popen(self, port: int, share: Share, log_path: Path) -> subprocess.Popen[bytes]:
+        """The notebook's process, its output in ``log_path``."""
+        ...
+
+    def undo(self) -> None:
+        """What the start made, gone."""
+        ...
 
 
 class ProcessStart:

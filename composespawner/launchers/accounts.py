@@ -25,9 +25,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DEFAULT_NOTEBOOK_ACCOUNT = "composespawner-nb"
+BUILD_ACCOUNT = "composespawner-build"  # builds stack environments: never root
 USERADD_TIMEOUT = 30.0  # seconds
 _USERADD_EXISTS = 9  # useradd's exit status for "the account already exists"
 # What useradd takes on every Linux without --badname (shadow's is_valid_user_name).
+PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 _ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
 
@@ -230,3 +232,21 @@ def _runs_as(account: pwd.struct_passwd, command: list[str]) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+def becoming(account: pwd.struct_passwd, home: str) -> Callable[[], None]:
+    """A ``preexec_fn`` that turns the forked child (root) into ``account``, for good."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+    name, uid, gid = account.pw_name, account.pw_uid, account.pw_gid
+
+    def become() -> None:  # in the forked child, as root, before exec
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        os.chdir(home)  # as the account: a home root may not enter (NFS) is still entered
+
+    return become

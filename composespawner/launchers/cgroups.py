@@ -162,6 +162,12 @@ class Limits:
     devices: tuple[str, ...] | None = None
 
 
+def host_share() -> Share:
+    """The whole host as a share, for a notebook composed without one."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Share(cores=os.cpu_count() or 1, memory_gib=max(1, memory // GIB))
+
+
 def pids_limit(share: Share, per_gib: int) -> int:
     """The processes and threads a notebook of ``share`` may have: ``per_gib`` for each
     GiB of its memory, and never fewer than :data:`LEAST_PIDS` (JupyterLab, a kernel and

@@ -86,6 +86,9 @@ class ContainerSpec:
     labels: tuple[tuple[str, str], ...] = field(default=())
     read_only_mounts: tuple[str, ...] = ()  # host folders mounted read-only at the same path
     env_file: str = ""  # a file of NAME=value lines for the container (root's alone), or none
+    # Podman's pull policy: never (the launcher pulled it, with progress, just before),
+    # or missing (pulled before, and looked for again only if it is gone since).
+    pull: str = "never"
 
 
 def container_name(user: str, server: str, token: str) -> str:
@@ -125,11 +128,13 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
         raise ContainerSpecError(f"no port {spec.port} to publish")
     if spec.uid == 0:
         raise ContainerSpecError("a notebook container never runs as root")
+    if spec.pull not in ("never", "missing"):
+        raise ContainerSpecError(f"no pull policy {spec.pull!r}: never or missing")
     args = [
         *("run", "--rm", "--name", spec.name),
         *("--user", f"{spec.uid}:{spec.gid}", "--userns", "host"),
         *("--cap-drop", "all", "--security-opt", "no-new-privileges", "--init"),
-        *("--read-only", "--read-only-tmpfs=false", "--pull", "never"),
+        *("--read-only", "--read-only-tmpfs=false", "--pull", spec.pull),
         *("--stop-timeout", str(STOP_SECONDS), "--stop-signal", "SIGTERM"),
         *("--network", spec.network, "--publish", f"{spec.host_ip}:{spec.port}:{spec.port}"),
         *("--volume", f"{spec.home}:{spec.home}:rw", "--workdir", spec.home),

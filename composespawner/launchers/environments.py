@@ -1,12 +1,16 @@
-"""Stack environments for the local launcher: a stack's CPU lock, built once, shared.
+"""Stack environments: a stack's CPU lock, built once, shared.
 
-In the embedded default a notebook runs in a Python environment made from its
-stack's CPU lock: every package from the lock, each checked against its hash,
-nothing resolved. The first start on a stack builds it (a minute or two, with
-progress on the spawn page); every later start, by anyone, finds it ready.
-Environments are keyed by the lock's hash, the stack's common files and the
-Python that runs them, so a changed lock is a new environment, never an
-upgrade in place.
+In the embedded default (and on a host's agent's process runtime) a notebook runs
+in a Python environment made from its stack's CPU lock: every package from the
+lock, each checked against its hash, nothing resolved. The first start on a stack
+builds it (a minute or two, with progress on the spawn page); every later start,
+by anyone, finds it ready. Environments are named by everything they are made
+from (:func:`environment_key`), so a changed lock, common file or client is a new
+environment, never an upgrade in place.
+
+:class:`StackEnvironments` names environments and builds them in the process that
+asks; that is the builder child (:mod:`.stack_builder`), which the hub and the
+agent start as the build account (:mod:`.stack_builds`, :mod:`.local_stacks`).
 
 pip installs, so the machine's own package-index settings (pip.conf, ``PIP_*``)
 apply: a campus mirror works as it does for everything else.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from composespawner import client
 from composespawner.domain.catalog import Stack
+from composespawner.launchers.agent_protocol import FILE_NAME
 
 BUILD_TIMEOUT = 1800.0  # seconds; a cold build here takes a minute or two
 MANIFEST = "stack-manifest.json"  # written last: an environment without it is unfinished
@@ -72,21 +78,40 @@ def lock_hash(lock: Path) -> str:
     return hashlib.sha256(lock.read_bytes()).hexdigest()
 
 
-def environment_key(lock_sha256: str, python_version: str, common_sha256: str) -> str:
-    """Everything an environment is made from, as a short hash: the lock, the Python, and
-    the stack's common files (``stack_manifest.py`` runs in the build; a changed one with
-    the same lock is a new environment, never the old one reused, nor one it made).
+def environment_key(
+    lock_sha256: str, python_version: str, common_sha256: str, notebook_sha256: str
+) -> str:
+    """Everything an environment is made from, as a short hash: the lock, the Python, the
+    stack's common files (``stack_manifest.py`` runs in the build; a changed one with the
+    same lock is a new environment, never the old one reused, nor one it made), and the
+    notebook side put in with it (:func:`notebook_side_sha256`).
 
-    Not composespawner's client (not a common file): it goes with the hub's version and
-    is brought up to date at a hub's first use of the environment.
+    An environment is never changed once built: its builder may have left links in it
+    that a later writer would follow, so a newer client is a new environment too.
     """
-    made_from = f"{lock_sha256} {python_version} {common_sha256}"
+    made_from = f"{lock_sha256} {python_version} {common_sha256} {notebook_sha256}"
     return hashlib.sha256(made_from.encode()).hexdigest()[:16]
 
 
+@functools.cache
+def notebook_side_sha256(package: Path = LAB_PACKAGE) -> str:
+    """One hash of what :meth:`StackEnvironments._add_notebook_side` puts in beside the
+    lock: composespawner's client and the JupyterLab extension as built (or its absence).
+    Once per process: neither changes under a running hub."""
+    digest = hashlib.sha256(CLIENT.read_bytes())
+    built = package / "labextension"
+    if (built / "package.json").is_file():
+        for tree in (_tree(package, "*.py"), _tree(built, "*")):
+            for name, content in sorted(tree.items()):
+                digest.update(f"\0{name}\0{len(content)}\0".encode())
+                digest.update(content)
+    return digest.hexdigest()
+
+
 def common_files(common: Path) -> list[Path]:
-    """The stack's common files (its folder's own files; a ``__pycache__`` is none)."""
-    return sorted(path for path in common.iterdir() if path.is_file())
+    """The stack's common files: its folder's own files, named as a host's agent takes
+    them (a ``__pycache__`` is none), so that a copy of them names the same environment."""
+    return sorted(p for p in common.iterdir() if p.is_file() and FILE_NAME.fullmatch(p.name))
 
 
 def files_sha256(files: list[Path]) -> str:
@@ -182,8 +207,6 @@ class StackEnvironments:
         # One build per environment in this process; a second start waits on it.
         self._builds: dict[Path, asyncio.Future[StackEnvironment]] = {}
         self._listeners: dict[Path, list[Progress]] = {}
-        # Environments whose notebook side this process has brought up to date.
-        self._current: set[Path] = set()
         # Per stack: what its files were checked as (the stack, its lock's mtime and size,
         # its common files' names, mtimes and sizes) and its environment.
         self._checked: dict[str, tuple[tuple[object, ...], StackEnvironment]] = {}
@@ -217,21 +240,25 @@ class StackEnvironments:
                 f" pinned it (sha256 {actual[:12]}…, catalog {build.lock_sha256[:12]}…)."
                 " An administrator puts the new hash in the catalog or restores the lock."
             )
-        key = environment_key(build.lock_sha256, self._python_version, common_sha256)
+        key = environment_key(
+            build.lock_sha256, self._python_version, common_sha256, notebook_side_sha256()
+        )
         environment = StackEnvironment(stack, self.root / f"{stack.id}-{key}")
         self._checked[stack.id] = (checked, environment)
         return environment
 
     def ready(self, stack: Stack) -> StackEnvironment | None:
         environment = self.environment(stack)
-        return environment if environment.manifest.is_file() else None
+        return environment if self.built(environment) else None
+
+    def built(self, environment: StackEnvironment) -> bool:
+        """Whether ``environment`` is whole, and so may be run (its manifest goes in last)."""
+        return environment.manifest.is_file()
 
     async def ensure(self, stack: Stack, progress: Progress) -> StackEnvironment:
         """The stack's environment, built first if it is not there yet."""
         environment = self.environment(stack)
-        if environment.manifest.is_file():
-            if environment.path not in self._current:
-                await asyncio.to_thread(self._add_notebook_side, environment)
+        if self.built(environment):
             return environment
         listeners = self._listeners.setdefault(environment.path, [])
         listeners.append(progress)
@@ -332,7 +359,7 @@ class StackEnvironments:
 
     def _add_notebook_side(self, environment: StackEnvironment) -> None:
         """The repro helper and composespawner's client, as the images get them: this
-        hub's versions, each file replaced whole (notebooks may be importing them)."""
+        package's versions (:func:`notebook_side_sha256`), put in as it is built."""
         version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
         site_packages = environment.path / "lib" / version / "site-packages"
         (site_packages / "composespawner").mkdir(exist_ok=True)
@@ -353,7 +380,6 @@ class StackEnvironments:
                 " notebooks on %s run without it",
                 environment.path,
             )
-        self._current.add(environment.path)
 
     async def _run(
         self,

@@ -37,9 +37,9 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
 
-from traitlets import Bool, Float, Unicode, default
+from traitlets import Bool, Unicode, default
 
-from composespawner.domain.catalog import Kit, Stack
+from composespawner.domain.catalog import Kit
 from composespawner.domain.machine import nvidia_visible_devices
 from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
@@ -48,17 +48,13 @@ from composespawner.launchers.accounts import (
 )
 from composespawner.launchers.base import Launcher, SpawnRefused
 from composespawner.launchers.environments import (
-    BUILD_TIMEOUT,
     StackBuildError,
     StackEnvironment,
-    StackEnvironments,
-    default_root,
 )
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.local_files import (
     merge_kit,
     notebook_account,
-    stack_builder,
     write_for_notebook,
 )
 from composespawner.launchers.local_process import (
@@ -66,13 +62,14 @@ from composespawner.launchers.local_process import (
     process_started,
     watch_exit,
 )
+from composespawner.launchers.local_stack_settings import LocalStackSettings
 from composespawner.launchers.ports import NoFreePort, notebook_port
 from composespawner.ledger.runner import whole_in_thread
 
 NOTEBOOK_SERVER = "jupyterhub-singleuser"
 
 
-class LocalLauncher(Launcher, CgroupLimitedSpawner):
+class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
     """Run the notebook as a local process, held to its share; say at once when it exits."""
 
     shared_account = Bool(
@@ -97,22 +94,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
         account notebooks run as (mode 0700). Every folder above it must be open to it.""",
     )
 
-    stack_environments_dir = Unicode(
-        config=True,
-        help="""Where stack environments are built and kept, one folder per stack lock
-        (a few GB each). The account notebooks run as must be able to read it.""",
-    )
-    stack_build_timeout = Float(
-        BUILD_TIMEOUT,
-        config=True,
-        help="""Seconds building a stack's environment may take, on top of start_timeout
-        for the start that builds it (the first on that stack's lock).""",
-    )
-
-    @default("stack_environments_dir")
-    def _default_stack_environments_dir(self) -> str:
-        return str(default_root())
-
     # Every launcher of this hub, so that no two of its notebooks get one port.
     _launchers: ClassVar[weakref.WeakSet[LocalLauncher]] = weakref.WeakSet()
     _assigned_port = 0  # the port start chose (not configured), chosen afresh each start
@@ -124,24 +105,6 @@ class LocalLauncher(Launcher, CgroupLimitedSpawner):
     _manifest_file: tuple[Path, bytes, pwd.struct_passwd | None] | None = None
 
     # -- the stack's environment -----------------------------------------------
-
-    def _builder(self, stack: Stack) -> StackEnvironments:
-        return stack_builder(self.stack_environments_dir, stack, self.stack_build_timeout, self.log)
-
-    def check_stack(self, stack: Stack) -> None:
-        try:
-            self._builder(stack).environment(stack)
-        except StackBuildError as e:
-            raise SpawnRefused(str(e), reason="stack", status_code=503) from e
-
-    def extra_start_time(self, stack: Stack | None) -> float:
-        if stack is None:
-            return 0.0
-        try:
-            ready = self._builder(stack).ready(stack)
-        except StackBuildError:
-            return 0.0  # start() refuses it at once
-        return 0.0 if ready is not None else self.stack_build_timeout
 
     async def prepare_launch(self) -> None:
         self._environment = self._run_manifest = self._manifest_file = None

@@ -31,9 +31,8 @@ from typing import Any, ClassVar
 from traitlets import Enum, Float, Unicode
 
 from composespawner.domain.catalog import Stack
-from composespawner.domain.hardware import Share
 from composespawner.launchers.base import SpawnRefused
-from composespawner.launchers.cgroups import GIB, pids_limit
+from composespawner.launchers.cgroups import host_share, pids_limit
 from composespawner.launchers.containers import (
     ISOLATED_NETWORK,
     STOP_SECONDS,
@@ -334,9 +333,3 @@ class PodmanLauncher(StackImages, LocalLauncher):
 
 def _own_home() -> str:
     return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-
-
-def host_share() -> Share:
-    """The whole host as a share, for a notebook composed without one."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Share(cores=os.cpu_count() or 1, memory_gib=max(1, memory // GIB))

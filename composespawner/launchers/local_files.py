@@ -16,29 +16,46 @@ from pathlib import Path
 from composespawner.domain.catalog import Kit, Stack
 from composespawner.launchers import notebook_files
 from composespawner.launchers.accounts import (
+    BUILD_ACCOUNT,
     notebook_account_for,
     switch_account_command,
     useradd_command,
 )
 from composespawner.launchers.base import KitNotDelivered, SpawnRefused
-from composespawner.launchers.environments import StackEnvironments
+from composespawner.launchers.cgroups import PIDS_PER_GIB, parent_parts
+from composespawner.launchers.local_stacks import LocalStackBuilds
 from composespawner.launchers.notebook_files import NotAFolder
 
 KIT_MERGE_TIMEOUT = 60.0  # seconds: a few small files, on a home that may be slow
 
 # One builder per folder in a hub: two first starts on a stack share one build.
-_builders: dict[tuple[str, Path, float], StackEnvironments] = {}
+_builders: dict[tuple[object, ...], LocalStackBuilds] = {}
 
 
 def stack_builder(
-    root: str, stack: Stack, build_timeout: float, log: logging.Logger
-) -> StackEnvironments:
+    root: str,
+    stack: Stack,
+    build_timeout: float,
+    log: logging.Logger,
+    *,
+    account: str = BUILD_ACCOUNT,
+    cgroup_parent: str = "composespawner",
+    pids_per_gib: int = PIDS_PER_GIB,
+) -> LocalStackBuilds:
     """The hub's builder of environments for ``stack``'s common lock under ``root``."""
     assert stack.common is not None
-    key = (root, stack.common, build_timeout)
+    key = (root, stack.common, build_timeout, account, cgroup_parent, pids_per_gib)
     builder = _builders.get(key)
     if builder is None:
-        builder = StackEnvironments(Path(root), stack.common, build_timeout=build_timeout, log=log)
+        builder = LocalStackBuilds(
+            Path(root),
+            stack.common,
+            build_timeout=build_timeout,
+            account=account,
+            cgroup_parent=parent_parts(cgroup_parent),
+            pids_per_gib=pids_per_gib,
+            log=log,
+        )
         _builders[key] = builder
     return builder
 

@@ -67,10 +67,8 @@ from composespawner.launchers.ssh_requests import (
     start_request,
     unreachable,
 )
-from composespawner.launchers.ssh_requests import (
-    stack_source as read_stack_source,
-)
 from composespawner.launchers.ssh_settings import SSHSettings
+from composespawner.launchers.stack_sources import stack_source as read_stack_source
 from composespawner.ledger import LedgerRunner
 
 # What reaching a host can raise (the agent's own answers aside).
@@ -140,8 +138,9 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
         self._manifest = self._run_manifest = None
         if self.stack is None or self.host_runtime == "containers":
             self._stack_source = None
-        contained = self.stack is not None and self.host_runtime == "containers"
-        self.run_image = self.check_image(self.stack) if contained and self.stack else None
+        self.run_image = None
+        if self.stack is not None and self.host_runtime == "containers":
+            self.run_image = self.check_image(self.stack)
 
     async def deliver_run_manifest(self, manifest: dict[str, Any]) -> str | None:
         """Sent with the start: the agent writes it, read-only, in the notebook's home

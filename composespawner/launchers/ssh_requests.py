@@ -5,9 +5,7 @@ Pure, apart from reading a stack's files and the known_hosts file it names.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import asyncssh
@@ -18,7 +16,6 @@ from composespawner.domain.machine import ComposedMachine, gpu_selection
 from composespawner.launchers.agent_protocol import (
     ENV_REFUSED_PREFIXES,
     ENV_SET_BY_AGENT,
-    FILE_NAME,
     StackSource,
     StartNotebook,
     encode_request,
@@ -117,33 +114,6 @@ def orphans(listed: Iterable[str], states: Mapping[str, str], held: Collection[s
     and so is one it has as live: a start under way is ``launching``.
     """
     return [m for m in listed if states.get(m) in ENDED and m not in held]
-
-
-def stack_source(stack: Stack) -> StackSource:
-    """What a host builds ``stack``'s environment from: its CPU lock and common files."""
-    if stack.cpu is None:
-        raise ValueError(f"stack {stack.id} has no CPU lock")
-    lock = stack.cpu.lock.read_text()
-    if hashlib.sha256(lock.encode()).hexdigest() != stack.cpu.lock_sha256:
-        raise ValueError(f"{stack.cpu.lock} does not hash to the catalog's lock_sha256")
-    return StackSource(
-        id=stack.id,
-        label=stack.label,
-        lock_sha256=stack.cpu.lock_sha256,
-        lock=lock,
-        common=common_files(stack.common),
-    )
-
-
-def common_files(folder: Path | None) -> tuple[tuple[str, str], ...]:
-    """The plain files of a stack's common folder (caches and folders left out)."""
-    if folder is None:
-        return ()
-    return tuple(
-        (path.name, path.read_text())
-        for path in sorted(folder.iterdir())
-        if path.is_file() and FILE_NAME.fullmatch(path.name)
-    )
 
 
 def stack_refusal(stack: Stack, *, readable: bool) -> SpawnRefused:

@@ -10,6 +10,7 @@ this hub's notebooks run.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 
 from traitlets import Dict, Enum, Unicode
@@ -52,15 +53,25 @@ class StackImages(LoggingConfigurable):
         catalog = f"{stack.image}@{build.digest}" if stack.image and build and build.digest else ""
         return image_for({**self._recorded(), **self.stack_images}, stack.id, catalog)
 
+    # The record as last read: (path, mtime_ns, size) and its images. A start asks three
+    # times (its checks, its time, its launch), a storm many: a stat, not a parse, each.
+    _record_seen: tuple[tuple[str, int, int], dict[str, str]] | None = None
+
     def _recorded(self) -> dict[str, str]:
         if not self.stack_images_file:
             return {}
         try:
             with open(self.stack_images_file) as file:
-                return images_in_record(json.load(file), self.stack_variant)
+                found = os.fstat(file.fileno())
+                seen = (self.stack_images_file, found.st_mtime_ns, found.st_size)
+                if self._record_seen is not None and self._record_seen[0] == seen:
+                    return self._record_seen[1]
+                images = images_in_record(json.load(file), self.stack_variant)
         except (OSError, ValueError) as e:
             self.log.warning("cannot read the images' record %s: %s", self.stack_images_file, e)
             return {}
+        self._record_seen = (seen, images)
+        return images
 
     def check_image(self, stack: Stack) -> str:
         """``stack``'s image; refused (503) where it has none by digest."""

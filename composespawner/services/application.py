@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -20,12 +19,15 @@ from traitlets import Unicode, default
 from traitlets.config import Application
 
 from composespawner.domain.catalog import Catalog, Stack
+from composespawner.launchers.accounts import BUILD_ACCOUNT
+from composespawner.launchers.cgroups import PIDS_PER_GIB
 from composespawner.launchers.environments import (
     BUILD_TIMEOUT,
     StackBuildError,
     StackEnvironments,
     default_root,
 )
+from composespawner.launchers.local_files import stack_builder
 from composespawner.services.settings import ComposeSettings, settings_from_config, upgrade_ledger
 
 
@@ -103,13 +105,15 @@ class BuildStacks(ComposeApplication):
             self.log.info("%s: %s", stack.id, environment.path)
 
     def _builder(self, stack: Stack) -> StackEnvironments:
-        assert stack.common is not None
         launcher = self._launcher_config()
-        return StackEnvironments(
-            Path(launcher.get("stack_environments_dir", default_root())),
-            stack.common,
-            build_timeout=float(launcher.get("stack_build_timeout", BUILD_TIMEOUT)),
-            log=self.log,
+        return stack_builder(
+            str(launcher.get("stack_environments_dir", default_root())),
+            stack,
+            float(launcher.get("stack_build_timeout", BUILD_TIMEOUT)),
+            self.log,
+            account=str(launcher.get("stack_build_account", BUILD_ACCOUNT)),
+            cgroup_parent=str(launcher.get("cgroup_parent", "composespawner")),
+            pids_per_gib=int(launcher.get("pids_per_gib", PIDS_PER_GIB)),
         )
 
     def _launcher_config(self) -> dict[str, Any]:

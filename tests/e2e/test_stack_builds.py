@@ -63,10 +63,13 @@ cpu = {{ lock = "{tampered}", lock_sha256 = "{pinned}" }}
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("stack-builds")
-    catalog = catalog_with_stacks(tmp)
-    # The notebook account reads the environments: outside pytest's closed tmp folders.
-    environments = Path(tempfile.mkdtemp(prefix="composespawner-stacks-"))
-    environments.chmod(0o755)
+    # The build account reads the wheels, the notebook account the environments:
+    # outside pytest's closed tmp folders.
+    shared = Path(tempfile.mkdtemp(prefix="composespawner-stacks-"))
+    shared.chmod(0o755)
+    (shared / "source").mkdir(mode=0o755)
+    catalog = catalog_with_stacks(shared / "source")
+    environments = shared / "environments"
     config = (
         f"c.ComposeSpawner.catalog_file = {str(catalog)!r}\n"
         f"c.ComposeSpawner.stack_environments_dir = {str(environments)!r}\n"
@@ -75,7 +78,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         with running_hub(tmp, config, COMPOSE_NOTEBOOK_CMD=f"python -I {STANDIN}") as hub:
             yield hub
     finally:
-        shutil.rmtree(environments, ignore_errors=True)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.mark.timeout(180)
@@ -94,6 +97,7 @@ def test_the_first_start_builds_with_progress_and_the_next_waits_for_nothing(hub
     assert (env["PYTHONHASHSEED"], env["TINY_DETERMINISTIC"]) == ("0", "1")
     root = Path(env["VIRTUAL_ENV"])
     assert env["PATH"].split(":")[0] == str(root / "bin")
+    assert root.stat().st_uid == 0  # built as the build account, then made root's alone
     manifest = json.loads(Path(env["COMPOSE_STACK_MANIFEST"]).read_text())
     assert manifest["lock_sha256"] == env["COMPOSE_STACK_LOCK_SHA256"]
     assert manifest["packages"]["tiny"] == "1.0"

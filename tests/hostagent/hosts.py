@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from composespawner.hostagent.accounts import becoming
+from composespawner.launchers.accounts import becoming
 from composespawner.launchers.cgroups import (
     CgroupError,
     find_hierarchies,

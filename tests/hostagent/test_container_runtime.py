@@ -290,3 +290,26 @@ def _containers_config(host: Host) -> dict[str, Any]:
         "relay_dir": str(host.root / "relay"),
         "notebook_command": ["/usr/bin/env", "python", "-I", "-c", HUNGRY],
     }
+
+
+def test_an_image_pulled_once_is_not_looked_for_again(contained: Host, image: str) -> None:
+    calls = contained.root / "podman-calls"
+    config = _containers_config(contained)
+    config["podman_command"] = [
+        *("/bin/sh", "-c", f'printf "%s\\n" "$*" >> {calls}; exec "$@"', "podman-logged"),
+        *config["podman_command"],
+    ]
+    contained.reconfigure(**config)
+    start(contained, image, "m1")
+    first = calls.read_text().splitlines()  # each: the configured command, then podman's
+    assert any(f"/usr/bin/podman image exists {image}" in line for line in first), first
+    stop(contained, "m1")
+
+    calls.write_text("")
+    start(contained, image, "m2")
+    second = calls.read_text().splitlines()
+    asked = ("/usr/bin/podman image exists", "/usr/bin/podman pull")
+    assert not any(call in line for line in second for call in asked), second
+    (run,) = [line for line in second if "/usr/bin/podman run " in line]
+    assert " --pull missing " in run  # should it have gone since, the run fetches it
+    stop(contained, "m2")

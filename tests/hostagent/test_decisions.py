@@ -34,10 +34,10 @@ from composespawner.hostagent.decisions import (
     service_url,
     start_refusal,
 )
-from composespawner.hostagent.stacks import source_key, stack_of
 from composespawner.hostagent.starting import StartFailed
 from composespawner.hostagent.state import StateDir
 from composespawner.launchers.agent_protocol import Refused, StackSource, StartNotebook
+from composespawner.launchers.stack_sources import source_key, stack_of
 
 pytestmark = pytest.mark.timeout(10)
 

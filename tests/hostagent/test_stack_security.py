@@ -20,14 +20,9 @@ from pathlib import Path
 import pytest
 
 from composespawner.hostagent.accounts import open_the_way, stack_program_refusal
-from composespawner.hostagent.stacks import (
-    _make_roots,
-    _processes_of,
-    prune_sources,
-    relay,
-    stale_sources,
-)
 from composespawner.launchers.environments import StackBuildError
+from composespawner.launchers.stack_builds import make_roots, processes_of, relay
+from composespawner.launchers.stack_sources import prune_sources, stale_sources
 from tests.hostagent.hosts import Host, start_request, status_of
 from tests.support.stacks import COMMON, make_lock
 
@@ -156,7 +151,7 @@ def test_the_walk_makes_entries_roots_never_what_links_name(tmp_path: Path) -> N
             path.chmod(0o777)
     os.chown(victim, OTHER, OTHER)  # the hard link's owner, put back
 
-    _make_roots(environment, BUILDER)
+    make_roots(environment, BUILDER)
 
     found = victim.stat()
     assert (found.st_uid, stat.S_IMODE(found.st_mode)) == (OTHER, 0o666)
@@ -175,7 +170,7 @@ def test_a_link_in_place_of_the_environment_is_not_walked(tmp_path: Path) -> Non
     target.mkdir()
     os.chown(target, OTHER, OTHER)
     (tmp_path / "environment").symlink_to(target)
-    _make_roots(tmp_path / "environment", BUILDER)
+    make_roots(tmp_path / "environment", BUILDER)
     assert target.stat().st_uid == OTHER
 
 
@@ -280,5 +275,5 @@ def test_a_process_whose_first_thread_left_is_still_found_by_its_running_thread(
         while status_of(planter.pid)["State"][0] != "Z":  # the leader has left
             assert time.monotonic() < deadline
             time.sleep(0.01)  # polling /proc: the condition itself
-        assert planter.pid in _processes_of(os.getuid())
+        assert planter.pid in processes_of(os.getuid())
         planter.stdin.close()

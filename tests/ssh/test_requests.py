@@ -23,10 +23,10 @@ from composespawner.launchers.ssh_requests import (
     host_key_problem,
     parse_address,
     request_env,
-    stack_source,
     start_request,
     unreachable,
 )
+from composespawner.launchers.stack_sources import stack_source
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from composespawner.domain.catalog import Catalog
 from composespawner.domain.hardware import Share
+from composespawner.launchers import stack_images
 from composespawner.launchers.containers import (
     ContainerSpec,
     ContainerSpecError,
@@ -108,6 +110,7 @@ def test_a_container_without_a_share_has_no_cpu_or_memory_limit_but_its_pids() -
         ({"port": 0}, "port"),
         ({"port": 70000}, "port"),
         ({"uid": 0}, "root"),
+        ({"pull": "always"}, "pull policy"),
     ],
 )
 def test_what_cannot_be_run_is_refused(changes: dict[str, object], says: str) -> None:
@@ -236,6 +239,29 @@ def test_an_image_recorded_after_the_hub_started_is_run_at_the_next_start(
     images.stack_images = {"pytorch": IMAGE}  # the site's own setting comes first
     assert images.image_of(pytorch) == IMAGE
     images.stack_images = {}
+    rebuilt = built.replace("b" * 64, "c" * 64)
+    partial = tmp_path / ".images.json.partial"  # as harness.images writes it: whole
+    partial.write_text(json.dumps({"pytorch-cpu": {**entry, "image": rebuilt}}))
+    os.replace(partial, record)
+    assert images.image_of(pytorch) == rebuilt
     record.write_text("{not json")
     assert images.image_of(pytorch) is None
     assert "cannot read the images' record" in caplog.text
+
+
+def test_an_unchanged_images_record_is_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (pytorch,) = [
+        s for s in Catalog.from_file(HUB_CONFIG / "catalog.toml").stacks if s.id == "pytorch"
+    ]
+    record = tmp_path / "images.json"
+    built = "127.0.0.1:5000/composespawner/pytorch-cpu@sha256:" + "b" * 64
+    record.write_text(json.dumps({"p": {"stack": "pytorch", "variant": "cpu", "image": built}}))
+    parsed = []
+    real = stack_images.images_in_record
+    monkeypatch.setattr(stack_images, "images_in_record", lambda *a: parsed.append(1) or real(*a))
+    images = StackImages(stack_variant="cpu", stack_images_file=str(record))
+    for _ in range(3):  # a start's checks, its time and its launch
+        assert images.image_of(pytorch) == built
+    assert len(parsed) == 1

@@ -21,6 +21,7 @@ from composespawner.launchers.environments import (
     StackBuildError,
     StackEnvironments,
     environment_key,
+    notebook_side_sha256,
     pip_percent,
     requirement_count,
 )
@@ -43,12 +44,38 @@ def test_pip_percent_stays_within_the_fetch_phase() -> None:
     assert pip_percent(3, 0) == 80  # an empty lock cannot divide by zero
 
 
-def test_the_key_changes_with_the_lock_python_and_common_files() -> None:
-    key = environment_key("a" * 64, "3.11.2", "c" * 64)
-    assert key == environment_key("a" * 64, "3.11.2", "c" * 64)
-    assert key != environment_key("b" * 64, "3.11.2", "c" * 64)
-    assert key != environment_key("a" * 64, "3.12.0", "c" * 64)
-    assert key != environment_key("a" * 64, "3.11.2", "d" * 64)
+def test_the_key_changes_with_the_lock_python_common_files_and_notebook_side() -> None:
+    key = environment_key("a" * 64, "3.11.2", "c" * 64, "n" * 64)
+    assert key == environment_key("a" * 64, "3.11.2", "c" * 64, "n" * 64)
+    assert key != environment_key("b" * 64, "3.11.2", "c" * 64, "n" * 64)
+    assert key != environment_key("a" * 64, "3.12.0", "c" * 64, "n" * 64)
+    assert key != environment_key("a" * 64, "3.11.2", "d" * 64, "n" * 64)
+    assert key != environment_key("a" * 64, "3.11.2", "c" * 64, "m" * 64)
+
+
+def test_the_notebook_side_hash_covers_the_built_lab_extension(tmp_path: Path) -> None:
+    package = tmp_path / "composespawner_lab"
+    package.mkdir()
+    (package / "__init__.py").write_text("VERSION = 1\n")
+    unbuilt = notebook_side_sha256(package)
+    (package / "labextension").mkdir()
+    (package / "labextension" / "package.json").write_text("{}\n")
+    built = tmp_path / "built" / "composespawner_lab"
+    shutil.copytree(package, built)
+    assert notebook_side_sha256(built) != unbuilt
+    (built / "labextension" / "remoteEntry.js").write_text("// newer\n")
+    changed = tmp_path / "changed" / "composespawner_lab"
+    shutil.copytree(built, changed)
+    assert notebook_side_sha256(changed) not in (unbuilt, notebook_side_sha256(built))
+
+
+def test_only_the_files_an_agent_takes_name_the_environment(tmp_path: Path) -> None:
+    common = tmp_path / "common"
+    shutil.copytree(COMMON, common)
+    stack = make_stack(tmp_path)
+    path = StackEnvironments(tmp_path / "envs", common).environment(stack).path
+    (common / "notes~ with space").write_text("not a common file: no agent gets it\n")
+    assert StackEnvironments(tmp_path / "envs", common).environment(stack).path == path
 
 
 def test_a_changed_stack_manifest_with_the_same_lock_is_another_environment(
@@ -168,5 +195,6 @@ async def test_only_a_start_that_builds_its_stack_gets_the_build_time(tmp_path: 
     assert launcher.extra_start_time(stack) == 900
     assert launcher.extra_start_time(None) == 0  # no stack, nothing to build
 
-    await launcher._builder(stack).ensure(stack, lambda message, percent: None)
+    # Built here as the launcher's child builds it (tests/launchers has the child's).
+    await StackEnvironments(tmp_path / "envs", COMMON).ensure(stack, lambda m, p: None)
     assert launcher.extra_start_time(stack) == 0
