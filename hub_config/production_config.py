@@ -49,6 +49,13 @@
 #   COMPOSE_SSH_KNOWN_HOSTS     every host's key (no host outside it is ever connected to)
 #   COMPOSE_SSH_MAX_SESSIONS    channels open at once on the hub's connection to a host: the
 #                               hosts' sshd MaxSessions (10, OpenSSH's default; the role's 64)
+#   COMPOSE_HOST_RUNTIME        containers (each notebook in a container of its own from its
+#                               stack's image, by digest: the default) or process (the host
+#                               builds the stack's environment; one pid namespace, /tmp and
+#                               network for all): as the hosts' agents' config says
+#   COMPOSE_STACK_IMAGES        with containers: each stack's image by digest, where the
+#                               catalog names none: pytorch=REGISTRY/cs/pytorch-gpu@sha256:…,…
+#   COMPOSE_STACK_VARIANT       with containers: gpu (the default) or cpu images
 # Optional, whatever the spawner
 #   COMPOSE_CULL_TIMEOUT, COMPOSE_CULL_EVERY   seconds (3600, 300)
 #   COMPOSE_MAX_GPUS_PER_USER   (4)
@@ -99,6 +106,20 @@ def ssh_hosts(text: str) -> dict[str, str]:
         if not host_id.strip():
             raise SystemExit(f"composespawner: COMPOSE_SSH_HOSTS: {entry!r} is not id=address")
         table[host_id.strip()] = address.strip()
+    return table
+
+
+def stack_images(text: str) -> dict[str, str]:
+    """COMPOSE_STACK_IMAGES (``stack=image@sha256:…,...``) as the launcher's stack_images."""
+    table = {}
+    for entry in (item.strip() for item in text.split(",") if item.strip()):
+        stack, _, image = (part.strip() for part in entry.partition("="))
+        if not stack or "@sha256:" not in image:
+            raise SystemExit(
+                f"composespawner: COMPOSE_STACK_IMAGES: {entry!r} is not"
+                " stack=registry/repository@sha256:<digest>"
+            )
+        table[stack] = image
     return table
 
 
@@ -196,6 +217,15 @@ if c.JupyterHub.spawner_class == "compose-ssh":
     c.SSHLauncher.ssh_key = setting("COMPOSE_SSH_KEY")
     c.SSHLauncher.known_hosts = setting("COMPOSE_SSH_KNOWN_HOSTS")
     c.SSHLauncher.max_sessions = int(setting("COMPOSE_SSH_MAX_SESSIONS", "10"))
+    c.SSHLauncher.host_runtime = setting("COMPOSE_HOST_RUNTIME", "containers")
+    if c.SSHLauncher.host_runtime not in ("containers", "process"):
+        raise SystemExit(
+            f"composespawner: COMPOSE_HOST_RUNTIME is {c.SSHLauncher.host_runtime!r}:"
+            " containers or process, as the hosts' agents' config says"
+        )
+    if c.SSHLauncher.host_runtime == "containers":
+        c.SSHLauncher.stack_images = stack_images(setting("COMPOSE_STACK_IMAGES", ""))
+        c.SSHLauncher.stack_variant = setting("COMPOSE_STACK_VARIANT", "gpu")
     if not setting("COMPOSE_HUB_CONNECT_URL", "") and loopback(c.JupyterHub.hub_ip):
         hosts = c.SSHLauncher.hosts.items()
         remote = sorted(i for i, a in hosts if not loopback(parse_address(a)[0]))

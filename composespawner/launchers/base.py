@@ -70,6 +70,13 @@ class Launcher:
         Raises :class:`~composespawner.launchers.refusal.SpawnRefused` with what to do.
         """
 
+    def check_without_stack(self) -> None:
+        """Refuse, before anything is claimed, a start that chose no stack, where this
+        launcher runs only stacks (their images).
+
+        Raises :class:`~composespawner.launchers.refusal.SpawnRefused` with what to do.
+        """
+
     def check_kit(self, kit: Kit) -> None:
         """Refuse, before anything is claimed, a starter kit this launcher cannot deliver.
 

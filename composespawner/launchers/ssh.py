@@ -122,6 +122,15 @@ class SSHLauncher(SSHSettings, Launcher, Spawner):
             self.log.error("%s: stack %s cannot be sent to a host: %s", log_name(self), stack.id, e)
             raise stack_refusal(stack, readable=False) from e
 
+    def check_without_stack(self) -> None:
+        if self.host_runtime == "containers":
+            raise SpawnRefused(
+                "Notebooks on this hub run in a software stack's image: choose one of the"
+                " stacks on the form.",
+                reason="stack",
+                status_code=400,
+            )
+
     def check_kit(self, kit: Kit) -> None:
         raise SpawnRefused(
             f"The {kit.label} starter kit cannot be delivered to this hub's compute hosts"

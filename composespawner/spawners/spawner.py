@@ -195,6 +195,8 @@ class ComposeMixin(ComposeSettings, Launcher, Spawner):
                 self.kit = self.catalog.kit(request.kit) if request.kit else None
                 if self.stack is not None:  # before anything is claimed
                     self.check_stack(self.stack)
+                else:
+                    self.check_without_stack()
                 if self.kit is not None:
                     self.check_kit(self.kit)
                 self.machine = await self._compose(request, admitted)

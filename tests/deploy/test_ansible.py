@@ -229,6 +229,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                         "composespawner_host_cores": 64,
                         "composespawner_host_memory_gib": 512,
                         "composespawner_host_manage_service": False,
+                        # The site's choice where hosts run no podman (this chroot: no
+                        # registry, and a catalog without stacks); the default is containers.
+                        "composespawner_host_runtime": "process",
                         "composespawner_host_cgroup_parent": cgroup_parent,
                         # Idle GPUs back while servers run: read through the host's agent.
                         "composespawner_reclaim": True,
@@ -329,6 +332,10 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
     assert environment["COMPOSE_SSH_MAX_SESSIONS"] == "64"  # the host's sshd MaxSessions
     agent = (root / "etc/composespawner/host.toml").read_text()
     assert f'listen_address = "{deployment.host_address}"' in agent
+    # Hub and hosts say one runtime, the site's: the start is refused where they differ.
+    assert environment["COMPOSE_HOST_RUNTIME"] == "process"
+    assert '\nruntime = "process"\n' in agent
+    assert not (root / "etc/containers/containers.conf.d/composespawner.conf").exists()
     assert (root / "etc/composespawner/host.toml").stat().st_mode & 0o777 == 0o600
 
 

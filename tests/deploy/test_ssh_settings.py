@@ -77,3 +77,34 @@ def test_compose_ssh_needs_its_key_and_known_hosts(
         del settings[missing]
         with pytest.raises(SystemExit, match=f"set {missing}"):
             load(tmp_path, monkeypatch, **settings)
+
+
+IMAGE = "registry.example.edu/cs/pytorch-gpu@sha256:" + "a" * 64
+
+
+def test_notebooks_run_in_their_stacks_images_unless_the_site_says_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = {**SSH, "COMPOSE_SSH_HOSTS": "host-1=127.0.1.1"}
+    contained = load(tmp_path, monkeypatch, **hosts, COMPOSE_STACK_IMAGES=f"pytorch = {IMAGE},")
+    assert contained.SSHLauncher.host_runtime == "containers"
+    assert contained.SSHLauncher.stack_variant == "gpu"
+    assert contained.SSHLauncher.stack_images == {"pytorch": IMAGE}
+    processes = load(tmp_path, monkeypatch, **hosts, COMPOSE_HOST_RUNTIME="process")
+    assert processes.SSHLauncher.host_runtime == "process"
+    assert "stack_images" not in processes.SSHLauncher
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"COMPOSE_HOST_RUNTIME": "docker"}, "COMPOSE_HOST_RUNTIME is 'docker'"),
+        ({"COMPOSE_STACK_IMAGES": "pytorch=cs/pytorch:latest"}, "COMPOSE_STACK_IMAGES"),
+        ({"COMPOSE_STACK_IMAGES": f"={IMAGE}"}, "COMPOSE_STACK_IMAGES"),
+    ],
+)
+def test_a_wrong_runtime_or_image_table_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], says: str
+) -> None:
+    with pytest.raises(SystemExit, match=says):
+        load(tmp_path, monkeypatch, **SSH, COMPOSE_SSH_HOSTS="host-1=127.0.1.1", **settings)

@@ -273,3 +273,14 @@ def test_a_host_table_with_a_bad_address_is_refused_at_configuration(
 ) -> None:
     with pytest.raises(TraitError, match="'node7:ssh'"):
         ssh_launcher(users[0], {"host-1": "node7:ssh"}, tmp_path / "k", tmp_path / "kh")
+
+
+def test_a_start_without_a_stack_is_refused_where_hosts_run_images(
+    users: list[User], agent: FakeAgent
+) -> None:
+    launcher(users[0], agent, host_runtime="process").check_without_stack()  # the venv's lab
+    spawner = launcher(users[0], agent, host_runtime="containers")
+    with pytest.raises(SpawnRefused, match="choose one of the stacks") as refused:
+        spawner.check_without_stack()
+    assert refused.value.status_code == 400
+    assert agent.requests == []  # nothing asked of the host
