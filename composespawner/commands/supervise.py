@@ -41,9 +41,7 @@ from composespawner.commands.embedded import (
 from composespawner.launchers.accounts import (
     DEFAULT_NOTEBOOK_ACCOUNT,
     AccountError,
-    ensure_account,
-    let_in,
-    reach_problem,
+    account_reaching,
 )
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -163,13 +161,9 @@ def prepare_notebook_account(bin_dir: Path, *homes: Path) -> None:
     wherever the checkout is, root's private home included."""
     needed = [Path(sys.executable), bin_dir / "jupyterhub-singleuser", PACKAGE, *homes]
     try:
-        account = ensure_account(DEFAULT_NOTEBOOK_ACCOUNT)
-        let_in(account, needed)
+        account_reaching(DEFAULT_NOTEBOOK_ACCOUNT, needed)
     except AccountError as e:
         raise DemoError(str(e)) from e
-    problem = reach_problem(account, needed)
-    if problem:
-        raise DemoError(problem)
 
 
 def check_port_free(port: int) -> None:

@@ -151,6 +151,18 @@ def ensure_account(name: str, command: list[str] | None = None) -> pwd.struct_pa
     return pwd.getpwnam(name)
 
 
+def account_reaching(name: str, needed: Iterable[Path]) -> pwd.struct_passwd:
+    """The system account ``name``, made if missing, let in to ``needed`` (:func:`let_in`);
+    AccountError, saying what to do, if it cannot be made or still cannot reach them."""
+    needed = list(needed)
+    account = ensure_account(name)
+    let_in(account, needed)
+    problem = reach_problem(account, needed)
+    if problem:
+        raise AccountError(problem)
+    return account
+
+
 def closed_dirs(path: Path, mode_of: Callable[[Path], int] | None = None) -> list[Path]:
     """Folders on the way to ``path`` that accounts other than their owner cannot enter."""
     mode_of = mode_of or (lambda p: p.stat().st_mode)

@@ -17,12 +17,7 @@ import sys
 from pathlib import Path
 
 from composespawner.domain.catalog import Stack
-from composespawner.launchers.accounts import (
-    AccountError,
-    ensure_account,
-    let_in,
-    reach_problem,
-)
+from composespawner.launchers.accounts import AccountError, account_reaching
 from composespawner.launchers.cgroups import host_share
 from composespawner.launchers.environments import (
     StackBuildError,
@@ -103,13 +98,7 @@ class LocalStackBuilds(StackEnvironments):
     def _account(self) -> pwd.struct_passwd:
         """The build account, made if missing, able to reach this Python and package
         (a checkout under root's closed home included: entry only, by ACL)."""
-        needed = [Path(sys.executable), PACKAGE]
         try:
-            account = ensure_account(self.place.account)
-            let_in(account, needed)
+            return account_reaching(self.place.account, [Path(sys.executable), PACKAGE])
         except AccountError as e:
             raise StackBuildError(str(e)) from e
-        problem = reach_problem(account, needed)
-        if problem:
-            raise StackBuildError(problem)
-        return account

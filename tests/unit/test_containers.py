@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.domain.catalog import Catalog
+from composespawner.domain.catalog import Catalog, Stack
 from composespawner.domain.hardware import Share
 from composespawner.launchers import stack_images
 from composespawner.launchers.containers import (
@@ -223,12 +223,16 @@ def test_the_configured_notebook_server_is_the_images_own_and_another_command_st
     assert image_command(["/usr/bin/env", "python", "-I"]) == ["/usr/bin/env", "python", "-I"]
 
 
+def demo_stack(stack_id: str) -> Stack:
+    stack = Catalog.from_file(HUB_CONFIG / "catalog.toml").stack(stack_id)
+    assert stack is not None
+    return stack
+
+
 def test_an_image_recorded_after_the_hub_started_is_run_at_the_next_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    (pytorch,) = [
-        s for s in Catalog.from_file(HUB_CONFIG / "catalog.toml").stacks if s.id == "pytorch"
-    ]
+    pytorch = demo_stack("pytorch")
     record = tmp_path / "images.json"
     images = StackImages(stack_variant="cpu", stack_images_file=str(record))
     assert images.image_of(pytorch) is None  # nothing built, nor named in the catalog
@@ -252,9 +256,7 @@ def test_an_image_recorded_after_the_hub_started_is_run_at_the_next_start(
 def test_an_unchanged_images_record_is_parsed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (pytorch,) = [
-        s for s in Catalog.from_file(HUB_CONFIG / "catalog.toml").stacks if s.id == "pytorch"
-    ]
+    pytorch = demo_stack("pytorch")
     record = tmp_path / "images.json"
     built = "127.0.0.1:5000/composespawner/pytorch-cpu@sha256:" + "b" * 64
     record.write_text(json.dumps({"p": {"stack": "pytorch", "variant": "cpu", "image": built}}))
