@@ -163,3 +163,17 @@ async def test_a_failed_build_says_so_and_leaves_no_environment(place: Path, acc
         await builder.ensure(stack, lambda message, percent: None)
     assert not path.exists()
     assert processes_of(pwd.getpwnam(account).pw_uid) == []
+
+
+async def test_a_hub_not_run_as_root_builds_as_itself_in_the_child(place: Path) -> None:
+    stack = tiny_stack(place, "own", PPIDS + WITNESS_MANIFEST)
+    builder = stack_builder(str(place / "stacks"), stack, 120.0, LOG, account="csnone")
+    builder.as_root = False  # as a hub of its own account builds (this test runs as root)
+    environment = (await builder.ensure(stack, lambda message, percent: None)).path
+
+    said = json.loads((environment / "stack-manifest.json").read_text())
+    assert said["uid"] == os.getuid()
+    assert said["ppids"][0] != os.getpid()  # the builder child's, not the hub's own
+    assert said["ppids"][1] == os.getpid()
+    with pytest.raises(KeyError):
+        pwd.getpwnam("csnone")  # no build account was made
