@@ -98,6 +98,7 @@ setup(
             "fabricsim = fabricsim.__main__:main",
             # The forced command the hub's key runs on a compute host (compose-ssh).
             "composespawner-host = composespawner.hostagent.__main__:main",
+            "composespawner-host-server = composespawner.hostagent.server:main",
         ],
     },
     classifiers=[

@@ -40,6 +40,9 @@ SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd's privilege separation folder: it refuses to run without
 AGENT = Path(sys.executable).parent / "composespawner-host"
+SERVER = Path(sys.executable).parent / "composespawner-host-server"
+# What sshd gives a forced command (and systemd the agent's server, with HOME set).
+AGENT_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "USER": "root"}
 DEMO_HOSTS = tuple(f"host-{n:02d}" for n in range(1, 9))  # the demo fabric's Ids
 DEMO_USERS = ("student1", "student2", "researcher1", "teacher1", "admin")
 USERS_GROUP = "composespawner-users"  # the group the agent puts accounts it creates in
@@ -57,6 +60,7 @@ class SSHHost:
     port: int
     folder: Path
     proc: subprocess.Popen[bytes] | None = None
+    server: subprocess.Popen[bytes] | None = None  # the agent's server
 
     @property
     def where(self) -> str:
@@ -86,6 +90,14 @@ class SSHHost:
     def sshd_log(self) -> Path:
         return self.folder / "sshd.log"
 
+    @property
+    def server_socket(self) -> Path:
+        return self.folder / "agent.sock"
+
+    @property
+    def server_log(self) -> Path:
+        return self.folder / "server.log"
+
 
 @dataclass
 class SSHHosts:
@@ -99,6 +111,7 @@ class SSHHosts:
     notebook_command: tuple[str, ...] = ()
     agent_env: tuple[tuple[str, str], ...] = ()
     agent_settings: tuple[tuple[str, Any], ...] = ()  # more keys of each agent's config
+    served: bool = True  # each host's agent's server runs (else each channel runs it alone)
 
     def hub_config(self, connect_timeout: float = 5) -> str:
         """The lines that make ``running_hub``'s demo hub run notebooks on these hosts."""
@@ -122,6 +135,13 @@ c.SSHLauncher.max_sessions = {MAX_SESSIONS}
 
     def start(self, host_id: str) -> None:
         _start_sshd(self.hosts[host_id])
+
+    def stop_server(self, host_id: str) -> None:
+        """Stop the host's agent's server: its forced commands run their requests alone."""
+        _stop_server(self.hosts[host_id])
+
+    def start_server(self, host_id: str) -> None:
+        _start_server(self.hosts[host_id], self.agent_env)
 
     def new_host_key(self, host_id: str) -> None:
         """The host's sshd restarted with a new host key (known_hosts keeps the old)."""
@@ -172,6 +192,7 @@ def ssh_hosts(
     notebook_command: Sequence[str] = (),
     agent_env: Mapping[str, str] | None = None,
     agent_settings: Mapping[str, Any] | None = None,
+    served: bool = True,
 ) -> Iterator[SSHHosts]:
     """Start an sshd per host in ``host_ids`` (capacity ``cores``/``memory_gib`` each,
     the demo inventory's); remove at the end the accounts among ``users`` the agents made.
@@ -179,7 +200,8 @@ def ssh_hosts(
     ``notebook_command``: what the agents run for a start without a stack (default:
     this venv's jupyterhub-singleuser). ``agent_env``: variables the forced command sets
     for the agents (a stand-in NVML's). ``agent_settings``: more keys of each agent's
-    config (the containers runtime's); ``relay_dir`` is made each host's own."""
+    config (the containers runtime's); ``relay_dir`` is made each host's own. ``served``:
+    each host runs its agent's server (as deployed), which takes every channel."""
     assert os.geteuid() == 0, "the hosts' sshd and agents run as root, as on a real host"
     existed = {user for user in users if _account(user) is not None}
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -201,12 +223,15 @@ def ssh_hosts(
         notebook_command=tuple(notebook_command),
         agent_env=tuple(sorted((agent_env or {}).items())),
         agent_settings=tuple(sorted((agent_settings or {}).items())),
+        served=served,
     )
     try:
         for host in hosts.values():
             _set_up(host, result, cores, memory_gib)
         result.known_hosts.write_text("".join(_known_host(h) for h in hosts.values()))
         for host in hosts.values():
+            if served:
+                _start_server(host, result.agent_env)
             _start_sshd(host)
         yield result
     finally:
@@ -237,6 +262,7 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         f"cores = {cores}\n"
         f"memory_gib = {memory_gib}\n"
         f'log_file = "{host.agent_log}"\n'
+        f'server_socket = "{host.server_socket if hosts.served else ""}"\n'
         # The fabric's GPUs are simulated: no GPU of theirs is on this machine to find.
         "gpu_list_command = []\n"
         + (notebook if hosts.notebook_command else "")
@@ -365,12 +391,55 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+# -- the agent's server ---------------------------------------------------------------
+
+
+def _start_server(host: SSHHost, agent_env: Sequence[tuple[str, str]]) -> None:
+    with host.server_log.open("ab") as log:
+        host.server = subprocess.Popen(
+            [SERVER, "--config", str(host.agent_config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**AGENT_BASE_ENV, **dict(agent_env)},
+            start_new_session=True,
+        )
+    wait_for(lambda: _serving(host), 10, f"{host.host_id}'s agent's server")
+
+
+def _serving(host: SSHHost) -> bool:
+    assert host.server is not None
+    if host.server.poll() is not None:
+        log = host.server_log.read_text(errors="replace")[-2000:]
+        raise AssertionError(f"{host.host_id}'s server exited ({host.server.returncode}):\n{log}")
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(host.server_socket))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_server(host: SSHHost) -> None:
+    """The server alone: the requests it forked run on, as systemd's KillMode=process."""
+    server, host.server = host.server, None
+    if server is None:
+        return
+    server.terminate()
+    try:
+        server.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout=STOP_TIMEOUT)
+
+
 # -- the end ----------------------------------------------------------------------------
 
 
 def _tear_down(hosts: SSHHosts, users: Sequence[str], existed: set[str]) -> None:
     for host in hosts.hosts.values():
         _stop_sshd(host)
+        _stop_server(host)
     created = [u for u in users if u not in existed and _made_by_agent(u, hosts.home_root)]
     uids = {pwd.getpwnam(u).pw_uid for u in created}
     # A notebook works in its home; an account the agent made runs nothing else here.

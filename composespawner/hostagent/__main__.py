@@ -1,86 +1,72 @@
 """``composespawner-host``: the forced command of the hub's key on a compute host.
 
-Reads one request from stdin (to EOF), answers on stdout, logs to stderr (and
-``log_file``). Exit status 0 when the request was done, 1 when it was refused
-or failed, 2 when the agent itself is misconfigured.
+It hands its SSH channel to the agent's server (``server``: one long-lived process
+that has imported the agent and forks a child per channel, ``handoff`` says how) and
+exits with the request's status. Where no server takes the channel (``server_socket``
+is "", or nothing listens there), it runs the request itself (``channel``): the same
+answers, a Python start and the agent's imports slower, and a warning in the log
+unless no server was configured.
+
+Nothing but the standard library and ``handoff`` is imported before the handoff:
+this starts for every channel.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
+import tomllib
 
-from composespawner.hostagent.agent import command_refusal, handle, refuse
-from composespawner.hostagent.config import ConfigError, load_config
-from composespawner.launchers.agent_protocol import MAX_REQUEST_BYTES, reply
-
-log = logging.getLogger("composespawner.hostagent")
-LOG_FORMAT = "%(asctime)s composespawner-host[%(process)d] %(levelname)s %(message)s"
-# sshd runs the forced command with root's PATH, /usr/local first: the programs the agent
-# runs as root (useradd, setfacl, nvidia-smi) are looked up where only packages install.
-SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+from composespawner.hostagent.handoff import (
+    DEFAULT_SERVER_SOCKET,
+    HandoffError,
+    Untaken,
+    config_argument,
+    exit_status,
+    hand_over,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ["PATH"] = SYSTEM_PATH  # before anything looks a program up
     args = sys.argv[1:] if argv is None else argv
-    _log_to(logging.StreamHandler(sys.stderr))
-    out = sys.stdout.buffer
-
-    def say(line: bytes) -> None:
-        out.write(line)
-        out.flush()
-
-    try:
-        return _run(args, say, out.fileno())
-    except BrokenPipeError:  # the hub closed the channel: nobody is left to answer
-        with_devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(with_devnull, out.fileno())  # so the exit's flush does not fail again
-        return 1
-
-
-def _run(args: list[str], say: Callable[[bytes], None], stdout_fd: int) -> int:
-    # The config first, so that even a refused command reaches log_file.
-    try:
-        config = load_config(_config_path(args), os.environ)
-    except ConfigError as e:
-        config, broken = None, e
-    if config is not None and config.log_file is not None:
+    server = server_socket_of(args)
+    unserved = None
+    if server is not None:
         try:
-            _log_to(logging.FileHandler(config.log_file))
-        except OSError as e:
-            log.error("cannot log to %s: %s", config.log_file, e.strerror)
-    refusal = command_refusal(os.environ)
-    if refusal:
-        refuse(f"command={os.environ.get('SSH_ORIGINAL_COMMAND', '')!r}", refusal, say)
-        return 1
-    if config is None:
-        log.error("cannot start: %s", broken)
-        say(reply(ok=False, error=f"the host agent is misconfigured: {broken}"))
-        return 2
-    data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
-    return 0 if handle(data, config, say, stdout_fd) else 1
+            conn = hand_over(server, args, os.environ)
+        except Untaken:
+            # A late child could still take it: this process must not run it as well.
+            return _untaken(server)
+        except (OSError, HandoffError) as e:
+            unserved = f"no agent's server took the channel at {server} ({e})"
+        else:
+            return exit_status(conn)
+    from composespawner.hostagent.channel import run_channel
+
+    return run_channel(args, unserved)
 
 
-def _config_path(args: list[str]) -> Path | None:
-    """``--config PATH`` or ``--config=PATH``; ConfigError for anything else."""
-    if not args:
+def server_socket_of(args: list[str]) -> str | None:
+    """The server's socket the config names, or None (none configured, or a config
+    this cannot read: the request, run here, reports what is wrong with it)."""
+    try:
+        path = config_argument(args)
+        table: dict[str, object] = {}
+        if path is not None:
+            with open(path, "rb") as file:
+                table = tomllib.load(file)
+    except (ValueError, OSError):  # TOMLDecodeError is a ValueError
         return None
-    if len(args) == 2 and args[0] == "--config":
-        return Path(args[1])
-    if len(args) == 1 and args[0].startswith("--config="):
-        return Path(args[0].removeprefix("--config="))
-    raise ConfigError(f"usage: composespawner-host [--config PATH] (got {' '.join(args)!r})")
+    value = table.get("server_socket", DEFAULT_SERVER_SOCKET)
+    return value if isinstance(value, str) and value else None
 
 
-def _log_to(handler: logging.Handler) -> None:
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+def _untaken(server: str) -> int:
+    from composespawner.launchers.agent_protocol import reply
+
+    why = f"the host agent's server at {server} did not take the request in time; try again"
+    sys.stdout.buffer.write(reply(ok=False, error=why))
+    return 1
 
 
 if __name__ == "__main__":

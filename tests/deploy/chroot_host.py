@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -121,6 +122,42 @@ def host_sshd(root: Path, address: str, port: int, log: Path) -> Iterator[None]:
     finally:
         sshd.terminate()
         sshd.wait(timeout=10)
+
+
+@contextmanager
+def host_agent_server(root: Path, log: Path) -> Iterator[None]:
+    """The agent's server as the unit the converge installed runs it (in ``root``), until
+    its socket answers; stopped at the end as systemd would, the server alone."""
+    unit = (root / "etc/systemd/system/composespawner-host.service").read_text()
+    fields = dict(re.findall(r"^(\w+)=(.*)$", unit, re.MULTILINE))
+    assert fields["KillMode"] == "process", unit
+    config = (root / "etc/composespawner/host.toml").read_text()
+    found = re.search(r'^server_socket = "(.*)"$', config, re.MULTILINE)
+    assert found, config
+    path = root / found.group(1).lstrip("/")
+    name, value = fields["Environment"].split("=", 1)
+    with log.open("ab") as output:
+        server = subprocess.Popen(
+            [CHROOT, str(root), "/bin/sh", "-c", f"exec {fields['ExecStart']}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", name: value},
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: answers(path, server, log), 30, "the agent's server to listen")
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def answers(path: Path, process: subprocess.Popen[bytes], log: Path) -> bool:
+    if process.poll() is not None:
+        raise AssertionError(f"the server exited with {process.returncode}:\n{log.read_text()}")
+    with socket.socket(socket.AF_UNIX) as probe:
+        return probe.connect_ex(str(path)) == 0
 
 
 def listening(address: str, port: int, process: subprocess.Popen[bytes], log: Path) -> bool:

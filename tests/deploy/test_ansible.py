@@ -54,6 +54,7 @@ from tests.deploy.chroot_host import (
     accounts,
     as_account,
     cgroups_in,
+    host_agent_server,
     host_notebook,
     host_sshd,
     in_root,
@@ -343,7 +344,10 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
 def sshd(deployment: Deployment) -> Iterator[None]:
     where = (deployment.host_address, deployment.host_port)
     try:
-        with host_sshd(deployment.root, *where, deployment.root.parent / "sshd.log"):
+        with (
+            host_agent_server(deployment.root, deployment.root.parent / "server.log"),
+            host_sshd(deployment.root, *where, deployment.root.parent / "sshd.log"),
+        ):
             yield
     finally:  # the agent's log, kept beside sshd's when the root goes
         agent_log = deployment.root / "var/log/composespawner-host/agent.log"
@@ -445,6 +449,10 @@ def test_the_converged_host_serves_https_uses_postgresql_and_spawns(
     assert service_url.startswith(f"http://{deployment.host_address}:"), service_url
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()  # held to its share by the agent
     assert f":/{deployment.cgroup_parent}/" in cgroups, cgroups
+    # Every channel was handed to the agent's server the unit runs (none ran alone).
+    agent_log = (deployment.root / "var/log/composespawner-host/agent.log").read_text()
+    assert "notebook for machine" in agent_log
+    assert "no agent's server" not in agent_log, agent_log
 
     stopped = hub.api.delete(f"{hub.url}/hub/api/users/researcher1/server", timeout=60)
     assert stopped.status_code in (202, 204)

@@ -192,6 +192,9 @@ def write_config(
 ) -> tuple[Path, Path]:
     state = folder / "state"
     command = more.pop("notebook_command", [sys.executable, "-I", str(STANDIN)])
+    # No server by default: these tests run each request in the forced command's process
+    # (tests/hostagent/test_server.py hands channels to one; tests/ssh's hosts run one).
+    more.setdefault("server_socket", "")
     lines = [
         f"listen_address = {json.dumps(listen)}",
         f"state_dir = {json.dumps(str(state))}",

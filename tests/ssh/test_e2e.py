@@ -131,6 +131,10 @@ def test_a_notebook_runs_as_its_user_on_its_host_and_stop_gives_all_back(
     hub.wait_released(machine)
     assert not set(env["COMPOSE_DEVICE_IDS"].split(",")) & set(hub.attached(host.host_id))
     assert hosts.notebook("student1") is None
+    # Each host's agent's server took every channel: none ran its request alone.
+    for used in (host, other_host):
+        assert "started student" in hosts.agent_log(used.host_id)
+        assert "no agent's server" not in hosts.agent_log(used.host_id)
     # A channel per start, a connection per host (the hub's log says so).
     log = hub.log_path.read_text()
     trips = re.findall(r"SSH: (\d+) channel\(s\) and (\d+) new connection\(s\) this start", log)
@@ -182,6 +186,23 @@ def test_a_killed_notebook_is_released_within_5_s(hub: Hub, hosts: SSHHosts) -> 
     print(f"released {time.monotonic() - killed:.2f} s after the kill")
     hub.wait_gone("researcher1", timeout=30)  # and the hub's next poll ends the server
     assert hub.attached(host.host_id) == []
+
+
+def test_while_a_hosts_agents_server_is_down_its_channels_run_their_requests(
+    hub: Hub, hosts: SSHHosts
+) -> None:
+    for host_id in hosts.hosts:  # whichever host placement chooses
+        hosts.stop_server(host_id)
+    try:
+        host, record, _ = started(hub, hosts, "researcher1")
+        assert uid_of(record["pid"]) == pwd.getpwnam("researcher1").pw_uid
+        assert "no agent's server took the channel" in hosts.agent_log(host.host_id)
+    finally:
+        for host_id in hosts.hosts:
+            hosts.start_server(host_id)
+    hub.stop("researcher1")  # handed to the server again
+    assert not alive(record["pid"])
+    assert hosts.notebook("researcher1") is None
 
 
 def test_hosts_that_cannot_be_reached_fail_the_start_clearly_and_hold_nothing(
