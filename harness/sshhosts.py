@@ -262,7 +262,6 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         f"cores = {cores}\n"
         f"memory_gib = {memory_gib}\n"
         f'log_file = "{host.agent_log}"\n'
-        f'server_socket = "{host.server_socket if hosts.served else ""}"\n'
         # The fabric's GPUs are simulated: no GPU of theirs is on this machine to find.
         "gpu_list_command = []\n"
         + (notebook if hosts.notebook_command else "")
@@ -270,7 +269,7 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         + (f'relay_dir = "{hosts.home_root}-relay/{host.host_id}"\n' if _relayed(hosts) else "")
     )
     public = hosts.client_key.with_suffix(".pub").read_text().strip()
-    command = f"{AGENT} --config {host.agent_config}"
+    command = f"{AGENT} --config {host.agent_config} --socket {host.server_socket}"
     if hosts.agent_env:
         command = " ".join(["env", *(f"{k}={shlex.quote(v)}" for k, v in hosts.agent_env), command])
     (host.folder / "authorized_keys").write_text(f'restrict,command="{command}" {public}\n')
@@ -397,7 +396,7 @@ def _children(pid: int) -> list[int]:
 def _start_server(host: SSHHost, agent_env: Sequence[tuple[str, str]]) -> None:
     with host.server_log.open("ab") as log:
         host.server = subprocess.Popen(
-            [SERVER, "--config", str(host.agent_config)],
+            [SERVER, "--socket", str(host.server_socket)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from composespawner.hostagent.agent import command_refusal, handle, refuse
 from composespawner.hostagent.config import ConfigError, load_config
-from composespawner.hostagent.handoff import config_argument
+from composespawner.hostagent.handoff import parse_arguments
 from composespawner.launchers.agent_protocol import MAX_REQUEST_BYTES, reply
 
 log = logging.getLogger("composespawner.hostagent")
@@ -74,9 +74,9 @@ def _run(
 
 
 def _config_path(args: list[str]) -> Path | None:
-    """The ``--config`` argument's path; ConfigError for any other arguments."""
+    """The ``--config`` argument's path; ConfigError for arguments not the command's."""
     try:
-        path = config_argument(args)
+        path, _socket = parse_arguments(args)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return None if path is None else Path(path)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from composespawner.hostagent.handoff import DEFAULT_SERVER_SOCKET
 from composespawner.launchers.accounts import BUILD_ACCOUNT
 from composespawner.launchers.agent_protocol import ACCOUNT_NAME
 from composespawner.launchers.cgroups import PIDS_PER_GIB, parent_parts
@@ -72,7 +71,6 @@ KEYS = frozenset(
         "device_dir",
         "relay_dir",
         "image_pull_timeout",
-        "server_socket",
     }
 )
 # How notebooks run here: "process" (as the account, in cgroups of the agent's, the
@@ -80,7 +78,6 @@ KEYS = frozenset(
 RUNTIMES = ("process", "containers")
 GPU_DEVICE_WAYS = ("nodes", "cdi")  # see PodmanLauncher.gpu_devices
 DEFAULT_RELAY_DIR = "/run/composespawner-host/relay"
-MAX_SOCKET_PATH = 107  # bytes in a Unix socket's address, less its final NUL
 MAX_RELAY_DIR = 107 - 1 - 12 - 1 - 30  # see _relay_dir
 PULL_TIMEOUT = 1800  # seconds a first pull of a stack's image may take (gigabytes)
 
@@ -118,9 +115,6 @@ class AgentConfig:
     # (only where the hub's URLs are on this host's loopback: a hub on one machine).
     relay_dir: Path = Path(DEFAULT_RELAY_DIR)
     image_pull_timeout: int = PULL_TIMEOUT
-    # Where the agent's server (composespawner-host-server) takes the forced command's
-    # channels; None ("" in the file): no server, each channel runs its request itself.
-    server_socket: Path | None = Path(DEFAULT_SERVER_SOCKET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +170,6 @@ def parse_config(
         device_dir=_absolute(table, "device_dir", "/dev"),
         relay_dir=_relay_dir(table),
         image_pull_timeout=_number(table, "image_pull_timeout", PULL_TIMEOUT, least=1),
-        server_socket=server_socket(table),
     )
 
 
@@ -239,17 +232,6 @@ def _relay_dir(table: Mapping[str, Any]) -> Path:
     path = _absolute(table, "relay_dir", DEFAULT_RELAY_DIR)
     if len(os.fsencode(path)) > MAX_RELAY_DIR:
         raise ConfigError(f"relay_dir: {str(path)!r} is longer than {MAX_RELAY_DIR} bytes")
-    return path
-
-
-def server_socket(table: Mapping[str, Any]) -> Path | None:
-    """``server_socket``: None where it is "" (no server), else an absolute path short
-    enough for a Unix socket. The forced command reads this key alone (``__main__``)."""
-    if table.get("server_socket") == "":
-        return None
-    path = _absolute(table, "server_socket", DEFAULT_SERVER_SOCKET)
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise ConfigError(f"server_socket: {str(path)!r} is longer than {MAX_SOCKET_PATH} bytes")
     return path
 
 

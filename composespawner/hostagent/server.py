@@ -1,9 +1,10 @@
 """``composespawner-host-server``: the host agent's one long-lived process on a host.
 
-Every start, stop, poll and watch is an SSH channel whose forced command used to start
-Python and import the agent afresh: in a class starting at once, that was most of a
-host's work for each notebook. This process imports the agent once, listens on
-``server_socket`` (root's alone: mode 0600, and every peer's credentials checked), and
+``composespawner-host-server [--socket PATH]``. Every start, stop, poll and watch is an
+SSH channel whose forced command used to start Python and import the agent afresh: in a
+class starting at once, that was most of a host's work for each notebook. This process
+imports the agent once, listens on ``--socket`` (``handoff.DEFAULT_SOCKET`` by default;
+root's alone: mode 0600, and every peer's credentials checked), and
 for each channel a forced command hands it (:mod:`handoff`) forks a child that runs the
 request on the channel's own descriptors, as the forced command would have run it:
 its own process, its own session, the config read afresh, the same locks, records and
@@ -24,17 +25,17 @@ import socket
 import struct
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from composespawner.hostagent.channel import run_channel
-from composespawner.hostagent.config import ConfigError, load_config
 from composespawner.hostagent.handoff import (
+    CHANNEL_FDS,
+    MAX_HEADER,
     PASSED_VARIABLES,
     TAKEN,
-    Channel,
     HandoffError,
-    config_argument,
-    receive,
+    decode,
+    parse_arguments,
 )
 
 log = logging.getLogger("composespawner.hostagent.server")
@@ -58,31 +59,31 @@ def main(argv: list[str] | None = None) -> int:
     log.propagate = False
     args = sys.argv[1:] if argv is None else argv
     try:
-        path = config_argument(args)
-        config = load_config(None if path is None else Path(path), os.environ)
-    except (ValueError, ConfigError) as e:
+        config, where = parse_arguments(args)
+    except ValueError as e:
         log.error("cannot start: %s", e)
         return 2
-    if config.server_socket is None:
-        log.error("cannot start: server_socket is empty in the config (no server is wanted)")
+    if config is not None:  # each request reads the config its forced command names
+        log.error("cannot start: usage: composespawner-host-server [--socket PATH]")
         return 2
+    path = Path(where)
     for module in WARM:
         importlib.import_module(module)
     try:
-        listener = listen(config.server_socket)
-        bound = config.server_socket.stat()
+        listener = listen(path)
+        bound = path.stat()
     except OSError as e:
-        log.error("cannot listen on %s: %s", config.server_socket, e)
+        log.error("cannot listen on %s: %s", path, e)
         return 2
     signal.signal(signal.SIGTERM, _leave)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
-    log.info("serving the host agent on %s", config.server_socket)
+    log.info("serving the host agent on %s", path)
     try:
         serve(listener)
     except KeyboardInterrupt:
         pass
     finally:
-        stop_listening(listener, config.server_socket, bound)
+        stop_listening(listener, path, bound)
     return 0
 
 
@@ -144,6 +145,14 @@ def serve(listener: socket.socket) -> None:
                 os.close(fd)
 
 
+class Channel(NamedTuple):
+    """One SSH channel, as the server receives it."""
+
+    args: list[str]
+    environ: dict[str, str]
+    fds: list[int]  # stdin, stdout, stderr: the receiver's to close
+
+
 def take(conn: socket.socket) -> Channel | None:
     """The channel on ``conn``, from root alone: the forced command runs as root."""
     _pid, uid, _gid = struct.unpack(
@@ -153,6 +162,24 @@ def take(conn: socket.socket) -> Channel | None:
         raise HandoffError(f"uid {uid} is not root")
     conn.settimeout(RECEIVE_TIMEOUT)
     return receive(conn)
+
+
+def receive(conn: socket.socket) -> Channel | None:
+    """The channel a forced command handed over on ``conn``, None where nothing was sent
+    (a look at whether a server answers); HandoffError (any descriptors sent closed) for
+    anything but one header and three descriptors."""
+    data, fds, _flags, _address = socket.recv_fds(conn, MAX_HEADER, CHANNEL_FDS + 1)
+    if not data and not fds:
+        return None
+    try:
+        if len(fds) != CHANNEL_FDS:
+            raise HandoffError(f"{len(fds)} descriptors sent, not {CHANNEL_FDS}")
+        args, environ = decode(data)
+    except HandoffError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return Channel(args, environ, fds)
 
 
 def run_child(listener: socket.socket, conn: socket.socket, channel: Channel) -> NoReturn:
@@ -172,7 +199,7 @@ def run_child(listener: socket.socket, conn: socket.socket, channel: Channel) ->
         os.environ.update(channel.environ)
         conn.settimeout(None)
         conn.sendall(TAKEN)
-        status = run_channel(list(channel.args))
+        status = run_channel(channel.args)
     except BaseException:  # the status still goes back; the trace to the channel's stderr
         logging.getLogger("composespawner.hostagent").exception("the request's process failed")
     finally:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from composespawner.hostagent.handoff import DEFAULT_SOCKET
 from harness.hub import process_env, wait_for
 from harness.simulator import INVENTORY
 
@@ -131,10 +132,7 @@ def host_agent_server(root: Path, log: Path) -> Iterator[None]:
     unit = (root / "etc/systemd/system/composespawner-host.service").read_text()
     fields = dict(re.findall(r"^(\w+)=(.*)$", unit, re.MULTILINE))
     assert fields["KillMode"] == "process", unit
-    config = (root / "etc/composespawner/host.toml").read_text()
-    found = re.search(r'^server_socket = "(.*)"$', config, re.MULTILINE)
-    assert found, config
-    path = root / found.group(1).lstrip("/")
+    path = root / DEFAULT_SOCKET.lstrip("/")
     name, value = fields["Environment"].split("=", 1)
     with log.open("ab") as output:
         server = subprocess.Popen(

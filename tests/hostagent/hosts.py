@@ -55,6 +55,19 @@ class Host:
     cgroup_parent: str
     accounts: list[str] = field(default_factory=list)
 
+    @property
+    def socket(self) -> Path:
+        """Where the forced command looks for the host's agent's server: none listens
+        there unless a test starts one (tests/hostagent/test_server.py), so each request
+        runs in the forced command's own process. Short: a Unix socket's path holds 107
+        bytes, and pytest's folders are long."""
+        return self.root / "agent.sock"
+
+    @property
+    def command(self) -> list[str]:
+        """The forced command, as the host role writes it in authorized_keys."""
+        return [str(AGENT), "--config", str(self.config), "--socket", str(self.socket)]
+
     def reconfigure(self, **more: Any) -> None:
         """The same host, with ``more`` config keys."""
         write_config(self.config.parent, self.listen, self.cgroup_parent, self.home_root, **more)
@@ -83,7 +96,7 @@ class Host:
         """Run the agent with ``request`` on stdin: its reply lines, exit status, stderr."""
         data = request if isinstance(request, bytes) else json.dumps(request).encode()
         done = subprocess.run(
-            [str(AGENT), "--config", str(self.config)],
+            self.command,
             input=data,
             capture_output=True,
             timeout=AGENT_TIMEOUT,
@@ -95,7 +108,7 @@ class Host:
     def watch(self) -> subprocess.Popen[bytes]:
         """A watch channel: the request sent and stdin closed, as the hub's SSH client does."""
         process = subprocess.Popen(
-            [str(AGENT), "--config", str(self.config)],
+            self.command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -192,9 +205,6 @@ def write_config(
 ) -> tuple[Path, Path]:
     state = folder / "state"
     command = more.pop("notebook_command", [sys.executable, "-I", str(STANDIN)])
-    # No server by default: these tests run each request in the forced command's process
-    # (tests/hostagent/test_server.py hands channels to one; tests/ssh's hosts run one).
-    more.setdefault("server_socket", "")
     lines = [
         f"listen_address = {json.dumps(listen)}",
         f"state_dir = {json.dumps(str(state))}",

@@ -31,7 +31,6 @@ from composespawner.hostagent.starting import SINKS, ProcessStart
 from composespawner.launchers.agent_protocol import Refused, StartNotebook, parse_request
 from harness.hub import wait_for
 from tests.hostagent.hosts import (
-    AGENT,
     USERS_GROUP,
     Host,
     environ_of,
@@ -430,7 +429,7 @@ def test_three_starts_racing_for_two_halves_of_one_gpu_two_win(host: Host) -> No
 
 def test_a_start_the_hub_gave_up_on_is_undone(host: Host) -> None:
     agent = subprocess.Popen(
-        [str(AGENT), "--config", str(host.config)],
+        host.command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -21,9 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from composespawner.hostagent.handoff import HandoffError, header, receive
+from composespawner.hostagent.handoff import (
+    DEFAULT_SOCKET,
+    MAX_PASSED,
+    HandoffError,
+    decode,
+    encode,
+    parse_arguments,
+)
+from composespawner.hostagent.server import receive
 from harness.hub import alive, wait_for
-from tests.hostagent.hosts import AGENT, Host, start_request, started, status_of
+from tests.hostagent.hosts import Host, start_request, started, status_of
 
 pytestmark = pytest.mark.timeout(120)
 SERVER = Path(sys.executable).with_name("composespawner-host-server")
@@ -34,16 +42,16 @@ POLL = {"v": 1, "op": "poll", "machine": "m1"}
 class Served:
     """A host's agent's server, started and stopped by the test."""
 
-    def __init__(self, host: Host, socket_path: Path) -> None:
+    def __init__(self, host: Host) -> None:
         self.host = host
-        self.socket = socket_path
-        self.log = socket_path.with_suffix(".log")
+        self.socket = host.socket
+        self.log = host.root / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [SERVER, "--config", str(self.host.config)],
+                [SERVER, "--socket", str(self.socket)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -73,17 +81,14 @@ def answers(path: Path) -> bool:
 
 @pytest.fixture
 def served(host: Host) -> Iterator[Served]:
-    # Short: a Unix socket's path holds 107 bytes, and pytest's folders are long.
-    path = host.root / "agent.sock"
-    host.reconfigure(server_socket=str(path))
-    server = Served(host, path)
+    server = Served(host)
     server.start()
     try:
         yield server
     finally:
         if server.process is not None:
             assert server.stop() == 0, server.log.read_text()
-        assert not path.exists(), "the server left its socket"
+        assert not host.socket.exists(), "the server left its socket"
 
 
 def asked_by(host: Host, request: dict[str, object]) -> tuple[int, list[int], int]:
@@ -91,7 +96,7 @@ def asked_by(host: Host, request: dict[str, object]) -> tuple[int, list[int], in
     exit status."""
     before = _log(host)
     client = subprocess.Popen(
-        [str(AGENT), "--config", str(host.config)],
+        host.command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -109,7 +114,7 @@ def _log(host: Host) -> str:
 
 
 def test_a_start_poll_and_stop_run_in_the_servers_children(host: Host, served: Served) -> None:
-    host.reconfigure(server_socket=str(served.socket), log_file=str(host.root / "agent.log"))
+    host.reconfigure(log_file=str(host.root / "agent.log"))
     user = host.new_user()
     reply = started(host, start_request(user, "m1"))
     assert alive(reply["pid"])
@@ -153,7 +158,7 @@ def test_a_watch_through_the_server_ends_when_the_hub_closes_it(host: Host, serv
 def test_without_its_server_a_host_answers_alone_and_its_notebooks_run_on(
     host: Host, served: Served
 ) -> None:
-    host.reconfigure(server_socket=str(served.socket), log_file=str(host.root / "agent.log"))
+    host.reconfigure(log_file=str(host.root / "agent.log"))
     reply = started(host, start_request(host.new_user(), "m1"))
     assert served.stop() == 0  # as systemd's KillMode=process: the server alone
     assert alive(reply["pid"])
@@ -185,7 +190,7 @@ def test_the_socket_is_roots_and_another_accounts_channel_is_refused(
         "    print('closed')\n"
     )
     # Debian's Python: this venv's may sit in root's home, closed to nobody.
-    as_nobody = [SYSTEM_PYTHON, "-I", "-c", code, str(served.socket), header([], {}).decode()]
+    as_nobody = [SYSTEM_PYTHON, "-I", "-c", code, str(served.socket), "0"]
 
     def run_as_nobody() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -204,7 +209,7 @@ def test_a_second_server_on_a_live_socket_refuses_and_a_dead_ones_is_replaced(
     host: Host, served: Served
 ) -> None:
     second = subprocess.run(
-        [SERVER, "--config", str(host.config)], capture_output=True, text=True, timeout=30
+        [SERVER, "--socket", str(served.socket)], capture_output=True, text=True, timeout=30
     )
     assert second.returncode == 2
     assert "another server answers" in second.stderr
@@ -221,10 +226,10 @@ def test_a_second_server_on_a_live_socket_refuses_and_a_dead_ones_is_replaced(
 @pytest.mark.parametrize(
     ("message", "fds", "says"),
     [
-        (header([], {}), 2, "2 descriptors sent"),
+        (encode([], {}), 2, "2 descriptors sent"),
         (b"[1, 2]", 3, "not a handoff's header"),
-        (json.dumps({"args": [1], "environ": {}}).encode(), 3, "args is not"),
-        (json.dumps({"args": [], "environ": {"LD_PRELOAD": "x"}}).encode(), 3, "environ holds"),
+        (b"5\0--config", 3, "not a handoff's header"),
+        (b"0\0LD_PRELOAD=/tmp/x.so", 3, "passes other than"),
     ],
 )
 def test_a_malformed_handoff_is_refused_and_its_descriptors_closed(
@@ -252,3 +257,38 @@ def test_a_look_with_nothing_sent_is_no_channel() -> None:
     with sender, receiver:
         sender.shutdown(socket.SHUT_WR)
         assert receive(receiver) is None
+
+
+def test_a_header_carries_the_arguments_and_only_sshds_variables() -> None:
+    args = ["--config", "/etc/a b.toml", ""]
+    environ = {
+        "SSH_ORIGINAL_COMMAND": "x" * (MAX_PASSED + 10),
+        "SSH_CONNECTION": "127.0.0.1 5 127.0.1.11 22",
+        "LD_PRELOAD": "/tmp/x.so",
+    }
+    got_args, got_environ = decode(encode(args, environ))
+    assert got_args == args
+    assert got_environ == {
+        "SSH_ORIGINAL_COMMAND": "x" * MAX_PASSED,  # still not the agent's: still refused
+        "SSH_CONNECTION": "127.0.0.1 5 127.0.1.11 22",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], (None, DEFAULT_SOCKET)),
+        (["--config", "/etc/h.toml"], ("/etc/h.toml", DEFAULT_SOCKET)),
+        (["--config=/etc/h.toml", "--socket", "/run/s"], ("/etc/h.toml", "/run/s")),
+    ],
+)
+def test_the_commands_arguments(args: list[str], expected: tuple[str | None, str]) -> None:
+    assert parse_arguments(args) == expected
+
+
+@pytest.mark.parametrize(
+    "args", [["--config"], ["--config", "a", "--config", "b"], ["id"], ["--socket=/s", "x"]]
+)
+def test_other_arguments_are_the_usage(args: list[str]) -> None:
+    with pytest.raises(ValueError, match="usage: composespawner-host"):
+        parse_arguments(args)
