@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composespawner.hostagent import handoff
 from harness.hub import alive, leftover_pids, wait_for
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd's privilege separation folder: it refuses to run without
-AGENT = Path(sys.executable).parent / "composespawner-host"
+# The forced command as the host role writes it: the agent's handoff by path, without site.
+FORCED = f"{sys.executable} -IS {handoff.__file__}"
 SERVER = Path(sys.executable).parent / "composespawner-host-server"
 # What sshd gives a forced command (and systemd the agent's server, with HOME set).
 AGENT_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "USER": "root"}
@@ -269,7 +271,7 @@ def _set_up(host: SSHHost, hosts: SSHHosts, cores: int, memory_gib: int) -> None
         + (f'relay_dir = "{hosts.home_root}-relay/{host.host_id}"\n' if _relayed(hosts) else "")
     )
     public = hosts.client_key.with_suffix(".pub").read_text().strip()
-    command = f"{AGENT} --config {host.agent_config} --socket {host.server_socket}"
+    command = f"{FORCED} --config {host.agent_config} --socket {host.server_socket}"
     if hosts.agent_env:
         command = " ".join(["env", *(f"{k}={shlex.quote(v)}" for k, v in hosts.agent_env), command])
     (host.folder / "authorized_keys").write_text(f'restrict,command="{command}" {public}\n')

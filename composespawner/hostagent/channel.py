@@ -17,7 +17,6 @@ from pathlib import Path
 
 from composespawner.hostagent.agent import command_refusal, handle, refuse
 from composespawner.hostagent.config import ConfigError, load_config
-from composespawner.hostagent.handoff import parse_arguments
 from composespawner.launchers.agent_protocol import MAX_REQUEST_BYTES, reply
 
 log = logging.getLogger("composespawner.hostagent")
@@ -27,9 +26,11 @@ LOG_FORMAT = "%(asctime)s composespawner-host[%(process)d] %(levelname)s %(messa
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def run_channel(args: list[str], unserved: str | None = None) -> int:
-    """The request on stdin, answered on stdout; its exit status. ``unserved``: why no
-    server took the channel, logged where it is worth a look."""
+def run_channel(config: str | None, unserved: str | None = None, usage: str | None = None) -> int:
+    """The request on stdin, answered on stdout; its exit status. ``config``: the agent's
+    config file (None: every default); ``unserved``: why no server took the channel,
+    logged where it is worth a look; ``usage``: what is wrong with the command's
+    arguments, which makes the agent misconfigured."""
     os.environ["PATH"] = SYSTEM_PATH  # before anything looks a program up
     _log_to(logging.StreamHandler(sys.stderr))
     out = sys.stdout.buffer
@@ -39,7 +40,7 @@ def run_channel(args: list[str], unserved: str | None = None) -> int:
         out.flush()
 
     try:
-        return _run(args, say, out.fileno(), unserved)
+        return _run(config, usage, say, out.fileno(), unserved)
     except BrokenPipeError:  # the hub closed the channel: nobody is left to answer
         with_devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(with_devnull, out.fileno())  # so the exit's flush does not fail again
@@ -47,11 +48,17 @@ def run_channel(args: list[str], unserved: str | None = None) -> int:
 
 
 def _run(
-    args: list[str], say: Callable[[bytes], None], stdout_fd: int, unserved: str | None
+    path: str | None,
+    usage: str | None,
+    say: Callable[[bytes], None],
+    stdout_fd: int,
+    unserved: str | None,
 ) -> int:
     # The config first, so that even a refused command reaches log_file.
     try:
-        config = load_config(_config_path(args), os.environ)
+        if usage is not None:
+            raise ConfigError(usage)
+        config = load_config(None if path is None else Path(path), os.environ)
     except ConfigError as e:
         config, broken = None, e
     if config is not None and config.log_file is not None:
@@ -71,15 +78,6 @@ def _run(
         return 2
     data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
     return 0 if handle(data, config, say, stdout_fd) else 1
-
-
-def _config_path(args: list[str]) -> Path | None:
-    """The ``--config`` argument's path; ConfigError for arguments not the command's."""
-    try:
-        path, _socket = parse_arguments(args)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return None if path is None else Path(path)
 
 
 def _log_to(handler: logging.Handler) -> None:

@@ -1,19 +1,27 @@
-"""What the forced command hands the agent's server: the SSH channel itself.
+"""The forced command, and what it hands the agent's server: the SSH channel itself.
 
-The forced command (``__main__``) connects to the server's Unix socket and sends one
-message: a header (its arguments and the two variables sshd set that the agent reads)
-with the channel's stdin, stdout and stderr as file descriptors (SCM_RIGHTS). The
-server forks; the child answers :data:`TAKEN` at once, runs the request on those
-descriptors exactly as the forced command would have, and sends its exit status as one
-byte. The forced command exits with it. The child holds sshd's very pipes, so it sees
-the request's EOF and the hub closing the channel as an agent run by sshd does.
+``python -IS …/handoff.py [--config PATH] [--socket PATH]`` is the forced command of
+the hub's key (``composespawner-host`` runs the same :func:`main`). It connects to the
+server's Unix socket and sends one message: a header (its arguments and the two
+variables sshd set that the agent reads) with the channel's stdin, stdout and stderr as
+file descriptors (SCM_RIGHTS). The server forks; the child answers :data:`TAKEN` at
+once, runs the request on those descriptors exactly as the forced command would have,
+and sends its exit status as one byte. The forced command exits with it. The child
+holds sshd's very pipes, so it sees the request's EOF and the hub closing the channel
+as an agent run by sshd does.
 
 The header is NUL-separated (no argument or variable can hold a NUL): the number of
 arguments, the arguments, then ``NAME=VALUE`` for each passed variable that is set.
 
-Every channel starts the forced command, so this imports nothing at the top but ``os``
-and ``sys`` (the socket module alone costs a Python start's worth of milliseconds:
-``_socket`` is built in), and the forced command reads no file before the handoff.
+Where no server takes the channel, the forced command runs the request itself
+(``channel``): the same answers, the agent's imports slower, and a warning in the
+agent's log saying why.
+
+Every channel starts the forced command, so it runs by path without ``site`` (``-S``,
+as the log sink does: the venv's ``.pth`` files cost more than the rest), imports
+nothing at the top but ``os`` and ``sys`` (the socket module alone costs milliseconds:
+``_socket`` is built in) and reads no file before the handoff. Only the way without a
+server brings in ``site`` and the agent.
 """
 
 from __future__ import annotations
@@ -66,6 +74,16 @@ def parse_arguments(args: Sequence[str]) -> tuple[str | None, str]:
     return found.get("--config"), found.get("--socket", DEFAULT_SOCKET)
 
 
+def read_arguments(args: Sequence[str]) -> tuple[str | None, str | None, str | None]:
+    """:func:`parse_arguments`'s config and socket and None, or, for arguments that are
+    not the command's, None, None and what is wrong (the request answers with it)."""
+    try:
+        config, socket = parse_arguments(args)
+    except ValueError as e:
+        return None, None, str(e)
+    return config, socket, None
+
+
 def encode(args: Sequence[str], environ: Mapping[str, str]) -> bytes:
     """The header: ``args`` and those of the passed variables ``environ`` sets."""
     passed = [
@@ -115,6 +133,47 @@ def hand_over(path: str, args: Sequence[str], environ: Mapping[str, str]) -> _so
     return conn
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The forced command: the channel handed over, or the request run here."""
+    args = sys.argv[1:] if argv is None else argv
+    config, server, usage = read_arguments(args)
+    unserved = None
+    if server is not None:
+        try:
+            conn = hand_over(server, args, os.environ)
+        except Untaken:
+            # A late child could still take it: this process must not run it as well.
+            return _untaken(server)
+        except OSError as e:
+            unserved = f"no agent's server took the channel at {server} ({e})"
+        else:
+            return exit_status(conn)
+    _bring_in_the_agent()
+    from composespawner.hostagent.channel import run_channel
+
+    return run_channel(config, unserved, usage)
+
+
+def _untaken(server: str) -> int:
+    _bring_in_the_agent()
+    from composespawner.launchers.agent_protocol import reply
+
+    why = f"the host agent's server at {server} did not take the request in time; try again"
+    sys.stdout.buffer.write(reply(ok=False, error=why))
+    return 1
+
+
+def _bring_in_the_agent() -> None:
+    """Run by path with ``-S``: the venv's site-packages (where the agent is) on the path,
+    and this file's folder off it (its modules are the package's, not top-level ones)."""
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
 def exit_status(conn: _socket.socket) -> int:
     """The request's exit status, once it is done (1 where its process died unheard)."""
     try:
@@ -122,3 +181,7 @@ def exit_status(conn: _socket.socket) -> int:
     finally:
         conn.close()
     return status[0] if status else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,7 @@ run their requests themselves until it is back.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -36,6 +37,7 @@ from composespawner.hostagent.handoff import (
     HandoffError,
     decode,
     parse_arguments,
+    read_arguments,
 )
 
 log = logging.getLogger("composespawner.hostagent.server")
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(where)
     for module in WARM:
         importlib.import_module(module)
+    # What is here now is every child's too: the collector of each child must not walk
+    # it (that touches every page, and copies them all from this process on write).
+    gc.freeze()
     try:
         listener = listen(path)
         bound = path.stat()
@@ -199,7 +204,8 @@ def run_child(listener: socket.socket, conn: socket.socket, channel: Channel) ->
         os.environ.update(channel.environ)
         conn.settimeout(None)
         conn.sendall(TAKEN)
-        status = run_channel(channel.args)
+        config, _socket, usage = read_arguments(channel.args)
+        status = run_channel(config, usage=usage)
     except BaseException:  # the status still goes back; the trace to the channel's stderr
         logging.getLogger("composespawner.hostagent").exception("the request's process failed")
     finally:

@@ -74,7 +74,9 @@ USERS = {
 }
 RECAP = re.compile(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 HOST_ID = "host-01"  # the fabric's only compute host here: the root's sshd and agent
-AGENT = "/opt/composespawner/venv/bin/composespawner-host --config /etc/composespawner/host.toml"
+VENV = "/opt/composespawner/venv"
+HANDOFF = "composespawner/hostagent/handoff.py"
+HOST_CONFIG = "/etc/composespawner/host.toml"
 SSH_DIR = "etc/composespawner/ssh"  # the hub's key and known_hosts, in the root
 
 
@@ -307,8 +309,11 @@ def test_the_hubs_key_runs_the_agent_only_and_the_host_key_is_pinned(
     public = hub_key.with_suffix(".pub").read_text().strip()  # "ssh-ed25519 AAAA… hub's name"
     assert public.endswith(" composespawner-hub@hub")
     authorized = (root / "root/.ssh/authorized_keys").read_text().splitlines()
+    # The forced command, by path in the host's venv and without site (it starts fastest).
+    [handoff] = (root / VENV.lstrip("/")).glob("lib/python3*/site-packages/" + HANDOFF)
+    agent = f"{VENV}/bin/python -IS /{handoff.relative_to(root)} --config {HOST_CONFIG}"
     assert [line for line in authorized if public.split()[1] in line] == [
-        f'restrict,command="{AGENT}" {public}'
+        f'restrict,command="{agent}" {public}'
     ]
     site = deployment.site_key.with_suffix(".pub").read_text().strip()
     assert site in authorized  # the site's own keys are left alone

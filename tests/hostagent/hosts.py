@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from composespawner.hostagent import handoff
 from composespawner.launchers.accounts import becoming
 from composespawner.launchers.cgroups import (
     CgroupError,
@@ -65,8 +66,10 @@ class Host:
 
     @property
     def command(self) -> list[str]:
-        """The forced command, as the host role writes it in authorized_keys."""
-        return [str(AGENT), "--config", str(self.config), "--socket", str(self.socket)]
+        """The forced command, as the host role writes it in authorized_keys (by path and
+        without site; ``AGENT``, the console script, runs the same)."""
+        forced = [sys.executable, "-IS", handoff.__file__]
+        return [*forced, "--config", str(self.config), "--socket", str(self.socket)]
 
     def reconfigure(self, **more: Any) -> None:
         """The same host, with ``more`` config keys."""

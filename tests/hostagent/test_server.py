@@ -31,7 +31,7 @@ from composespawner.hostagent.handoff import (
 )
 from composespawner.hostagent.server import receive
 from harness.hub import alive, wait_for
-from tests.hostagent.hosts import Host, start_request, started, status_of
+from tests.hostagent.hosts import AGENT, Host, start_request, started, status_of
 
 pytestmark = pytest.mark.timeout(120)
 SERVER = Path(sys.executable).with_name("composespawner-host-server")
@@ -91,12 +91,15 @@ def served(host: Host) -> Iterator[Served]:
         assert not host.socket.exists(), "the server left its socket"
 
 
-def asked_by(host: Host, request: dict[str, object]) -> tuple[int, list[int], int]:
+def asked_by(
+    host: Host, request: dict[str, object], console_script: bool = False
+) -> tuple[int, list[int], int]:
     """The forced command's pid, the pids the host's log names for ``request``, and its
-    exit status."""
+    exit status; with ``console_script``, run as ``composespawner-host``."""
     before = _log(host)
+    command = [str(AGENT), *host.command[3:]] if console_script else host.command
     client = subprocess.Popen(
-        host.command,
+        command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -162,7 +165,7 @@ def test_without_its_server_a_host_answers_alone_and_its_notebooks_run_on(
     reply = started(host, start_request(host.new_user(), "m1"))
     assert served.stop() == 0  # as systemd's KillMode=process: the server alone
     assert alive(reply["pid"])
-    client, pids, status = asked_by(host, POLL)
+    client, pids, status = asked_by(host, POLL, console_script=True)
     assert status == 0
     assert pids
     assert set(pids) == {client}
