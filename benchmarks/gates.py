@@ -45,6 +45,9 @@ GATES: dict[str, list[tuple[str, float]]] = {
         ("ssh_leaked_devices", 0),
         ("ssh_hosts_over_capacity", 0),
         ("ssh_connections_per_start", 1),
+        # and its p95 against the stock spawner: every host a real sshd and agent on
+        # these same 2 cores (issue 41's gate; not met yet, see the README)
+        ("ssh_p95_ratio", 1.5),
     ],
     # A course day with idle gaps: at least half of the idle-held GPU-hours given back
     # (idle_kept_share: the other half at most), no GPU that worked (or was held, for a

@@ -4,7 +4,8 @@ Each host of the demo fabric (host-01 … host-08) gets an ``sshd -D -e -f CONFI
 on a loopback address of its own (127.0.1.N, N = 10 + its number) and a free
 port there, its own ed25519 host key, and an authorized_keys file whose only
 line lets the hub's key run the host agent as a forced command, as the
-deployment sets up root's on a real host. Each host's agent has its own config:
+deployment sets up root's on a real host, and the agent's server beside it (its own
+socket, which the forced command names). Each host's agent has its own config:
 its listen address, state folder, cgroups, the simulated host's capacity, and
 homes under a folder of the test's.
 
@@ -113,7 +114,6 @@ class SSHHosts:
     notebook_command: tuple[str, ...] = ()
     agent_env: tuple[tuple[str, str], ...] = ()
     agent_settings: tuple[tuple[str, Any], ...] = ()  # more keys of each agent's config
-    served: bool = True  # each host's agent's server runs (else each channel runs it alone)
 
     def hub_config(self, connect_timeout: float = 5) -> str:
         """The lines that make ``running_hub``'s demo hub run notebooks on these hosts."""
@@ -194,7 +194,6 @@ def ssh_hosts(
     notebook_command: Sequence[str] = (),
     agent_env: Mapping[str, str] | None = None,
     agent_settings: Mapping[str, Any] | None = None,
-    served: bool = True,
 ) -> Iterator[SSHHosts]:
     """Start an sshd per host in ``host_ids`` (capacity ``cores``/``memory_gib`` each,
     the demo inventory's); remove at the end the accounts among ``users`` the agents made.
@@ -202,8 +201,8 @@ def ssh_hosts(
     ``notebook_command``: what the agents run for a start without a stack (default:
     this venv's jupyterhub-singleuser). ``agent_env``: variables the forced command sets
     for the agents (a stand-in NVML's). ``agent_settings``: more keys of each agent's
-    config (the containers runtime's); ``relay_dir`` is made each host's own. ``served``:
-    each host runs its agent's server (as deployed), which takes every channel."""
+    config (the containers runtime's); ``relay_dir`` is made each host's own. Each host
+    runs its agent's server beside its sshd, as deployed."""
     assert os.geteuid() == 0, "the hosts' sshd and agents run as root, as on a real host"
     existed = {user for user in users if _account(user) is not None}
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
@@ -225,15 +224,13 @@ def ssh_hosts(
         notebook_command=tuple(notebook_command),
         agent_env=tuple(sorted((agent_env or {}).items())),
         agent_settings=tuple(sorted((agent_settings or {}).items())),
-        served=served,
     )
     try:
         for host in hosts.values():
             _set_up(host, result, cores, memory_gib)
         result.known_hosts.write_text("".join(_known_host(h) for h in hosts.values()))
         for host in hosts.values():
-            if served:
-                _start_server(host, result.agent_env)
+            _start_server(host, result.agent_env)
             _start_sshd(host)
         yield result
     finally:

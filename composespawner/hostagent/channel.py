@@ -2,7 +2,7 @@
 
 Reads one request from stdin (to EOF), answers on stdout, logs to stderr (and
 ``log_file``). Exit status 0 when the request was done, 1 when it was refused
-or failed, 2 when the agent itself is misconfigured. The forced command (``__main__``)
+or failed, 2 when the agent itself is misconfigured. The forced command (``handoff``)
 runs this itself where no server takes its channel; the server's child for each
 channel handed to it runs it on the channel's descriptors (``server``).
 """

@@ -46,6 +46,7 @@ RECEIVE_TIMEOUT = 2.0  # a forced command sends its channel as soon as it connec
 BACKLOG = 128  # a class's channels arriving at once wait here, not in refusals
 # What a request imports, imported here once so that no child imports it again.
 WARM = (
+    "ctypes",  # a start's child becomes the account through libc (launchers.accounts)
     "composespawner.hostagent.notebooks",
     "composespawner.hostagent.stacks",
     "composespawner.activity.nvml",

@@ -10,15 +10,17 @@ protocol, would load only into the user's own process).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pwd
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from composespawner.domain.hardware import Share
 from composespawner.hostagent import logsink
@@ -227,29 +229,53 @@ def deliver(request: StartNotebook, account: pwd.struct_passwd, environment: Any
 def write_as(account: pwd.struct_passwd, path: Path, data: bytes) -> None:
     """Write ``path`` in the home as the account itself, as the local launcher writes it
     (:func:`~composespawner.launchers.notebook_files.write_for_notebook`: a 0444 file
-    made exclusively, no link followed), by a child switched to the account.
+    made exclusively, no link followed), by a forked child switched to the account.
 
     Not as root: on a root-squashed NFS home root is nobody, and may not write there.
     Not in ``state_dir`` instead: that is root's alone, and the manifest stays where
     the local launcher puts it. As the account, no link it planted can take a write
-    anywhere it could not write itself. The child runs the agent's Python, which the
-    notebook runs too (its way is open to the account).
+    anywhere it could not write itself. A fork, not a new program: a Python started
+    for this was a tenth of a start's work on the host. Once its ids are the account's
+    the child may not be traced or dumped by it (the kernel's rule for a process whose
+    ids changed), and it ends by ``MANIFEST_TIMEOUT``'s alarm if the home hangs.
     """
-    script = notebook_files.__file__
+    why = f"cannot write the run manifest {path} as {account.pw_name}"
+    become = becoming(account, account.pw_dir)
+    reader, writer = os.pipe()
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", script, str(path)],
-            input=data,
-            capture_output=True,
-            env={},
-            timeout=MANIFEST_TIMEOUT,
-            preexec_fn=becoming(account, account.pw_dir),
-        )
-    except (OSError, subprocess.SubprocessError) as e:  # the home cannot be entered, too slow
-        raise StartFailed(f"cannot write the run manifest {path} as {account.pw_name}: {e}") from e
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip()[-300:]
-        raise StartFailed(f"cannot write the run manifest {path} as {account.pw_name}: {said}")
+        pid = os.fork()
+    except OSError as e:
+        os.close(reader)
+        os.close(writer)
+        raise StartFailed(f"{why}: {e}") from e
+    if pid == 0:
+        _write_in_child(become, path, data, reader, writer)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as said:
+        error = said.read(4096).decode(errors="replace")
+    _, wait_status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(wait_status)
+    if code != 0:
+        raise StartFailed(f"{why}: {error or f'ended by signal {-code}'}")
+
+
+def _write_in_child(
+    become: Callable[[], None], path: Path, data: bytes, reader: int, writer: int
+) -> NoReturn:
+    """In :func:`write_as`'s child: ``become`` the account, write, and exit (never
+    return); what failed goes to ``writer``."""
+    status = 1
+    try:
+        os.close(reader)
+        signal.alarm(int(MANIFEST_TIMEOUT))  # its default action ends this child
+        become()
+        notebook_files.write_for_notebook(path, data, None)
+        status = 0
+    except BaseException as e:  # the parent says why; this child only ends
+        with contextlib.suppress(OSError):
+            os.write(writer, f"{type(e).__name__}: {e}"[-300:].encode())
+    finally:
+        os._exit(status)
 
 
 def popen_as(

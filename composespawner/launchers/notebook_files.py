@@ -1,8 +1,7 @@
 """Files the hub (or a host's agent) hands a notebook: written as root into its folders.
 
 Standard library only: the host agent (:mod:`composespawner.hostagent`) writes the
-run manifest with it too, run as a script (``python -I -S``) by a child switched to
-the notebook's account (:func:`main`).
+run manifest with it too, in a child switched to the notebook's account.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import sys
 from pathlib import Path
 
 
@@ -51,18 +49,3 @@ def write_for_notebook(path: Path, data: bytes, owner: pwd.struct_passwd | None)
             file.write(data)
     finally:
         os.close(where)
-
-
-def main(argv: list[str]) -> int:
-    """``python -I -S notebook_files.py PATH``: stdin written to ``PATH`` as above, by
-    this process's own account (the host agent's child, switched to the notebook's)."""
-    try:
-        write_for_notebook(Path(argv[1]), sys.stdin.buffer.read(), None)
-    except (NotAFolder, OSError) as e:
-        print(f"{e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -21,6 +21,7 @@ COURSE = {
     "ssh_leaked_devices": 0,
     "ssh_hosts_over_capacity": 0,
     "ssh_connections_per_start": 0.05,
+    "ssh_p95_ratio": 1.45,
 }
 
 
@@ -67,6 +68,9 @@ def test_a_course_storm_holds_compose_ssh_to_its_gates_too() -> None:
     ]
     assert unmet("course_storm", {**COURSE, "ssh_connections_per_start": 1.5}) == [
         "course_storm: ssh_connections_per_start is 1.5, the gate is at most 1"
+    ]
+    assert unmet("course_storm", {**COURSE, "ssh_p95_ratio": 1.93}) == [
+        "course_storm: ssh_p95_ratio is 1.93, the gate is at most 1.5"
     ]
     assert "course_storm: ssh_failures is missing, the gate is at most 0" in unmet(
         "course_storm", STORM
