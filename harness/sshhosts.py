@@ -392,43 +392,59 @@ def _children(pid: int) -> list[int]:
 # -- the agent's server ---------------------------------------------------------------
 
 
-def _start_server(host: SSHHost, agent_env: Sequence[tuple[str, str]]) -> None:
-    with host.server_log.open("ab") as log:
-        host.server = subprocess.Popen(
-            [SERVER, "--socket", str(host.server_socket)],
+def start_agent_server(
+    socket_path: Path, log_path: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A host agent's server on ``socket_path``, with what systemd gives it (and ``env``),
+    logging to ``log_path``; once it answers there."""
+    with log_path.open("ab") as log:
+        server = subprocess.Popen(
+            [SERVER, "--socket", str(socket_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**AGENT_BASE_ENV, **dict(agent_env)},
+            env={**AGENT_BASE_ENV, **(env or {})},
             start_new_session=True,
         )
-    wait_for(lambda: _serving(host), 10, f"{host.host_id}'s agent's server")
+    try:
+        wait_for(lambda: _serving(server, socket_path, log_path), 10, "the agent's server")
+    except BaseException:
+        stop_agent_server(server)
+        raise
+    return server
 
 
-def _serving(host: SSHHost) -> bool:
-    assert host.server is not None
-    if host.server.poll() is not None:
-        log = host.server_log.read_text(errors="replace")[-2000:]
-        raise AssertionError(f"{host.host_id}'s server exited ({host.server.returncode}):\n{log}")
+def _serving(server: subprocess.Popen[bytes], socket_path: Path, log_path: Path) -> bool:
+    if server.poll() is not None:
+        log = log_path.read_text(errors="replace")[-2000:]
+        raise AssertionError(f"the agent's server exited ({server.returncode}):\n{log}")
     with socket.socket(socket.AF_UNIX) as probe:
         try:
-            probe.connect(str(host.server_socket))
+            probe.connect(str(socket_path))
         except OSError:
             return False
     return True
 
 
-def _stop_server(host: SSHHost) -> None:
-    """The server alone: the requests it forked run on, as systemd's KillMode=process."""
-    server, host.server = host.server, None
-    if server is None:
-        return
+def stop_agent_server(server: subprocess.Popen[bytes]) -> int:
+    """The server alone, its exit status: the requests it forked run on, as systemd's
+    KillMode=process leaves them."""
     server.terminate()
     try:
-        server.wait(timeout=STOP_TIMEOUT)
+        return server.wait(timeout=STOP_TIMEOUT)
     except subprocess.TimeoutExpired:
         server.kill()
-        server.wait(timeout=STOP_TIMEOUT)
+        return server.wait(timeout=STOP_TIMEOUT)
+
+
+def _start_server(host: SSHHost, agent_env: Sequence[tuple[str, str]]) -> None:
+    host.server = start_agent_server(host.server_socket, host.server_log, dict(agent_env))
+
+
+def _stop_server(host: SSHHost) -> None:
+    server, host.server = host.server, None
+    if server is not None:
+        stop_agent_server(server)
 
 
 # -- the end ----------------------------------------------------------------------------

@@ -15,9 +15,7 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -30,11 +28,11 @@ from composespawner.hostagent.handoff import (
     parse_arguments,
 )
 from composespawner.hostagent.server import receive
-from harness.hub import alive, wait_for
+from harness.hub import alive
+from harness.sshhosts import SERVER, start_agent_server, stop_agent_server
 from tests.hostagent.hosts import AGENT, Host, start_request, started, status_of
 
 pytestmark = pytest.mark.timeout(120)
-SERVER = Path(sys.executable).with_name("composespawner-host-server")
 SYSTEM_PYTHON = "/usr/bin/python3"
 POLL = {"v": 1, "op": "poll", "machine": "m1"}
 
@@ -48,35 +46,13 @@ class Served:
         self.log = host.root / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [SERVER, "--socket", str(self.socket)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={"PATH": os.defpath, "HOME": "/root"},
-                start_new_session=True,
-            )
-        process = self.process
-        wait_for(lambda: process.poll() is not None or answers(self.socket), 10, "the server")
-        assert process.poll() is None, self.log.read_text()
-        return process
+    def start(self) -> None:
+        self.process = start_agent_server(self.socket, self.log)
 
     def stop(self) -> int:
         process, self.process = self.process, None
         assert process is not None
-        process.terminate()
-        return process.wait(timeout=10)
-
-
-def answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
+        return stop_agent_server(process)
 
 
 @pytest.fixture
