@@ -407,23 +407,21 @@ def start_agent_server(
             start_new_session=True,
         )
     try:
-        wait_for(lambda: _serving(server, socket_path, log_path), 10, "the agent's server")
+        wait_for(lambda: serving(server, socket_path, log_path), 10, "the agent's server")
     except BaseException:
         stop_agent_server(server)
         raise
     return server
 
 
-def _serving(server: subprocess.Popen[bytes], socket_path: Path, log_path: Path) -> bool:
+def serving(server: subprocess.Popen[bytes], socket_path: Path, log_path: Path) -> bool:
+    """Whether the agent's server answers on ``socket_path``; AssertionError, with its
+    log's end, once it has exited."""
     if server.poll() is not None:
         log = log_path.read_text(errors="replace")[-2000:]
         raise AssertionError(f"the agent's server exited ({server.returncode}):\n{log}")
     with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(str(socket_path))
-        except OSError:
-            return False
-    return True
+        return probe.connect_ex(str(socket_path)) == 0
 
 
 def stop_agent_server(server: subprocess.Popen[bytes]) -> int:

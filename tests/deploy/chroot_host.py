@@ -21,6 +21,7 @@ from pathlib import Path
 from composespawner.hostagent.handoff import DEFAULT_SOCKET
 from harness.hub import process_env, wait_for
 from harness.simulator import INVENTORY
+from harness.sshhosts import serving
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
@@ -144,18 +145,11 @@ def host_agent_server(root: Path, log: Path) -> Iterator[None]:
             start_new_session=True,
         )
     try:
-        wait_for(lambda: answers(path, server, log), 30, "the agent's server to listen")
+        wait_for(lambda: serving(server, path, log), 30, "the agent's server to listen")
         yield
     finally:
         server.terminate()
         server.wait(timeout=10)
-
-
-def answers(path: Path, process: subprocess.Popen[bytes], log: Path) -> bool:
-    if process.poll() is not None:
-        raise AssertionError(f"the server exited with {process.returncode}:\n{log.read_text()}")
-    with socket.socket(socket.AF_UNIX) as probe:
-        return probe.connect_ex(str(path)) == 0
 
 
 def listening(address: str, port: int, process: subprocess.Popen[bytes], log: Path) -> bool:
