@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import Any
 
 from composespawner.domain.hardware import Share
 
@@ -122,12 +123,7 @@ def forwarded_names(environment: Mapping[str, str]) -> tuple[str, ...]:
 def run_arguments(spec: ContainerSpec) -> list[str]:
     """``podman run``'s arguments for ``spec``: attached (its exit is the notebook's),
     removed when it ends."""
-    if not spec.image or "@sha256:" not in spec.image:
-        raise ContainerSpecError(f"a notebook's image is named by digest, not {spec.image!r}")
-    if not 0 < spec.port < 65536:
-        raise ContainerSpecError(f"no port {spec.port} to publish")
-    if spec.uid == 0:
-        raise ContainerSpecError("a notebook container never runs as root")
+    check(spec)
     if spec.pull not in ("never", "missing"):
         raise ContainerSpecError(f"no pull policy {spec.pull!r}: never or missing")
     args = [
@@ -143,16 +139,14 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
     ]
     for key, value in spec.labels:
         args += ["--label", f"{key}={value}"]
-    memory = spec.share.memory_gib * GIB if spec.share is not None else 0
+    memory = _memory(spec)
     if spec.share is not None:
         args += ["--cpus", str(spec.share.cores), "--memory", str(memory)]
         args += ["--memory-swap", str(memory)]
     if spec.pids:
         args += ["--pids-limit", str(spec.pids)]
-    # In memory, so charged to the container's memory: never more than it may hold.
-    tmpfs = f"size={memory}" if memory else "size=50%"
-    args += ["--shm-size", str(memory) if memory else "1g"]
-    args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,mode=1777,{tmpfs}"]
+    args += ["--shm-size", str(_shm_size(spec))]
+    args += ["--tmpfs", f"/tmp:{','.join(_tmp_options(spec))}"]
     for device in spec.devices:
         args += ["--device", device]
     if spec.env_file:
@@ -161,6 +155,96 @@ def run_arguments(spec: ContainerSpec) -> list[str]:
         args += ["--env", name]
     args += ["--env", f"HOME={spec.home}"]
     return [*args, spec.image, *spec.command]
+
+
+def create_body(spec: ContainerSpec, environment: Mapping[str, str]) -> dict[str, Any]:
+    """Podman's API's description of ``spec``'s container (a libpod SpecGenerator): what
+    :func:`run_arguments` says on a command line, with the environment's values given
+    (``environment``'s names that :func:`forwarded_names` passes, and HOME).
+
+    Not removed when it ends: its launcher reads its exit status, and its last output
+    where the exit was not asked for, then removes it.
+    """
+    check(spec)
+    if spec.env_file:
+        raise ContainerSpecError("an environment file is podman run's, not its API's")
+    mode, _, options = spec.network.partition(":")  # slirp4netns:allow_host_loopback=false
+    body: dict[str, Any] = {
+        "name": spec.name,
+        "image": spec.image,
+        "command": list(spec.command),
+        "user": f"{spec.uid}:{spec.gid}",
+        "userns": {"nsmode": "host"},
+        "cap_drop": ["all"],
+        "no_new_privileges": True,
+        "init": True,
+        "read_only_filesystem": True,
+        "read_write_tmpfs": False,
+        "stop_timeout": STOP_SECONDS,
+        "stop_signal": 15,  # SIGTERM
+        "netns": {"nsmode": mode},
+        "network_options": {mode: options.split(",")} if options else {},
+        "portmappings": [
+            {"host_ip": spec.host_ip, "host_port": spec.port, "container_port": spec.port}
+        ],
+        "mounts": [
+            _bind(spec.home, "rw"),
+            *(_bind(folder, "ro") for folder in spec.read_only_mounts),
+            {
+                "destination": "/tmp",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": _tmp_options(spec),
+            },
+        ],
+        "work_dir": spec.home,
+        "labels": {LABEL: spec.name, **dict(spec.labels)},
+        "shm_size": _shm_size(spec),
+        "devices": [{"path": device} for device in spec.devices],
+        "env": {
+            **{name: environment[name] for name in spec.environment if name in environment},
+            "HOME": spec.home,
+        },
+    }
+    limits: dict[str, Any] = {}
+    if spec.share is not None:
+        memory = _memory(spec)
+        period = 100_000  # microseconds: podman's own for --cpus
+        limits["cpu"] = {"quota": round(spec.share.cores * period), "period": period}
+        limits["memory"] = {"limit": memory, "swap": memory}
+    if spec.pids:
+        limits["pids"] = {"limit": spec.pids}
+    if limits:
+        body["resource_limits"] = limits
+    return body
+
+
+def check(spec: ContainerSpec) -> None:
+    """ContainerSpecError where ``spec`` is no notebook container this project runs."""
+    if not spec.image or "@sha256:" not in spec.image:
+        raise ContainerSpecError(f"a notebook's image is named by digest, not {spec.image!r}")
+    if not 0 < spec.port < 65536:
+        raise ContainerSpecError(f"no port {spec.port} to publish")
+    if spec.uid == 0:
+        raise ContainerSpecError("a notebook container never runs as root")
+
+
+def _memory(spec: ContainerSpec) -> int:
+    return spec.share.memory_gib * GIB if spec.share is not None else 0
+
+
+def _shm_size(spec: ContainerSpec) -> int:
+    # In memory, so charged to the container's memory: never more than it may hold.
+    return _memory(spec) or GIB
+
+
+def _tmp_options(spec: ContainerSpec) -> list[str]:
+    memory = _memory(spec)
+    return ["rw", "nosuid", "nodev", "mode=1777", f"size={memory}" if memory else "size=50%"]
+
+
+def _bind(folder: str, mode: str) -> dict[str, Any]:
+    return {"destination": folder, "type": "bind", "source": folder, "options": ["rbind", mode]}
 
 
 def image_command(configured: Sequence[str]) -> list[str]:

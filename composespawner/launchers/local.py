@@ -33,6 +33,7 @@ import pwd
 import shlex
 import shutil
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 from typing import Any, ClassVar
@@ -177,7 +178,32 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
     # -- starting --------------------------------------------------------------
 
     async def start(self) -> Any:
-        """LocalProcessSpawner's start, with the process created in a worker thread.
+        """LocalProcessSpawner's start, with the notebook's files made, and its process
+        created, in a worker thread (:meth:`launch`)."""
+        if self.port in (0, self._assigned_port):  # type: ignore[has-type]  # an untyped trait
+            self.port = self._assigned_port = self._free_port()
+        env = self.get_env()
+        command = self._in_stack([*self.cmd, *self.get_args()])
+        if self.shell_cmd:
+            command = [*self.shell_cmd, shlex.join(command)]
+        owner = self._runs_as()
+        home = Path(self._home()) if self.shared_account else None
+        manifest, self._manifest_file = self._manifest_file, None
+
+        def make_files() -> None:
+            if home is not None:
+                make_home(home, owner)
+            if manifest is not None:
+                write_for_notebook(*manifest)
+
+        await self.launch(command, env, make_files)
+        return (self.ip or "127.0.0.1", self.port)
+
+    async def launch(
+        self, command: list[str], env: dict[str, str], make_files: Callable[[], None]
+    ) -> None:
+        """Make the notebook's files (``make_files``), then run its ``command``, and
+        watch for its exit.
 
         Popen returns only once its child has called exec (vfork): under load
         that child waits for a CPU, and a 200-user storm held the hub's loop
@@ -187,13 +213,6 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
         manifest, are made there too, just before: they wait on the
         filesystem's journal, which the hub's own database commits keep busy.
         """
-        if self.port in (0, self._assigned_port):  # type: ignore[has-type]  # an untyped trait
-            self.port = self._assigned_port = self._free_port()
-        env = self.get_env()
-        command = self._in_stack([*self.cmd, *self.get_args()])
-        if self.shell_cmd:
-            command = [*self.shell_cmd, shlex.join(command)]
-        owner = self._runs_as()
         cmd, env = self.notebook_process(command, env)
         self.log.info("Spawning %s", shlex.join(cmd))
         popen_kwargs = {
@@ -202,16 +221,11 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
             **self.popen_kwargs,
             "env": env,  # config does not override it
         }
-        home = Path(self._home()) if self.shared_account else None
-        manifest, self._manifest_file = self._manifest_file, None
         started: list[Popen[bytes]] = []
         start_times: list[int | None] = []
 
         def create() -> None:
-            if home is not None:
-                make_home(home, owner)
-            if manifest is not None:
-                write_for_notebook(*manifest)
+            make_files()
             try:
                 started.append(self.popen_in_share(Popen, cmd, popen_kwargs))
                 start_times.append(process_started(started[0].pid))  # a /proc read: here too
@@ -229,7 +243,6 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
                 self.pid = self.proc.pid
                 self._pid_started = start_times[0] if start_times else None
         self._watch_exit(self.proc)
-        return (self.ip or "127.0.0.1", self.port)
 
     def notebook_process(
         self, command: list[str], env: dict[str, str]
@@ -308,4 +321,4 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
                 self._exit_seen = asyncio.ensure_future(self.notebook_exited(proc.poll()))
                 self.remove_leftovers()
 
-        watch_exit(proc, exited, self.log, log_name(self))
+        watch_exit(proc.pid, exited, self.log, log_name(self))

@@ -2,10 +2,11 @@
 
 Everything the local launcher does stays (the port on the host's loopback, the home
 and the run manifest in it, the kit merged as the notebook's account, the exit seen
-at once through the process's pidfd, the state a restarted hub finds its notebooks
-by); what runs is ``podman run`` attached, so that podman's own process is the
-notebook's, and the notebook is in a container of its own (:mod:`.containers` says
-what it is held to and cannot reach). Podman, not the launcher, makes its cgroups.
+at once through a pidfd, the state a restarted hub finds its notebooks by); what runs
+is a container of its own (:mod:`.containers` says what it is held to and cannot
+reach), created and started through podman's API (:mod:`.podman_api`), as
+DockerSpawner asks Docker's. Podman, not the launcher, makes its cgroups; the
+container's first process (podman's init) is the one watched for the exit.
 
 A stack's image is pulled by digest the first time a notebook on this host runs it,
 once however many start together, and kept. A site names the images in its catalog
@@ -18,19 +19,14 @@ may pull from.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import pwd
 import secrets
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from subprocess import Popen
-from typing import Any, ClassVar
+from typing import Any
 
-from traitlets import Enum, Float, Unicode
+from traitlets import Enum, Unicode
 
-from composespawner.domain.catalog import Stack
 from composespawner.launchers.base import SpawnRefused
 from composespawner.launchers.cgroups import host_share, pids_limit
 from composespawner.launchers.containers import (
@@ -39,62 +35,28 @@ from composespawner.launchers.containers import (
     ContainerSpec,
     cdi_devices,
     container_name,
+    create_body,
     forwarded_names,
     image_command,
     notebook_listens_everywhere,
-    run_arguments,
 )
 from composespawner.launchers.gpu_devices import UnknownGpuNode, device_nodes, gpu_minors
 from composespawner.launchers.jupyterhub_internals import log_name
 from composespawner.launchers.local import LocalLauncher
+from composespawner.launchers.local_process import process_started, watch_exit
+from composespawner.launchers.podman_api import CALL_TIMEOUT, PodmanError
+from composespawner.launchers.podman_images import PodmanImages
 from composespawner.launchers.relay import HubRelays
 from composespawner.launchers.relayed import hub_addresses, inside_command
-from composespawner.launchers.stack_images import StackImages
 
-PULL_TIMEOUT = 1800.0  # seconds a first pull of a stack's image may take (gigabytes)
-PODMAN_TIMEOUT = 60.0  # seconds for podman's other calls (exists, stop, rm)
-
-
-class PodmanError(Exception):
-    """A podman call failed or timed out; the message says which and why."""
+LAST_LINES = 20  # of a notebook's output, logged when it exits unasked
+# Podman's states of a container whose notebook is not running (and will not, unasked).
+ENDED = frozenset({"configured", "created", "exited", "stopped"})
 
 
-async def run_podman(podman: str, args: Sequence[str], within: float) -> str:
-    """``podman args``' output; :class:`PodmanError` when it fails or takes too long."""
-    process = await asyncio.create_subprocess_exec(
-        podman,
-        *args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), within)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise PodmanError(f"podman {args[0]} took more than {within:.0f} s") from None
-    if process.returncode != 0:
-        said = err.decode(errors="replace").strip()[-500:]
-        raise PodmanError(f"podman {' '.join(args[:2])} failed ({process.returncode}): {said}")
-    return out.decode(errors="replace")
-
-
-class PodmanLauncher(StackImages, LocalLauncher):
+class PodmanLauncher(PodmanImages, LocalLauncher):
     """Run each notebook in a container of its own, from its stack's image by digest."""
 
-    podman = Unicode(
-        "podman",
-        config=True,
-        help="""The podman command (rootful: the hub runs as root). Its configuration is
-        the host's: runc as the runtime, and the registry the images come from.""",
-    )
-    image_pull_timeout = Float(
-        PULL_TIMEOUT,
-        config=True,
-        help="""Seconds the first pull of a stack's image on this host may take, on top
-        of start_timeout for the start that pulls it. After it, the image is kept.""",
-    )
     container_network = Unicode(
         ISOLATED_NETWORK,
         config=True,
@@ -127,20 +89,11 @@ class PodmanLauncher(StackImages, LocalLauncher):
         gpu_devices = "nodes". Change it only where they are made elsewhere.""",
     )
 
-    # Pulls under way or done, by image: one pull per image on this host.
-    _pulls: ClassVar[dict[str, asyncio.Future[None]]] = {}
     _container: str = ""  # the container's name, until it is removed
     _container_removal: asyncio.Future[None] | None = None
+    _exit_status: int | None = None  # the container's, once its end was seen
 
     # -- the stack's image -----------------------------------------------------
-
-    def check_stack(self, stack: Stack) -> None:
-        self.check_image(stack)
-
-    def extra_start_time(self, stack: Stack | None) -> float:
-        image = None if stack is None else self.image_of(stack)
-        pulled = image is not None and image in self._pulls and self._pulls[image].done()
-        return 0.0 if image is None or pulled else self.image_pull_timeout
 
     async def prepare_launch(self) -> None:
         self.run_image = self._run_manifest = self._manifest_file = None
@@ -148,7 +101,7 @@ class PodmanLauncher(StackImages, LocalLauncher):
             return
         self.run_image = self.check_image(self.stack)
         try:
-            await asyncio.shield(self._pull_once(self.run_image, self.stack))
+            await self.pull_once(self.run_image, self.stack, self.launch_progress)
         except PodmanError as e:
             self.log.error("%s: cannot pull %s: %s", log_name(self), self.run_image, e)
             raise SpawnRefused(
@@ -159,30 +112,51 @@ class PodmanLauncher(StackImages, LocalLauncher):
                 status_code=503,
             ) from e
 
-    def _pull_once(self, image: str, stack: Stack) -> asyncio.Future[None]:
-        pull = self._pulls.get(image)
-        if pull is None or (pull.done() and pull.exception() is not None):
-            pull = self._pulls[image] = asyncio.ensure_future(self._pull(image, stack))
-        return pull
-
-    async def _pull(self, image: str, stack: Stack) -> None:
-        with contextlib.suppress(PodmanError):
-            await run_podman(self.podman, ("image", "exists", image), PODMAN_TIMEOUT)
-            return
-        self.launch_progress(f"fetching the {stack.label} image (first use on this host)", 30)
-        await run_podman(self.podman, ("pull", "--quiet", image), self.image_pull_timeout)
-
     def launcher_env(self) -> dict[str, str]:
         return {**super().launcher_env(), **self.stack_lock_env(self.stack, self.run_image)}
 
     # -- the container ---------------------------------------------------------
 
-    def notebook_process(
-        self, command: list[str], env: dict[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        """``podman run`` of the notebook's container; podman's environment: the hub's
-        (podman's own configuration) and the notebook's, of which the container gets
-        only the notebook's names."""
+    async def start(self) -> Any:
+        """The local launcher's start, once the hub serves its services to containers."""
+        await HubRelays.serve(Path(self.relay_dir), hub_addresses(self.get_env()))
+        return await super().start()
+
+    async def launch(
+        self, command: list[str], env: dict[str, str], make_files: Callable[[], None]
+    ) -> None:
+        """Create and start the notebook's container, its files made first; watch its
+        first process for the exit. Nothing is left of a start that fails."""
+        spec = self.container_spec(command, env)
+        body = create_body(spec, env)
+        self.log.info("Spawning %s in container %s", " ".join(command), spec.name)
+        api = await self.podman_api()
+        await asyncio.to_thread(make_files)
+        self._container, self._exit_status = spec.name, None
+        try:
+            await api.create(body)
+            await api.start(spec.name)
+            found = await api.inspect(spec.name)
+        except PodmanError as e:
+            self.log.error("%s: container %s did not start: %s", log_name(self), spec.name, e)
+            await self.remove_leftovers()
+            raise SpawnRefused(
+                "Your server's container could not be started on this host. Its devices"
+                " were given back; try again in a few minutes, or tell the hub's"
+                " administrators.",
+                reason="container",
+                status_code=503,
+            ) from e
+        except BaseException:  # cancelled (the start's timeout): no container left
+            self.remove_leftovers()
+            raise
+        pid = int((found or {}).get("State", {}).get("Pid") or 0)
+        if pid:
+            self.pid, self._pid_started = pid, process_started(pid)
+            watch_exit(pid, lambda: self._exited(spec.name), self.log, log_name(self))
+
+    def container_spec(self, command: list[str], env: dict[str, str]) -> ContainerSpec:
+        """The notebook's container; ``env``'s service URL made one it can listen on."""
         if self.run_image is None:
             raise SpawnRefused(
                 "Choose a stack for your server: on this hub every notebook runs in one.",
@@ -203,9 +177,8 @@ class PodmanLauncher(StackImages, LocalLauncher):
         relayed = hub_addresses(env)
         if relayed:
             command = inside_command(Path(self.relay_dir), relayed, command)
-        self._container = container_name(self.user.name, self.name, secrets.token_hex(4))
-        spec = ContainerSpec(
-            name=self._container,
+        return ContainerSpec(
+            name=container_name(self.user.name, self.name, secrets.token_hex(4)),
             image=self.run_image,
             uid=uid,
             gid=pwd.getpwuid(uid).pw_gid,
@@ -221,13 +194,6 @@ class PodmanLauncher(StackImages, LocalLauncher):
             labels=(("io.composespawner.user", self.user.name),),
             read_only_mounts=(self.relay_dir,) if relayed else (),
         )
-        # Podman's own HOME stays the hub's (root's): the container's is given by value.
-        return [self.podman, *run_arguments(spec)], {**os.environ, **env, "HOME": _own_home()}
-
-    async def start(self) -> Any:
-        """The local launcher's start, once the hub serves its services to containers."""
-        await HubRelays.serve(Path(self.relay_dir), hub_addresses(self.get_env()))
-        return await super().start()
 
     def _devices(self) -> tuple[str, ...]:
         gpus = self.notebook_gpus()
@@ -249,48 +215,75 @@ class PodmanLauncher(StackImages, LocalLauncher):
         """The image's own notebook server for the configured one."""
         return image_command(command)
 
-    def popen_in_share(
-        self, popen: Callable[..., Popen[bytes]], cmd: Sequence[str], kwargs: dict[str, Any]
-    ) -> Popen[bytes]:
-        """Podman holds the container to its share itself: no cgroup of the launcher's."""
-        return popen(list(cmd), **kwargs)
-
-    def make_preexec_fn(self, name: str) -> Any:
-        """Podman runs as the hub's account (root); the container as the notebook's."""
-        del name
-        return None
-
     # -- ending ----------------------------------------------------------------
 
-    async def stop(self, now: bool = False) -> None:
-        """Stop the container (SIGTERM, SIGKILL after podman's timeout); podman's own
-        process then exits with it, and the local launcher's stop finds it done."""
-        if self._container:
-            seconds = "0" if now else str(STOP_SECONDS)
-            try:
-                await run_podman(
-                    self.podman,
-                    ("stop", "--ignore", "--time", seconds, self._container),
-                    PODMAN_TIMEOUT,
+    def _exited(self, container: str) -> None:
+        """The container's first process ended: its status, then the machine given back
+        and the container removed (not a newer start's)."""
+        if self._container == container:
+            self._exit_seen = asyncio.ensure_future(self._container_ended(container))
+
+    async def _container_ended(self, container: str) -> None:
+        status = await self._ended_status(container)
+        if self._container == container:
+            self._exit_status = status
+        await self.notebook_exited(status)
+        if self._container == container:
+            self.remove_leftovers()
+
+    async def _ended_status(self, container: str) -> int | None:
+        """The ended container's exit status (podman's: 137 for SIGKILL), its last output
+        logged where it failed; None where podman cannot say."""
+        try:
+            api = await self.podman_api()
+            status = await api.wait(container, CALL_TIMEOUT)
+            if status != 0:
+                said = await api.logs_tail(container, LAST_LINES)
+                self.log.warning(
+                    "%s: container %s exited (%d); its last output:\n%s",
+                    log_name(self),
+                    container,
+                    status,
+                    said.rstrip() or "(none)",
                 )
+        except PodmanError as e:
+            if self._container == container:  # not removed meanwhile by a stop or a poll
+                self.log.warning("%s: container %s ended: %s", log_name(self), container, e)
+            return None
+        return status
+
+    async def poll(self) -> int | None:
+        """None while the container runs (or podman cannot say: unknown is not dead);
+        its exit status once it has ended, its leftovers then removed."""
+        if self._container and self._exit_status is None:
+            try:
+                found = await (await self.podman_api()).inspect(self._container)
             except PodmanError as e:
-                self.log.warning("%s: %s; ending podman's process", log_name(self), e)
-            else:
-                await self._podman_exited()
+                self.log.warning("%s: %s; taken to be running", log_name(self), e)
+                return None
+            state = (found or {}).get("State", {})
+            if found is not None and state.get("Status") not in ENDED:
+                return None
+            self._exit_status = int(state.get("ExitCode") or 0)
+        status = self._exit_status if self._exit_status is not None else 0
+        await self.remove_leftovers()
+        self.clear_state()
+        return status
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the container (SIGTERM, SIGKILL after its timeout), then what the local
+        launcher does (the pid, should podman not answer, and the leftovers)."""
+        if self._container and self._exit_status is None:
+            try:
+                api = await self.podman_api()
+                await api.stop(self._container, 0 if now else STOP_SECONDS)
+            except PodmanError as e:
+                self.log.warning("%s: %s; ending its process", log_name(self), e)
         await super().stop(now=now)
 
-    async def _podman_exited(self) -> None:
-        """Wait for podman's process to end with its container (the local launcher's stop
-        would signal it otherwise, for a container no longer there)."""
-        proc = self.proc
-        if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(proc.wait, PODMAN_TIMEOUT)
-
     def remove_leftovers(self) -> asyncio.Future[None]:
-        """The local launcher's, and the container, should podman's process have ended
-        without it (killed): no container outlives its notebook. Done once every removal
-        asked for before it is done too (a stop's is the last)."""
+        """The local launcher's, and the container: no container outlives its notebook.
+        Done once every removal asked for before it is done too (a stop's is the last)."""
         container, self._container = self._container, ""
         before = super().remove_leftovers()
         earlier = self._container_removal
@@ -307,11 +300,7 @@ class PodmanLauncher(StackImages, LocalLauncher):
         await before
         if container:
             try:
-                await run_podman(
-                    self.podman,
-                    ("rm", "--force", "--ignore", "--time", "0", container),
-                    PODMAN_TIMEOUT,
-                )
+                await (await self.podman_api()).remove(container)
             except PodmanError as e:
                 self.log.warning(
                     "%s: %s; remove it with: podman rm --force %s", log_name(self), e, container
@@ -330,6 +319,6 @@ class PodmanLauncher(StackImages, LocalLauncher):
         container = state.get("container")
         self._container = container if isinstance(container, str) else ""
 
-
-def _own_home() -> str:
-    return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._exit_status = None

@@ -58,10 +58,9 @@ __all__ = [
 ]
 
 
-def watch_exit(
-    proc: Popen[bytes], exited: Callable[[], None], log: logging.Logger, whose: str
-) -> None:
-    """Call ``exited`` on the running loop when ``proc`` exits, not at the hub's next poll.
+def watch_exit(pid: int, exited: Callable[[], None], log: logging.Logger, whose: str) -> None:
+    """Call ``exited`` on the running loop when process ``pid`` exits (a child or not),
+    not at the hub's next poll.
 
     A pidfd becomes readable when the process exits: the event loop watches
     it like a socket, no thread and no busy loop. Without pidfds (Linux < 5.3)
@@ -70,7 +69,7 @@ def watch_exit(
     if not hasattr(os, "pidfd_open"):
         return
     try:
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd = os.pidfd_open(pid)
     except OSError as e:
         log.info("Not watching %s's notebook for its exit (%s)", whose, e)
         return

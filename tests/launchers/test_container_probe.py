@@ -33,6 +33,7 @@ from composespawner.domain.hardware import Device, Share
 from composespawner.domain.machine import ComposedMachine
 from composespawner.launchers.accounts import DEFAULT_NOTEBOOK_ACCOUNT
 from composespawner.launchers.local_container import PodmanLauncher
+from composespawner.launchers.podman_api import OwnPodmanService, PodmanAPI
 from composespawner.launchers.ports import notebook_port
 from composespawner.launchers.relay import HubRelays
 from harness import images
@@ -60,15 +61,18 @@ def image() -> Iterator[str]:
         with images.registry():
             yield built.by_digest
     finally:
+        OwnPodmanService.stop_all()
         os.environ.clear()
         os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)
 async def relays() -> AsyncIterator[None]:
-    """The hub's relay sockets each test's launchers served, stopped with its loop."""
+    """The hub's relay sockets and podman connections each test's launchers opened,
+    closed with its loop."""
     yield
     await HubRelays.stop()
+    await PodmanAPI.close_all()
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +134,15 @@ async def start(*spawners: PodmanLauncher) -> None:
         assert await asyncio.to_thread(answers, spawner) == "ok"
 
 
+async def ended(spawner: PodmanLauncher, within: float) -> int:
+    """The notebook's exit status, once its poll finds it ended."""
+    deadline = asyncio.get_running_loop().time() + within
+    while (status := await spawner.poll()) is None:
+        assert asyncio.get_running_loop().time() < deadline, "the notebook did not end"
+        await asyncio.sleep(0.1)  # polling the container: the condition itself
+    return status
+
+
 async def test_a_fork_bomb_stops_at_its_limit_and_the_neighbour_and_host_fork(
     users: list[User], homes: Path, image: str, stack: Stack
 ) -> None:
@@ -160,10 +173,8 @@ async def test_the_memory_kill_hits_one_notebook_alone(
         await start(hungry, neighbour)
         with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
             await asyncio.to_thread(get, hungry, "/allocate/2048")
-        status = await asyncio.to_thread(hungry.proc.wait, 60)
-        assert status == 137  # podman's: the container's process got SIGKILL
+        assert await ended(hungry, 60) == 137  # podman's: the container's process got SIGKILL
         assert await asyncio.to_thread(get, neighbour, "/") == "ok"
-        assert await hungry.poll() == 137
     finally:
         await asyncio.gather(hungry.stop(), neighbour.stop())
     assert images.notebook_containers() == []

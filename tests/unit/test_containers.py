@@ -19,6 +19,7 @@ from composespawner.launchers.containers import (
     ContainerSpecError,
     cdi_devices,
     container_name,
+    create_body,
     forwarded_names,
     image_command,
     image_for,
@@ -101,6 +102,68 @@ def test_a_container_without_a_share_has_no_cpu_or_memory_limit_but_its_pids() -
     args = run_arguments(spec(share=None))
     assert option(args, "--memory") == option(args, "--cpus") == []
     assert option(args, "--pids-limit") == ["2048"]
+
+
+def test_podmans_api_is_told_what_its_command_line_is() -> None:
+    """The API's body holds the same limits and isolation as run_arguments: the share,
+    the pids, private /tmp and /dev/shm in the memory, no capabilities, podman's init,
+    the image read-only without tmpfs of podman's own, the network without loopback."""
+    body = create_body(spec(), {"JUPYTERHUB_API_TOKEN": "secret", "PATH": "/usr/bin"})
+    assert body["user"] == "1001:1001"
+    assert body["userns"] == {"nsmode": "host"}
+    assert body["resource_limits"] == {
+        "cpu": {"quota": 200_000, "period": 100_000},
+        "memory": {"limit": 8 << 30, "swap": 8 << 30},
+        "pids": {"limit": 2048},
+    }
+    assert body["shm_size"] == 8 << 30
+    tmp = [m for m in body["mounts"] if m["destination"] == "/tmp"]
+    assert tmp == [
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["rw", "nosuid", "nodev", "mode=1777", f"size={8 << 30}"],
+        }
+    ]
+    assert (body["cap_drop"], body["no_new_privileges"], body["init"]) == (["all"], True, True)
+    assert (body["read_only_filesystem"], body["read_write_tmpfs"]) == (True, False)
+    assert body["devices"] == [{"path": "/dev/nvidia3"}, {"path": "/dev/nvidiactl"}]
+    assert body["netns"] == {"nsmode": "slirp4netns"}
+    assert body["network_options"] == {"slirp4netns": ["allow_host_loopback=false"]}
+    assert body["portmappings"] == [
+        {"host_ip": "127.0.0.1", "host_port": 45001, "container_port": 45001}
+    ]
+    home = {"destination": "/home/ada", "type": "bind", "source": "/home/ada"}
+    assert body["mounts"][0] == {**home, "options": ["rbind", "rw"]}
+    assert body["work_dir"] == "/home/ada"
+    assert body["image"] == IMAGE
+    assert body["command"] == ["jupyterhub-singleuser"]
+    # The forwarded names' values (the host's PATH is not one), and the user's HOME.
+    assert body["env"] == {"JUPYTERHUB_API_TOKEN": "secret", "HOME": "/home/ada"}
+    assert "remove" not in body  # the launcher reads its exit status, then removes it
+
+
+def test_the_api_body_of_a_container_without_a_share_keeps_its_pids() -> None:
+    body = create_body(spec(share=None, network="none"), {})
+    assert body["resource_limits"] == {"pids": {"limit": 2048}}
+    assert body["shm_size"] == 1 << 30
+    assert body["netns"] == {"nsmode": "none"}
+    assert body["network_options"] == {}
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"image": "composespawner/pytorch:latest"}, "by digest"),
+        ({"port": 0}, "port"),
+        ({"uid": 0}, "root"),
+        ({"env_file": "/var/lib/agent/m1.env"}, "environment file"),
+    ],
+)
+def test_what_the_api_cannot_be_told_is_refused(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(ContainerSpecError, match=says):
+        create_body(spec(**changes), {})
 
 
 @pytest.mark.parametrize(
