@@ -9,44 +9,59 @@ connection to a Unix socket the hub serves for that service alone (a folder bind
 mounted read-only: :mod:`.relay`); then it runs the notebook's command and ends with
 it, passing on the signals it gets.
 
-Standard library only, and self-contained: its source is given to ``python -c``, so
-any stack's image runs it as it is.
+Self-contained, and built-in modules only (``_socket``, ``_thread``, ``_signal``, and
+``os``), run without ``site``: its source is given to ``python -I -S -c``, so any
+stack's image runs it as it is, and it starts in a third of the time ``socket``,
+``threading``, ``signal`` and ``subprocess`` would take to import (every notebook's
+start pays for it, a class's all at once).
 
-    python -I -c SOURCE HOST:PORT=SOCKET [HOST:PORT=SOCKET ...] -- COMMAND ...
+    python -I -S -c SOURCE HOST:PORT=SOCKET [HOST:PORT=SOCKET ...] -- COMMAND ...
 """
 
-import contextlib
-import signal
-import socket
-import subprocess
+from __future__ import annotations
+
+import _signal
+import _socket
+import _thread
+import os
 import sys
-import threading
 
 CHUNK = 65536
+SHUT_WR, SHUT_RDWR = 1, 2
+FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 
 
-def pump(source: socket.socket, sink: socket.socket) -> None:
+def pump(
+    source: _socket.socket, sink: _socket.socket, done: _thread.LockType | None = None
+) -> None:
     """Copy ``source`` to ``sink`` until it ends (then end ``sink``'s writing), or until
-    either fails (then end both, so that the other direction stops too)."""
+    either fails (then end both, so that the other direction stops too); release
+    ``done`` at the end."""
     try:
         while data := source.recv(CHUNK):
             sink.sendall(data)
-        sink.shutdown(socket.SHUT_WR)
+        sink.shutdown(SHUT_WR)
     except OSError:
         for end in (source, sink):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
+            try:  # noqa: SIM105  # contextlib would cost the start its imports
+                end.shutdown(SHUT_RDWR)
+            except OSError:
+                pass
+    finally:
+        if done is not None:
+            done.release()
 
 
-def carry(client: socket.socket, path: str) -> None:
+def carry(client: _socket.socket, path: str) -> None:
     """One connection: to the hub's socket at ``path``, both ways."""
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         upstream.connect(path)
-        back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-        back.start()
+        back = _thread.allocate_lock()
+        back.acquire()
+        _thread.start_new_thread(pump, (upstream, client, back))
         pump(client, upstream)
-        back.join()
+        back.acquire()  # the other direction is done too
     except OSError:
         pass  # the hub is not serving: the notebook sees its connection end
     finally:
@@ -54,10 +69,20 @@ def carry(client: socket.socket, path: str) -> None:
         upstream.close()
 
 
-def serve(listener: socket.socket, path: str) -> None:
+def serve(listener: _socket.socket, path: str) -> None:
     while True:
-        client, _ = listener.accept()
-        threading.Thread(target=carry, args=(client, path), daemon=True).start()
+        fd, _ = listener._accept()  # type: ignore[attr-defined]  # _socket's: (fd, address)
+        client = _socket.socket(fileno=fd)
+        _thread.start_new_thread(carry, (client, path))
+
+
+def listening(host: str, port: int) -> _socket.socket:
+    family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+    listener = _socket.socket(family, _socket.SOCK_STREAM)
+    listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(128)
+    return listener
 
 
 def main(argv: list[str]) -> int:
@@ -65,13 +90,18 @@ def main(argv: list[str]) -> int:
     for relayed in argv[:split]:
         address, path = relayed.split("=", 1)
         host, port = address.rsplit(":", 1)
-        listener = socket.create_server((host, int(port)))
-        threading.Thread(target=serve, args=(listener, path), daemon=True).start()
-    notebook = subprocess.Popen(argv[split + 1 :])
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda number, _frame: notebook.send_signal(number))
-    status = notebook.wait()
-    return 128 - status if status < 0 else status
+        _thread.start_new_thread(serve, (listening(host, int(port)), path))
+    command = argv[split + 1 :]
+    # A stop that comes before the notebook has started waits for it (blocked here,
+    # not in the notebook), then is passed on like any later one.
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, FORWARDED)
+    notebook = os.posix_spawnp(command[0], command, os.environ, setsigmask=())
+    for signum in FORWARDED:
+        _signal.signal(signum, lambda number, _frame: os.kill(notebook, number))
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, FORWARDED)
+    _, status = os.waitpid(notebook, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def inside_command(
     """The container's command: :mod:`.relay_inside` by the image's Python, then the
     notebook's ``command``."""
     relayed = [f"{host}:{port}={socket_path(folder, host, port)}" for host, port in addresses]
-    return ["python", "-I", "-c", inside_source(), *relayed, "--", *command]
+    return ["python", "-I", "-S", "-c", inside_source(), *relayed, "--", *command]
 
 
 @functools.cache

@@ -6,6 +6,11 @@ import asyncio
 import json
 import logging
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,9 +245,9 @@ def test_only_the_hubs_loopback_services_are_relayed() -> None:
 
 def test_the_relay_runs_first_and_then_the_notebooks_command() -> None:
     command = inside_command(Path("/run/relay"), [("127.0.0.1", 8081)], ["jupyterhub-singleuser"])
-    assert command[:3] == ["python", "-I", "-c"]
-    assert "def carry(" in command[3]
-    assert command[4:] == [
+    assert command[:4] == ["python", "-I", "-S", "-c"]
+    assert "def carry(" in command[4]
+    assert command[5:] == [
         "127.0.0.1:8081=/run/relay/127.0.0.1-8081.sock",
         "--",
         "jupyterhub-singleuser",
@@ -330,3 +335,58 @@ def test_an_unchanged_images_record_is_parsed_once(
     for _ in range(3):  # a start's checks, its time and its launch
         assert images.image_of(pytorch) == built
     assert len(parsed) == 1
+
+
+CLIENT = """
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as hub:
+    hub.sendall(b"ping\\n")
+    print(hub.makefile().readline().strip())
+sys.exit(7)
+"""
+
+
+def test_the_relay_carries_the_hubs_service_to_the_notebook_and_ends_with_its_status(
+    tmp_path: Path,
+) -> None:
+    """relay_inside, run as the container runs it (by path-less source, without site):
+    the notebook's connection to the hub's loopback address reaches the hub's socket,
+    and the notebook's exit status is the relay's."""
+    path = tmp_path / "hub.sock"
+    with socket.socket(socket.AF_UNIX) as hub:
+        hub.bind(str(path))
+        hub.listen()
+
+        def answer() -> None:
+            conn, _ = hub.accept()
+            with conn:
+                conn.sendall(b"hub:" + conn.makefile("rb").readline())
+
+        answering = threading.Thread(target=answer)
+        answering.start()
+        port = free_port()
+        command = inside_command(tmp_path, [], [sys.executable, "-I", "-c", CLIENT, str(port)])
+        command[0] = sys.executable
+        command.insert(5, f"127.0.0.1:{port}={path}")
+        done = subprocess.run(command, capture_output=True, timeout=8, check=False)
+        answering.join(timeout=5)
+    assert done.stdout.decode().strip() == "hub:ping", done.stderr.decode()
+    assert done.returncode == 7
+
+
+def test_the_relay_passes_a_stop_on_to_the_notebook() -> None:
+    ready = "import signal, sys; print('up', flush=True); signal.pause()"
+    command = inside_command(Path("/nowhere"), [], [sys.executable, "-I", "-c", ready])
+    command[0] = sys.executable
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as relay:
+        assert relay.stdout is not None
+        assert relay.stdout.readline() == b"up\n"
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=5) == 128 + signal.SIGTERM  # the notebook's end, as a shell says
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
