@@ -1,21 +1,20 @@
 """A notebook's output into its log in ``state_dir``, never past a cap.
 
-The agent starts this beside the notebook (``python -I -S logsink.py CAP``, as root,
-in the notebook's cgroups so it ends with it): its stdin is the notebook's stdout
-and stderr, its stdout the log, opened by the agent for appending. A log that would
-pass ``CAP`` bytes starts again from empty with a line saying so, so what is kept is
-the most recent output (why a notebook exited is at its end). A write that fails (a
-full disk) is skipped, never waited on: the notebook must not block on its output.
-A limit on the notebook itself (RLIMIT_FSIZE) would kill it at the cap instead.
+The agent forks a sink beside each notebook (:func:`.starting.fork_sink`, as root, in
+the notebook's cgroups so it ends with it): its stdin is the notebook's stdout and
+stderr, its stdout the log, opened by the agent for appending. A log that would pass
+the cap starts again from empty with a line saying so, so what is kept is the most
+recent output (why a notebook exited is at its end). A write that fails (a full disk)
+is skipped, never waited on: the notebook must not block on its output. A limit on
+the notebook itself (RLIMIT_FSIZE) would kill it at the cap instead.
 
-Standard library only, and run by path (``-S``): it starts in milliseconds.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 CHUNK = 1 << 16
 NOTE = b"[composespawner-host: this log passed its cap; the output before this was dropped]\n"
@@ -37,7 +36,3 @@ def _write(log: int, data: bytes) -> int:
         return os.write(log, data)  # a log file: whole, or an error
     except OSError:
         return 0
-
-
-if __name__ == "__main__":
-    drain(0, 1, int(sys.argv[1]))

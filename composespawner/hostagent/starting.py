@@ -17,7 +17,6 @@ import os
 import pwd
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -50,9 +49,9 @@ from composespawner.launchers.gpu_devices import gpu_device_rules
 GPU_LIST_TIMEOUT = 15.0  # seconds for nvidia-smi, which can be slow on a busy host
 MANIFEST_TIMEOUT = 30.0  # seconds to write the run manifest: a home on NFS may be slow
 LOG_CAP = 64 << 20  # bytes of a notebook's output kept in state_dir (the most recent)
-# The log sinks this agent started: not waited for (they end with their notebooks, after
-# this agent has exited), but held, so none is collected as a process still running.
-SINKS: list[subprocess.Popen[bytes]] = []
+# The pids of the log sinks this agent forked: not waited for here (they end with their
+# notebooks, after this agent has exited); a test in one process waits for them.
+SINKS: list[int] = []
 log = logging.getLogger("composespawner.hostagent")
 Say = Callable[[bytes], None]
 
@@ -304,22 +303,13 @@ def popen_logged(
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``command`` in a session of its own, after ``preexec``, its output in ``log_path``
-    through :mod:`.logsink` (in the cgroups of ``procs``: it ends with them, or when the
-    output ends)."""
+    through its log sink (:func:`fork_sink`: in the cgroups of ``procs``, it ends with
+    them, or when the output ends)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
     log_fd = os.open(log_path, flags, 0o600)
     reader, writer = os.pipe()
     try:
-        sink = subprocess.Popen(
-            [sys.executable, "-I", "-S", logsink.__file__, str(cap)],
-            stdin=reader,
-            stdout=log_fd,
-            stderr=subprocess.DEVNULL,
-            env={},
-            start_new_session=True,
-            preexec_fn=join_then(procs, None),
-        )
-        SINKS.append(sink)
+        SINKS.append(fork_sink(reader, log_fd, cap, procs))
         return subprocess.Popen(
             command,
             env=env,
@@ -333,3 +323,33 @@ def popen_logged(
     finally:  # the sink sees EOF once the notebook (and what it started) is gone
         for fd in (log_fd, reader, writer):
             os.close(fd)
+
+
+def fork_sink(source: int, log_fd: int, cap: int, procs: tuple[Path, ...]) -> int:
+    """A log sink (:func:`.logsink.drain` of ``source`` into ``log_fd``, under ``cap``
+    bytes) in a session of its own and the cgroups of ``procs``; its pid.
+
+    A fork of this agent, which has its code loaded already: a Python started for it
+    would cost every notebook's start about 15 ms of CPU more, and a class starts at
+    once. It keeps no descriptor but its own two: one of sshd's pipes held open would
+    keep the hub's channel from ending.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        os.setsid()
+        with contextlib.suppress(OSError):  # outside them it still ends at the output's end
+            join_then(procs, None)()
+        os.dup2(source, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd > 2:
+                with contextlib.suppress(OSError):  # the listing's own, closed already
+                    os.close(fd)
+        logsink.drain(0, 1, cap)
+        status = 0
+    finally:
+        os._exit(status)
