@@ -77,6 +77,7 @@ async def test_one_connection_per_host_for_every_start_poll_and_stop(
     assert agent.running == {}
     await agent.until(lambda: any(isinstance(r, ListNotebooks) for r in agent.requests))
     assert agent.connections == 1
+    assert agent.ciphers == ["aes128-gcm@openssh.com"]  # asyncssh's cheapest a packet
     assert counters.connections - connections == 1
     # A channel per start and stop, the one poll that asked, the host's watch and its list.
     assert counters.channels - channels == 3 * 2 + 1 + 2

@@ -62,6 +62,11 @@ class FakeAgent:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def ciphers(self) -> list[str]:
+        """The cipher each connection from the hub negotiated (as the host received)."""
+        return [str(conn.get_extra_info("recv_cipher")) for conn in self._conns]
+
+    @property
     def key(self) -> Path:
         return self.folder / "hub_key"
 
