@@ -34,7 +34,7 @@ API = "http://podman/v4.0.0/libpod"  # the host part is not used on a Unix socke
 CALL_TIMEOUT = 60.0  # seconds for a call that does not wait for a container's end
 SERVICE_START_TIMEOUT = 30.0  # seconds for the hub's own service to answer
 PR_SET_PDEATHSIG = 1
-log = logging.getLogger(__name__)
+Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 class PodmanError(Exception):
@@ -185,20 +185,20 @@ class OwnPodmanService:
     _starting: ClassVar[dict[str, asyncio.Future[None]]] = {}
 
     @classmethod
-    async def ensure(cls, podman: str, socket: str) -> None:
+    async def ensure(cls, podman: str, socket: str, log: Log) -> None:
         """A service answering at ``socket``: the one started before while it runs, or
-        one started now (one for every caller meanwhile)."""
+        one started now (one for every caller meanwhile), said in ``log``."""
         process = cls._processes.get(socket)
         if process is not None and process.poll() is None:
             return
         starting = cls._starting.get(socket)
         if starting is None or starting.done():
-            starting = asyncio.ensure_future(cls._start(podman, socket))
+            starting = asyncio.ensure_future(cls._start(podman, socket, log))
             cls._starting[socket] = starting
         await asyncio.shield(starting)
 
     @classmethod
-    async def _start(cls, podman: str, socket: str) -> None:
+    async def _start(cls, podman: str, socket: str, log: Log) -> None:
         await asyncio.to_thread(_clear_socket, Path(socket))
         process = _service_process(podman, socket)
         api = PodmanAPI(socket)

@@ -56,7 +56,7 @@ class PodmanImages(StackImages):
         if self.podman_service:
             return PodmanAPI(self.podman_service)
         socket = OWN_SERVICE.format(pid=os.getpid())
-        await OwnPodmanService.ensure(self.podman, socket)
+        await OwnPodmanService.ensure(self.podman, socket, self.log)
         return PodmanAPI(socket)
 
     def check_stack(self, stack: Stack) -> None:
