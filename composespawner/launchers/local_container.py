@@ -281,6 +281,14 @@ class PodmanLauncher(PodmanImages, LocalLauncher):
                 self.log.warning("%s: %s; ending its process", log_name(self), e)
         await super().stop(now=now)
 
+    async def _signal(self, sig: int) -> bool:
+        """LocalProcessSpawner's, for a stop podman did not answer: the container's first
+        process, where podman named one; never pid 0, the hub's own process group."""
+        if not self.pid:
+            return False
+        signalled: bool = await super()._signal(sig)
+        return signalled
+
     def remove_leftovers(self) -> asyncio.Future[None]:
         """The local launcher's, and the container: no container outlives its notebook.
         Done once every removal asked for before it is done too (a stop's is the last)."""

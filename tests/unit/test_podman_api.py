@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import User
 
+from composespawner.launchers.local_container import PodmanLauncher
 from composespawner.launchers.podman_api import NoSuchContainer, PodmanAPI, PodmanError
 
 pytestmark = pytest.mark.timeout(10)
@@ -129,3 +133,27 @@ async def test_a_call_past_its_time_and_a_service_not_there_are_errors(
     assert not await nobody.answers()
     with pytest.raises(PodmanError, match="did not answer"):
         await nobody.inspect("nb1")
+
+
+async def test_a_stop_podman_does_not_answer_never_signals_pid_0(tmp_path: Path) -> None:
+    """Podman's service is gone and the container named no process: the stop gives up on
+    signals (LocalProcessSpawner's would send them to pid 0, the hub's own group) and
+    says how to remove the container by hand."""
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    db.add(orm.User(name="ada"))
+    db.commit()
+    user = User(db.query(orm.User).one(), {})
+    spawner: PodmanLauncher = user._new_spawner(
+        "",
+        spawner_class=PodmanLauncher,
+        hub=Hub(),
+        podman_service=str(tmp_path / "gone.sock"),
+        interrupt_timeout=1,
+        term_timeout=1,
+        kill_timeout=1,
+    )
+    spawner.load_state({"container": "composespawner-ada-0123456789ab"})
+    assert spawner.pid == 0
+    assert await spawner.poll() is None  # podman cannot say: running, not gone
+    await spawner.stop()  # no KeyboardInterrupt here: nothing was sent to pid 0
+    db.close()
