@@ -248,7 +248,7 @@ class LocalLauncher(LocalStackSettings, Launcher, CgroupLimitedSpawner):
         self, command: list[str], env: dict[str, str]
     ) -> tuple[list[str], dict[str, str]]:
         """The process that runs the notebook's ``command``, and its environment: the
-        command itself, as the notebook's account (a container runtime wraps it)."""
+        command itself, as the notebook's account."""
         return [*switch_account_command(self._runs_as()), *command], env
 
     def _free_port(self) -> int:
