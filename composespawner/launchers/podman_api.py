@@ -73,7 +73,7 @@ class PodmanAPI:
     ) -> tuple[int, bytes]:
         """The status and body of one request; PodmanError for a 5xx, a 4xx other than
         404, no answer within ``within`` seconds, or no service on the socket."""
-        what = f"{method} {path.split('?')[0]}"
+        what = f"{method} {path}"
         try:
             async with self._session().request(
                 method,
